@@ -1,0 +1,144 @@
+"""Input records, prompt ids and sharding: the one place both `generate` and `extract` agree on.
+
+An id must be stable across runs and hosts, because resume and sharding are keyed
+on it: a record without an `id` gets the sha256 of its canonical prompt JSON, and
+ids are compared as `str(id)` so `7` and `"7"` are the same prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "tool": "tool"}
+
+
+class BadRecord(ValueError):
+    """A line that cannot become a prompt; the message says why, for the user."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: Any  # keeps its JSON type for the output record
+    key: str  # str(id): what resume and sharding compare
+    messages: list[dict[str, Any]]
+    line_no: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    """`--shard I/N`: this process owns the ids whose stable hash is I modulo N (I is 0-based)."""
+
+    index: int
+    count: int
+
+    def owns(self, key: str) -> bool:
+        return self.count == 1 or shard_of(key, self.count) == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+ALL = Shard(0, 1)
+
+
+def parse_shard(text: str) -> Shard:
+    """Parse `I/N`; a clear error names the valid range (I is 0-based)."""
+    try:
+        i_s, n_s = text.split("/")
+        index, count = int(i_s), int(n_s)
+    except ValueError:
+        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {text!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--shard {text}: I must be in 0..N-1 and N >= 1 (I is 0-based)")
+    return Shard(index, count)
+
+
+def shard_of(key: str, count: int) -> int:
+    """Stable across Python versions and hosts (never the salted builtin `hash`)."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def derive_id(messages: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(canonical_json(messages).encode("utf-8")).hexdigest()
+
+
+def to_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's conversation as OpenAI-style messages, trailing assistant turn kept."""
+    if "messages" in record:
+        msgs = record["messages"]
+        if not isinstance(msgs, list):
+            raise BadRecord("'messages' is not a list")
+        out = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+                raise BadRecord(f"messages[{i}] needs a string 'role' and a 'content'")
+            out.append(m)
+        return out
+    if "conversations" in record:
+        turns = record["conversations"]
+        if not isinstance(turns, list):
+            raise BadRecord("'conversations' is not a list")
+        out = []
+        for i, t in enumerate(turns):
+            if not isinstance(t, dict) or "value" not in t:
+                raise BadRecord(f"conversations[{i}] needs 'from' and 'value'")
+            role = SHAREGPT_ROLES.get(str(t.get("from")))
+            if role is None:
+                raise BadRecord(f"conversations[{i}] has unknown 'from': {t.get('from')!r}")
+            out.append({"role": role, "content": t["value"]})
+        return out
+    raise BadRecord("no 'messages' or 'conversations' field")
+
+
+def to_prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The prompt: the conversation less a trailing assistant turn (that turn is regenerated)."""
+    msgs = to_messages(record)
+    if msgs and msgs[-1].get("role") == "assistant":
+        msgs = msgs[:-1]
+    if not msgs:
+        raise BadRecord("no usable messages (empty, or only an assistant turn)")
+    if not any(m.get("role") == "user" for m in msgs):
+        raise BadRecord("no user turn to answer")
+    return msgs
+
+
+def parse_prompt(line: str, line_no: int) -> Prompt:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadRecord(f"not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise BadRecord("a record must be a JSON object")
+    messages = to_prompt_messages(record)
+    rid = record.get("id")
+    if rid is None:
+        rid = derive_id(messages)
+    elif not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        raise BadRecord(f"'id' must be a string or an integer, got {type(rid).__name__}")
+    return Prompt(id=rid, key=str(rid), messages=messages, line_no=line_no)
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Stream (1-based line number, text) without loading the file; blank lines are skipped."""
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if line.strip():
+                yield line_no, line
+
+
+def errors_path(output: Path) -> Path:
+    """`out.jsonl` → `out.errors.jsonl` (DESIGN: replace the `.jsonl` suffix)."""
+    name = output.name
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    return output.with_name(stem + ".errors.jsonl")
