@@ -1,0 +1,427 @@
+"""The project's own fake OpenRouter: a real aiohttp server on loopback.
+
+Tests, the benchmark and the demo point the payload at it instead of the real API.
+It answers in OpenRouter's shapes (`/chat/completions`, `/key`,
+`/models/{author}/{slug}/endpoints`, integer `error.code` bodies), injects the faults a
+hosted API really throws (by probability and/or on a deterministic schedule), charges
+a cost per request, and records what it saw so a test can prove exactly-once delivery:
+peak concurrency, requests, and successes per prompt.
+
+A prompt is identified by `payload.records.derive_id(messages)`: the same stable hash the
+payload uses for records without an id. Every answer embeds a digest of the prompt's last
+user message (`answer_digest`), so a test can check each response is paired with its own
+prompt.
+
+Run alone: `python -m handoff.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
+`base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
+`$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from payload.records import derive_id
+
+PREFIX = "/api/v1"
+
+# Fault kinds the plan understands. Retryable ones first: `FaultPlan.mix` spreads over them.
+RETRYABLE_FAULTS = ("429", "500", "502", "503", "504", "524", "529", "reset", "malformed",
+                    "choice_error", "finish_error", "empty", "length_empty", "402_inflight")
+OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404")
+ALL_FAULTS = RETRYABLE_FAULTS + OTHER_FAULTS
+
+_MESSAGES = {
+    400: "Invalid request parameters", 401: "No auth credentials found",
+    402: "Insufficient credits. Add more using https://openrouter.ai/credits",
+    403: "Request blocked by moderation", 404: "No endpoints found that can handle the request",
+    408: "Operation timed out", 429: "Rate limit exceeded", 500: "Internal Server Error",
+    502: "Provider returned error", 503: "Service temporarily unavailable",
+    504: "Gateway timeout", 524: "Request timed out. Please try again later.",
+    529: "Provider returned error",
+}
+
+
+def answer_digest(messages: list[dict[str, Any]]) -> str:
+    """16 hex of sha256 over the last user message's content: what every answer embeds."""
+    last: dict[str, Any] = next(
+        (m for m in reversed(messages) if m.get("role") == "user"), {})
+    content = last.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class FaultPlan:
+    """Which faults to inject. `rates`: kind -> probability per request (summing <= 1).
+    `schedule`: 1-based request number -> kind, applied before any random draw.
+    `per_prompt_first`: kind forced on the first attempt of EVERY prompt (to exercise retries)."""
+
+    rates: dict[str, float] = field(default_factory=dict)
+    schedule: dict[int, str] = field(default_factory=dict)
+    seed: int | None = None
+    retry_after_s: float = 0.2
+    hang_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for kind in [*self.rates, *self.schedule.values()]:
+            if kind not in ALL_FAULTS:
+                raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
+        if sum(self.rates.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates sum to more than 1")
+        self._rng = random.Random(self.seed)
+
+    @classmethod
+    def mix(cls, rate: float, *, seed: int | None = None, kinds: tuple[str, ...] = RETRYABLE_FAULTS,
+            retry_after_s: float = 0.2) -> FaultPlan:
+        """`rate` of all requests fail, spread evenly over `kinds` (default: every retryable one)."""
+        return cls(rates={k: rate / len(kinds) for k in kinds}, seed=seed,
+                   retry_after_s=retry_after_s)
+
+    def draw(self, request_no: int) -> str | None:
+        if request_no in self.schedule:
+            return self.schedule[request_no]
+        if not self.rates:
+            return None
+        x = self._rng.random()
+        for kind, p in self.rates.items():
+            if x < p:
+                return kind
+            x -= p
+        return None
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultPlan:
+        raw = json.loads(text)
+        return cls(rates=raw.get("rates", {}),
+                   schedule={int(k): v for k, v in raw.get("schedule", {}).items()},
+                   seed=raw.get("seed"), retry_after_s=raw.get("retry_after_s", 0.2),
+                   hang_s=raw.get("hang_s", 3600.0))
+
+
+@dataclass
+class FakeStats:
+    requests: int = 0
+    in_flight: int = 0
+    peak_concurrency: int = 0
+    successes: int = 0
+    total_cost: float = 0.0
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    successes_by_prompt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bodies: list[dict[str, Any]] = field(default_factory=list)  # only when record_bodies
+    endpoint_calls: int = 0
+    key_calls: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["faults"] = dict(self.faults)
+        out["successes_by_prompt"] = dict(self.successes_by_prompt)
+        return out
+
+
+DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
+    {"provider_name": "DeepInfra", "tag": "deepinfra/int4", "quantization": "int4"},
+    {"provider_name": "Together", "tag": "together/int4", "quantization": "int4"},
+    {"provider_name": "Fireworks", "tag": "fireworks", "quantization": "int4"},
+    {"provider_name": "Moonshot AI", "tag": "moonshotai", "quantization": "fp8"},
+]
+
+
+class FakeOpenRouter:
+    """See the module docstring. `endpoints=None` serves DEFAULT_ENDPOINTS; `[]` serves an empty
+    list; `serve_endpoints=False` answers 404 there (as a server without the list would)."""
+
+    def __init__(self, *, api_key: str, host: str = "127.0.0.1", port: int = 0,
+                 faults: FaultPlan | None = None, latency_s: float = 0.0,
+                 cost_per_request: float = 0.0001, credit_limit: float | None = None,
+                 endpoints: list[dict[str, Any]] | None = None, serve_endpoints: bool = True,
+                 record_bodies: bool = False, completion_tokens: int = 32) -> None:
+        if not host.startswith("127.") and host not in ("localhost", "::1"):
+            raise ValueError("the fake API only listens on loopback")
+        self.api_key = api_key
+        self.host = host
+        self.port = port
+        self.faults = faults or FaultPlan()
+        self.latency_s = latency_s
+        self.cost_per_request = cost_per_request
+        self.credit_limit = credit_limit
+        self.endpoints = DEFAULT_ENDPOINTS if endpoints is None else endpoints
+        self.serve_endpoints = serve_endpoints
+        self.record_bodies = record_bodies
+        self.completion_tokens = completion_tokens
+        self.stats = FakeStats()
+        self.base_url = ""
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post(PREFIX + "/chat/completions", self._chat)
+        app.router.add_get(PREFIX + "/key", self._key)
+        app.router.add_get(PREFIX + "/models/{author}/{slug}/endpoints", self._endpoints)
+        app.router.add_get("/_fake/stats", self._stats)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await site.start()
+        server = site._server
+        assert server is not None and isinstance(server, asyncio.base_events.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        self.base_url = f"http://{self.host}:{self.port}{PREFIX}"
+        return self.base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start_in_thread(self) -> str:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:  # reported to the caller below
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="fake-openrouter", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if failure:
+            raise failure[0]
+        return self.base_url
+
+    def stop_thread(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._thread = None
+            self._loop = None
+
+    # -- handlers ------------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization", "") == f"Bearer {self.api_key}"
+
+    @staticmethod
+    def _error(status: int, message: str | None = None, *, retry_after: float | None = None,
+               metadata: dict[str, Any] | None = None) -> web.Response:
+        body: dict[str, Any] = {"error": {"code": status, "message": message or _MESSAGES.get(
+            status, "error")}}
+        if metadata:
+            body["error"]["metadata"] = metadata
+        headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        stats = self.stats
+        stats.requests += 1
+        request_no = stats.requests
+        stats.in_flight += 1
+        stats.peak_concurrency = max(stats.peak_concurrency, stats.in_flight)
+        try:
+            return await self._chat_inner(request, request_no)
+        finally:
+            stats.in_flight -= 1
+
+    async def _chat_inner(self, request: web.Request, request_no: int) -> web.StreamResponse:
+        if not self._authorized(request):
+            return self._error(401)
+        try:
+            body = await request.json()
+            messages = body["messages"]
+        except (ValueError, KeyError, TypeError):
+            return self._error(400, "request body is not a chat completion request")
+        if self.record_bodies:
+            self.stats.bodies.append(body)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        fault = self.faults.draw(request_no)
+        if fault is not None:
+            self.stats.faults[fault] += 1
+            response = await self._fault(fault, request)
+            if response is not None:
+                return response
+        if self.credit_limit is not None and (
+                self.stats.total_cost + self.cost_per_request > self.credit_limit + 1e-12):
+            return self._error(402, "Key limit exceeded: this key's credit limit is reached",
+                               metadata={"limit": self.credit_limit})
+        prompt_id = derive_id(messages)
+        self.stats.successes += 1
+        self.stats.successes_by_prompt[prompt_id] += 1
+        self.stats.total_cost += self.cost_per_request
+        content = f"answer {answer_digest(messages)}"
+        return web.json_response(self._result(body, content, "stop"))
+
+    def _result(self, body: dict[str, Any], content: str | None, finish: str,
+                choice_error: dict[str, Any] | None = None) -> dict[str, Any]:
+        prompt_tokens = sum(len(str(m.get("content", ""))) // 4 + 1 for m in body["messages"])
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "native_finish_reason": finish,
+                                  "message": {"role": "assistant", "content": content,
+                                              "reasoning": "thinking" if content else None}}
+        if choice_error is not None:
+            choice["error"] = choice_error
+        completion = self.completion_tokens if content else 0
+        return {"id": f"gen-{self.stats.requests}", "object": "chat.completion",
+                "created": int(time.time()), "model": body.get("model", "fake/model"),
+                "provider": "DeepInfra", "system_fingerprint": None, "choices": [choice],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                          "total_tokens": prompt_tokens + completion,
+                          "cost": self.cost_per_request if content else 0.0,
+                          "is_byok": False}}
+
+    async def _fault(self, fault: str, request: web.Request) -> web.StreamResponse | None:
+        ra = self.faults.retry_after_s
+        if fault.isdigit():
+            status = int(fault)
+            if status == 429:
+                return self._error(429, retry_after=ra)
+            if status == 404:
+                return self._error(404, metadata={"reason": "constraint_filtered",
+                                                  "retryable": False})
+            return self._error(status)
+        if fault == "402_inflight":
+            return self._error(402, "Too many requests in flight for this key's balance",
+                               retry_after=ra)
+        if fault == "reset":
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
+            raise ConnectionResetError("fake reset")
+        if fault == "malformed":
+            return web.Response(status=200, text='{"id": "gen-x", "choices": [{"mess',
+                                content_type="application/json")
+        body = await request.json()
+        if fault == "choice_error":
+            return web.json_response(self._result(
+                body, None, "error", {"code": 502, "message": "upstream provider error"}))
+        if fault == "finish_error":
+            return web.json_response(self._result(body, "", "error"))
+        if fault == "empty":
+            return web.json_response(self._result(body, "", "stop"))
+        if fault == "length_empty":
+            return web.json_response(self._result(body, "", "length"))
+        if fault == "hang":
+            await asyncio.sleep(self.faults.hang_s)
+            return self._error(504)
+        raise AssertionError(fault)
+
+    async def _key(self, request: web.Request) -> web.Response:
+        self.stats.key_calls += 1
+        if not self._authorized(request):
+            return self._error(401)
+        limit = self.credit_limit
+        usage = round(self.stats.total_cost, 10)
+        return web.json_response({"data": {
+            "label": "sk-or-v1-fak...e00", "usage": usage, "limit": limit,
+            "limit_remaining": None if limit is None else round(limit - usage, 10),
+            "limit_reset": None, "is_free_tier": False, "is_management_key": False,
+            "is_provisioning_key": False, "include_byok_in_limit": False,
+            "byok_usage": 0, "usage_daily": usage, "usage_weekly": usage,
+            "usage_monthly": usage}})
+
+    async def _endpoints(self, request: web.Request) -> web.Response:
+        self.stats.endpoint_calls += 1
+        if not self.serve_endpoints:
+            return self._error(404, "Resource not found")
+        model = f"{request.match_info['author']}/{request.match_info['slug']}"
+        endpoints = []
+        for ep in self.endpoints:
+            full = {"name": f"{ep['provider_name']}: {model}", "model_id": model,
+                    "model_name": model, "context_length": 262144,
+                    "max_completion_tokens": 65536, "max_prompt_tokens": None,
+                    "pricing": {"prompt": "0", "completion": "0",
+                                "request": f"{self.cost_per_request:.10f}"},
+                    "status": 0, "supported_parameters": ["max_tokens", "temperature",
+                                                          "top_p", "reasoning"],
+                    "uptime_last_30m": 100}
+            full.update(ep)
+            endpoints.append(full)
+        return web.json_response({"data": {"id": model, "name": model, "created": 0,
+                                           "description": "fake", "architecture": {},
+                                           "endpoints": endpoints}})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats.as_dict())
+
+
+def _read_key(path: str | None) -> str:
+    if path:
+        return Path(path).read_text(encoding="utf-8").strip()
+    key = os.environ.get("FAKEAPI_KEY") or os.environ.get("OPENROUTER_API_KEY")
+    if not key:
+        raise SystemExit("fakeapi: give --key-file F or set $FAKEAPI_KEY (never the key in argv)")
+    return key.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m handoff.fakeapi", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--key-file", help="file holding the one key the fake accepts")
+    parser.add_argument("--faults", default="{}", help='FaultPlan JSON: {"rates": {...}, '
+                        '"schedule": {...}, "seed": 1, "retry_after_s": 0.2}')
+    parser.add_argument("--fault-mix", type=float, default=0.0,
+                        help="fail this fraction of requests, spread over retryable faults")
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--cost", type=float, default=0.0001)
+    parser.add_argument("--credit-limit", type=float, default=None)
+    parser.add_argument("--no-endpoints", action="store_true", help="answer 404 to /endpoints")
+    args = parser.parse_args(argv)
+    plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
+        args.faults)
+    fake = FakeOpenRouter(api_key=_read_key(args.key_file), host=args.host, port=args.port,
+                          faults=plan, latency_s=args.latency, cost_per_request=args.cost,
+                          credit_limit=args.credit_limit, serve_endpoints=not args.no_endpoints)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        url = await fake.start()
+        print(f"base_url={url}", flush=True)
+        await stop.wait()
+        await fake.stop()
+        print(json.dumps({k: v for k, v in fake.stats.as_dict().items()
+                          if k not in ("successes_by_prompt", "bodies")}), flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""`python -m payload generate|smoke|extract` (and `python payload.pyz …`, same entry).
+
+Everything printed goes through redaction of the API key: stdout and stderr are wrapped
+for the duration of `main`, so no code path can print the key by accident.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .records import parse_shard
+from .redact import RedactingStream, redact
+
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+DEFAULT_MODEL = "moonshotai/kimi-k2.5"
+DEFAULT_PROVIDER: dict[str, Any] = {"quantizations": ["int4"],
+                                    "ignore": ["fireworks", "baseten"]}
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse exits 2 too; keep its message redacted
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {redact(message)}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _json_object(flag: str, allow_null: bool = False) -> Any:
+    def parse(text: str) -> dict[str, Any] | None:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{flag} is not valid JSON: {exc}") from None
+        if value is None and allow_null:
+            return None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON object")
+        return value
+    return parse
+
+
+def _shard(text: str) -> Any:
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _add_key_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key-file", help="file holding the key, mode 0600 "
+                   "(default: $OPENROUTER_API_KEY)")
+    p.add_argument("--consume-key", action="store_true",
+                   help="delete the key file once read")
+    p.add_argument("--base-url", default=DEFAULT_BASE_URL)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--provider", type=_json_object("--provider", allow_null=True),
+                   default=DEFAULT_PROVIDER,
+                   help="provider routing JSON, sent as given; 'null' sends none "
+                        f"(default: {json.dumps(DEFAULT_PROVIDER)})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="payload", description="handoff payload: runs on the containers")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="answer every prompt of a JSONL file (resumable)")
+    g.add_argument("--input", required=True, type=Path)
+    g.add_argument("--output", required=True, type=Path)
+    _add_key_args(g)
+    g.add_argument("--concurrency", type=_positive(int), default=2000)
+    g.add_argument("--max-tokens", type=_positive(int))
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--reasoning", type=_json_object("--reasoning"),
+                   help="reasoning JSON passed through, e.g. '{\"effort\": \"high\"}'")
+    g.add_argument("--max-cost", type=_positive(float), help="USD budget (cumulative over "
+                   "resumed runs); never exceeded, exit 3 when reached")
+    g.add_argument("--shard", type=_shard, default=parse_shard("0/1"),
+                   help="I/N: this host's share of the ids (I is 0-based)")
+    g.add_argument("--retry-failed", action="store_true",
+                   help="retry the ids recorded in the errors file")
+    g.add_argument("--status-file", type=Path,
+                   help="JSON status, replaced every few seconds "
+                        "(default: OUT with .jsonl replaced by .status.json)")
+    g.add_argument("--request-timeout", type=_positive(float), default=600.0,
+                   help="seconds one request may take (long reasoning answers: default 600)")
+    g.add_argument("--max-attempts", type=_positive(int), default=6,
+                   help="attempts per prompt before it is recorded as failed")
+    g.add_argument("--backoff-base", type=_positive(float), default=1.0,
+                   help="first retry delay bound in seconds (full-jitter exponential)")
+    g.add_argument("--drain-timeout", type=_positive(float), default=60.0,
+                   help="on SIGTERM/402/budget, seconds to wait for in-flight requests")
+    g.add_argument("--no-preflight", action="store_true",
+                   help="skip the endpoints check of the provider filter")
+
+    sm = sub.add_parser("smoke", help="one request: model, provider, latency, tokens, cost, "
+                        "key credit left")
+    _add_key_args(sm)
+    sm.add_argument("--max-tokens", type=_positive(int), default=64)
+    sm.add_argument("--request-timeout", type=_positive(float), default=120.0)
+
+    ex = sub.add_parser("extract", help="EAGLE-3 features from generated conversations (GPU)")
+    try:
+        from . import extract
+    except ImportError as exc:
+        ex.set_defaults(_extract_missing=str(exc))
+        ex.add_argument("rest", nargs=argparse.REMAINDER)
+    else:
+        extract.add_arguments(ex)
+    return parser
+
+
+def _default_status(output: Path) -> Path:
+    name = output.name
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    return output.with_name(stem + ".status.json")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .generate.run import Settings, run
+    from .keyfile import KeyFileError, load_key
+    try:
+        key = load_key(args.api_key_file, consume=args.consume_key)
+    except KeyFileError as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = Settings(
+        input=args.input, output=args.output,
+        status_file=args.status_file or _default_status(args.output),
+        model=args.model, base_url=args.base_url, api_key=key,
+        concurrency=args.concurrency, max_tokens=args.max_tokens,
+        temperature=args.temperature, top_p=args.top_p, provider=args.provider,
+        reasoning=args.reasoning, max_cost=args.max_cost, shard=args.shard,
+        retry_failed=args.retry_failed, request_timeout=args.request_timeout,
+        max_attempts=args.max_attempts, backoff_base=args.backoff_base,
+        drain_timeout=args.drain_timeout, preflight=not args.no_preflight)
+    return run(settings)
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from .keyfile import KeyFileError, load_key
+    from .smoke import run_smoke
+    try:
+        key = load_key(args.api_key_file, consume=args.consume_key)
+    except KeyFileError as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_smoke(base_url=args.base_url, api_key=key, model=args.model,
+                     provider=args.provider, max_tokens=args.max_tokens,
+                     timeout=args.request_timeout)
+
+
+def _extract(args: argparse.Namespace) -> int:
+    missing = getattr(args, "_extract_missing", None)
+    if missing is not None:
+        print(f"error: the extract command is not available in this payload ({missing})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    from . import extract
+    return int(extract.run(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
+    try:
+        args = build_parser().parse_args(argv)
+        handler = {"generate": _generate, "smoke": _smoke, "extract": _extract}[args.command]
+        return handler(args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        return 3
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        sys.stdout, sys.stderr = out, err

@@ -1,0 +1,212 @@
+"""Exactly-once bookkeeping: the resume index and the single writer.
+
+Each completed id is one line in the output (answers) or the errors file (permanent
+failures), written by ONE writer that appends a whole line and flushes it. A kill -9 can
+only leave the last line torn (no trailing newline); it is truncated away before anything
+is appended, so that id is simply asked again.
+
+The resume index must be fast on a 1 GB output: records are written with `"id"` as the
+FIRST key and `"usage"` second, so the id and the cost are read from a short prefix of
+each line without parsing the whole record (a full parse is the fallback for lines written
+by anything else). Ids are kept as 64-bit blake2b digests of `str(id)`: ~40 bytes each in
+a set instead of a full string, which keeps memory flat on large inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+_DECODER = json.JSONDecoder()
+_PREFIX = b'{"id":'
+_USAGE = '"usage":'
+_CHUNK = 8 * 1024 * 1024
+
+
+def id_hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+@dataclass
+class Index:
+    done: set[int] = field(default_factory=set)  # id hashes in the output file
+    failed: set[int] = field(default_factory=set)  # id hashes in the errors file
+    cost: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    skipped_lines: int = 0  # unreadable lines (reported, not fatal)
+    truncated_bytes: int = 0
+
+
+def truncate_torn_tail(path: Path) -> int:
+    """Cut a last line that has no newline (a write interrupted by kill -9). Returns bytes cut."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with path.open("rb+") as fh:
+        pos = size
+        block = 64 * 1024
+        while pos > 0:
+            start = max(0, pos - block)
+            fh.seek(start)
+            chunk = fh.read(pos - start)
+            if pos == size and chunk.endswith(b"\n"):
+                return 0
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                fh.truncate(keep)
+                return size - keep
+            pos = start
+        fh.truncate(0)
+        return size
+
+
+def _iter_lines(path: Path) -> Iterator[bytes]:
+    """Lines of a big file, read in 8 MB chunks (faster than readline on 1 GB)."""
+    with path.open("rb") as fh:
+        rest = b""
+        while True:
+            chunk = fh.read(_CHUNK)
+            if not chunk:
+                break
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            yield from lines
+        if rest:
+            yield rest
+
+
+def _fast_id(line: bytes) -> tuple[str, str] | None:
+    """(key, decoded prefix) from a line that starts with `{"id":`; None if it does not."""
+    if not line.startswith(_PREFIX):
+        return None
+    head = line[:4096].decode("utf-8", "ignore")
+    try:
+        value, end = _DECODER.raw_decode(head, 6)
+    except ValueError:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return str(value), head[end:]
+
+
+def _read_usage(rest: str) -> dict[str, Any] | None:
+    if not rest.startswith("," + _USAGE):
+        return None
+    try:
+        usage, _ = _DECODER.raw_decode(rest, 1 + len(_USAGE))
+    except ValueError:
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
+def load_index(output: Path, errors: Path, *, warn: bool = True) -> Index:
+    """Read both files (truncating torn tails first) into an Index."""
+    index = Index()
+    for path, target, is_output in ((output, index.done, True), (errors, index.failed, False)):
+        index.truncated_bytes += truncate_torn_tail(path)
+        if not path.exists():
+            continue
+        for line_no, line in enumerate(_iter_lines(path), start=1):
+            if not line.strip():
+                continue
+            fast = _fast_id(line)
+            usage: dict[str, Any] | None = None
+            if fast is not None:
+                key, rest = fast
+                if is_output:
+                    usage = _read_usage(rest)
+                    if usage is None:
+                        fast = None  # unusual layout: parse the whole line below
+            if fast is None:
+                try:
+                    record = json.loads(line)
+                    key = str(record["id"])
+                    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+                except (ValueError, KeyError, TypeError):
+                    index.skipped_lines += 1
+                    if warn:
+                        print(f"warning: {path}:{line_no}: unreadable record skipped",
+                              file=sys.stderr)
+                    continue
+            target.add(id_hash(key))
+            if is_output and usage:
+                cost = usage.get("cost")
+                if isinstance(cost, (int, float)):
+                    index.cost += cost
+                pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                index.prompt_tokens += pt if isinstance(pt, int) else 0
+                index.completion_tokens += ct if isinstance(ct, int) else 0
+    return index
+
+
+def drop_failures(errors: Path, should_drop: Any) -> int:
+    """`--retry-failed`: atomically rewrite the errors file without the records to retry.
+
+    `should_drop(key)` says which ids this run retries (those its shard owns). The ids
+    dropped are in neither file until retried, so each still ends in exactly one file.
+    """
+    if not errors.exists():
+        return 0
+    tmp = errors.with_name(errors.name + ".tmp")
+    dropped = 0
+    with tmp.open("wb") as out:
+        for line in _iter_lines(errors):
+            if not line.strip():
+                continue
+            fast = _fast_id(line)
+            key: str | None = fast[0] if fast else None
+            if key is None:
+                try:
+                    key = str(json.loads(line)["id"])
+                except (ValueError, KeyError, TypeError):
+                    key = None
+            if key is not None and should_drop(key):
+                dropped += 1
+                continue
+            out.write(line + b"\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, errors)
+    return dropped
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One JSONL line; callers build `record` with "id" first (and "usage" second for answers)."""
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+class Writer:
+    """The single writer: appends whole lines and flushes each, so a kill -9 loses at most the
+    line being written (which the next run truncates)."""
+
+    def __init__(self, output: Path, errors: Path) -> None:
+        self._out: BinaryIO = output.open("ab")
+        self._err: BinaryIO = errors.open("ab")
+
+    def write_output(self, line: bytes) -> None:
+        self._out.write(line)
+        self._out.flush()
+
+    def write_error(self, line: bytes) -> None:
+        self._err.write(line)
+        self._err.flush()
+
+    def close(self) -> None:
+        for fh in (self._out, self._err):
+            try:
+                fh.flush()
+                os.fsync(fh.fileno())
+            except OSError:
+                pass
+            fh.close()

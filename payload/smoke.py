@@ -1,0 +1,90 @@
+"""`python -m payload smoke`: one real request from the container, before a long run.
+
+It proves the whole path at once (network egress, the key, the model slug, the provider
+filter) and prints what an engineer checks by hand: model, serving provider, latency,
+tokens, cost, and the key's usage and limit left (`GET /key`).
+
+Exit 0 only if the answer has content; 3 on 401 (key refused) or 402 (out of credit /
+key limit), naming the cause; 1 for any other failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import aiohttp
+
+from .generate import client
+from .generate.client import Kind
+from .redact import redact
+
+SMOKE_PROMPT = [{"role": "user", "content": "Reply with the single word: ready"}]
+
+
+async def _key_info(session: aiohttp.ClientSession, base_url: str,
+                    headers: dict[str, str]) -> tuple[int, dict[str, Any] | None]:
+    try:
+        async with session.get(base_url.rstrip("/") + "/key", headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            raw = await resp.read()
+            data = json.loads(raw).get("data") if resp.status == 200 else None
+            return resp.status, data if isinstance(data, dict) else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError, OSError):
+        return 0, None
+
+
+def _money(value: Any) -> str:
+    return f"${value:.6f}" if isinstance(value, (int, float)) else "unknown"
+
+
+async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, Any] | None,
+                 max_tokens: int, timeout: float) -> int:
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
+               "X-Title": "handoff"}
+    body = json.dumps(client.build_body(SMOKE_PROMPT, model=model, provider=provider,
+                                        max_tokens=max_tokens, temperature=None, top_p=None,
+                                        reasoning=None)).encode("utf-8")
+    async with aiohttp.ClientSession(trust_env=False) as session:
+        outcome = await client.attempt(session, base_url.rstrip("/") + "/chat/completions",
+                                       body, headers, aiohttp.ClientTimeout(total=timeout))
+        key_status, key = await _key_info(session, base_url, headers)
+    print(f"model:     {model}")
+    if outcome.kind is Kind.OK:
+        r = outcome.result
+        usage = r.get("usage") or {}
+        print(f"served by: {r.get('provider') or 'unknown'} ({r.get('model') or model})")
+        print(f"latency:   {outcome.latency_s:.2f} s")
+        print(f"tokens:    prompt {usage.get('prompt_tokens', '?')}, "
+              f"completion {usage.get('completion_tokens', '?')}")
+        print(f"cost:      {_money(usage.get('cost'))}")
+        print(f"answer:    {redact(str(r.get('response')))[:200]!r}")
+    if key is not None:
+        limit = key.get("limit")
+        left = key.get("limit_remaining")
+        print(f"key:       usage {_money(key.get('usage'))}, limit "
+              f"{_money(limit) if limit is not None else 'none'}, left "
+              f"{_money(left) if left is not None else 'unlimited'}")
+    else:
+        print(f"key:       usage unknown (GET /key answered {key_status or 'nothing'})")
+    if outcome.kind is Kind.OK:
+        print("smoke: OK")
+        return 0
+    if outcome.kind is Kind.AUTH:
+        print(f"smoke: FAILED: the API key was refused (401: {outcome.message})",
+              file=sys.stderr)
+        return 3
+    if outcome.kind is Kind.CREDIT:
+        print(f"smoke: FAILED: out of credit or key limit reached (402: {outcome.message})",
+              file=sys.stderr)
+        return 3
+    print(f"smoke: FAILED: {outcome.status or ''} {outcome.type}: {outcome.message}".replace(
+        "  ", " "), file=sys.stderr)
+    return 1
+
+
+def run_smoke(*, base_url: str, api_key: str, model: str, provider: dict[str, Any] | None,
+              max_tokens: int = 64, timeout: float = 120.0) -> int:
+    return asyncio.run(_smoke(base_url, api_key, model, provider, max_tokens, timeout))
