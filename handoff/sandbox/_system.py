@@ -23,6 +23,7 @@ USER_PREFIX = "hsbx"
 _USER_RE = re.compile(rf"^{USER_PREFIX}(\d+)n(\d+)$")
 # Written into every sshd_config the sandbox creates, for the same reason.
 OWNER_MARK = "# handoff-sandbox owner="
+_SSHD_CONFIG_RE = re.compile(r"sshd(?::)? .*?-f (\S+)")
 
 
 class SandboxError(RuntimeError):
@@ -119,11 +120,12 @@ def stale_sshd_pids() -> list[int]:
     """sshd listeners started by a sandbox whose owner process is gone."""
     pids = []
     for pid, argv in iter_processes():
-        if not argv or not argv[0].endswith("sshd") or "-f" not in argv:
+        # sshd rewrites its title to one string ("sshd: /usr/sbin/sshd -f CONFIG -D -e [listener]…")
+        match = _SSHD_CONFIG_RE.search(" ".join(argv))
+        if not match or not argv[0].startswith(("sshd", "/usr/sbin/sshd")):
             continue
-        config = argv[argv.index("-f") + 1] if argv.index("-f") + 1 < len(argv) else ""
         try:
-            first = Path(config).read_text().splitlines()[0]
+            first = Path(match.group(1)).read_text().splitlines()[0]
         except (OSError, IndexError):
             continue
         if first.startswith(OWNER_MARK):
