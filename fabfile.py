@@ -1,1 +1,176 @@
-"""handoff's checklist as Fabric tasks (thin: parse flags, pick targets, call handoff/)."""
+"""handoff's checklist as Fabric tasks (thin: parse flags, pick targets, call handoff/).
+
+Every task takes `--host` (inventory name, ssh_config alias or [user@]address[:port],
+comma-separated) and `--role`. Without `--host`: the hosts of the last deploy, else
+the inventory's hosts. Heavy modules are imported inside the tasks so `fab -l` is quick.
+"""
+
+from __future__ import annotations
+
+from invoke import Context, Exit, task
+
+HOST = "inventory name, ssh_config alias or [user@]address[:port]; comma-separated for several (default: the last deploy's hosts, else the inventory's)"
+ROLE = "role to act as (a file in roles/); default: each host's first inventory role"
+DRY = "print the plan (what would run on which host) and change nothing; connects to no host"
+
+
+def _done(code: int) -> None:
+    if code:
+        raise Exit(code=code)
+
+
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY,
+                                   "install": "pip-install missing pure-Python modules into a venv under remote_dir first"})
+def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False,
+           install: bool = False) -> None:
+    """verify → push-script → push-key on the hosts; records them as the current targets."""
+    from handoff import tasks
+
+    _done(tasks.deploy(host, role, install=install, dry_run=dry_run))
+
+
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
+                                   "install": "pip-install missing pure-Python modules into <remote_dir>/venv and use its python"})
+def verify(c: Context, host: str | None = None, role: str | None = None, install: bool = False) -> None:
+    """Check each host has what its role needs (one probe per host); print the fixes."""
+    from handoff import tasks
+
+    _done(tasks.verify(host, role, install=install))
+
+
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
+def push_script(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
+    """Upload the payload as a content-addressed release and switch `current` to it."""
+    from handoff import tasks
+
+    _done(tasks.push_script(host, role, dry_run=dry_run))
+
+
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
+def push_key(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
+    """Place the API key from the OS keyring on the hosts, 0600 from creation."""
+    from handoff import tasks
+
+    _done(tasks.push_key(host, role, dry_run=dry_run))
+
+
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
+                                   "yes": "pin without asking (only after checking the fingerprint on the host)"})
+def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False) -> None:
+    """Show each host's SSH key fingerprint and pin it after confirmation."""
+    from handoff import tasks
+
+    _done(tasks.trust_host(host, role, yes=yes))
+
+
+@task(auto_shortflags=False, help={"service": "keyring service (default openrouter)",
+                                   "username": "keyring username (default api-key)"})
+def set_key(c: Context, service: str = "openrouter", username: str = "api-key") -> None:
+    """Store the API key in the OS keyring (hidden prompt, or one line on stdin)."""
+    from handoff import tasks
+
+    _done(tasks.set_key(service, username))
+
+
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
+                                   "model": "model slug to test (default: the model var)"})
+def smoke_test(c: Context, host: str | None = None, role: str | None = None, model: str | None = None) -> None:
+    """One real request from each host with the placed key: provider, latency, tokens, cost, credit."""
+    from handoff import jobs
+
+    _done(jobs.smoke_test(host, role, model=model))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE,
+    "input": "local prompts file (JSONL) to push to <remote_dir>/data/ (skipped if unchanged)",
+    "remote_input": "prompts file already on the hosts (instead of --input)",
+    "job": "job name (default: the role's job var, e.g. generator)",
+    "model": "model slug (overrides the model var)",
+    "base_url": "API base URL (overrides the base_url var)",
+    "concurrency": "in-flight requests per host (overrides the concurrency var)",
+    "max_cost": "USD budget per host (overrides the max_cost var)",
+    "max_tokens": "max tokens per response",
+    "no_shard": "run the whole input on every host instead of sharding it i/n",
+})
+def launch(c: Context, host: str | None = None, role: str | None = None, input: str | None = None,
+           remote_input: str | None = None, job: str | None = None, model: str | None = None,
+           base_url: str | None = None, concurrency: int | None = None, max_cost: float | None = None,
+           max_tokens: int | None = None, no_shard: bool = False) -> None:
+    """Start the role's job detached on each host (sharded i/n); refuses a second copy."""
+    from handoff import jobs
+
+    flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
+             "max_cost": max_cost, "max_tokens": max_tokens, "job": job}
+    _done(jobs.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
+                      shard=not no_shard))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "json": "print one JSON object per host instead of the table",
+    "wait": "keep watching until no job is running",
+    "interval": "seconds between refreshes with --wait (default 2)",
+})
+def status(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+           json: bool = False, wait: bool = False, interval: float = 2.0) -> None:
+    """Per-host job state, progress, tok/s, cost, ETA and whether secrets are still placed."""
+    from handoff import jobs
+
+    _done(jobs.status(host, role, job=job, as_json=json, wait=wait, interval=interval))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "follow": "keep streaming new lines until Ctrl-C", "lines": "how many last lines (default 40)",
+})
+def logs(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+         follow: bool = False, lines: int = 40) -> None:
+    """Print the job's log (the last lines; --follow streams until Ctrl-C)."""
+    from handoff import jobs
+
+    _done(jobs.logs(host, role, job=job, follow=follow, lines=lines))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "timeout": "seconds to wait for the graceful drain (default 60; 0 = do not wait)",
+})
+def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+         timeout: float = 60.0) -> None:
+    """SIGTERM the job: it drains in-flight requests and stays resumable."""
+    from handoff import jobs
+
+    _done(jobs.stop(host, role, job=job, timeout=timeout))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "dest": "local folder; files go to DEST/<host>/<job>/ (default results)",
+})
+def fetch(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+          dest: str = "results") -> None:
+    """Pull the job's outputs back, resuming: complete files are skipped, partial ones continued."""
+    from handoff import jobs
+
+    _done(jobs.fetch(host, role, job=job, dest=dest))
+
+
+@task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists)"})
+def cleanup_secrets(c: Context, host: str | None = None) -> None:
+    """Remove every key the ledger says was placed (even on hosts gone from the inventory) and verify."""
+    from handoff import jobs
+
+    _done(jobs.cleanup_secrets(host))
+
+
+@task(auto_shortflags=False, help={
+    "hosts": "sandbox containers to start (default 2)",
+    "results": "where to copy the results (default demo-results)",
+    "keep": "keep the sandbox's temp dir instead of deleting it",
+})
+def demo(c: Context, hosts: int = 2, results: str = "demo-results", keep: bool = False) -> None:
+    """The whole checklist against a throwaway local sandbox (sshd + fake OpenRouter on loopback)."""
+    from handoff import demo as demo_mod
+
+    _done(demo_mod.run(hosts=hosts, results=results, keep=keep))

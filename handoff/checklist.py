@@ -1,0 +1,138 @@
+"""The first half of the checklist as plans: verify → push-script → push-key (= deploy).
+
+Each builder turns targets into a Plan without connecting; `HANDLERS` execute its
+steps. The probe is always the first step: one round trip that both verifies the
+host and tells the later steps what is already there, so an unchanged redeploy is
+connect + probe and nothing else.
+"""
+
+from __future__ import annotations
+
+from handoff import releases, secrets
+from handoff.errors import HandoffError, RemoteError
+from handoff.parallel import HostReport
+from handoff.plan import Handler, HostContext, HostPlan, Plan, Skipped, Step, execute
+from handoff.targets import Target
+from handoff.verify import evaluate, install_missing, probe, report_verdict
+
+KEY_FILE = "key"
+
+
+def _probe_step(target: Target, check: bool, install: bool, key: bool) -> Step:
+    role = target.role.name if target.role else "no role"
+    req = target.role.requires if target.role else None
+    wants = []
+    if req:
+        wants.append("python >= " + ".".join(map(str, req.python)))
+        wants += list(req.modules) + list(req.commands)
+        if req.gpus_needed(target.vars):
+            wants.append(f"{req.gpus_needed(target.vars)} CUDA GPU(s)")
+        if req.disk_gb:
+            wants.append(f"{req.disk_gb:g} GB free")
+    desc = f"probe the host and check role {role}: {', '.join(wants)}" if check else "probe the host (read-only)"
+    detail = f"{target.vars['python']} -c <probe snippet> (one round trip, reads only)"
+    if install:
+        detail += f"; pip-install missing modules into {target.vars['remote_dir']}/venv"
+    return Step("probe", desc, detail, "always",
+                {"check": check, "install": install, "key": key})
+
+
+def build(
+    targets: list[Target],
+    *,
+    verify: bool = True,
+    script: bool = True,
+    key: str | None = None,
+    install: bool = False,
+    title: str = "deploy",
+) -> Plan:
+    """Plan for deploy (all three) or one checklist step alone."""
+    release = releases.build() if script else None
+    plan = Plan(title, [], private={"release": release, "key": key})
+    for t in targets:
+        steps = [_probe_step(t, verify, install, key is not None)]
+        rd = str(t.vars["remote_dir"]).rstrip("/")
+        if release is not None:
+            folder = f"{rd}/releases/{release.sha12}"
+            steps.append(Step(
+                "upload-release", f"upload payload.pyz ({release.size / 1024:.0f} KiB, sha256 {release.sha12})",
+                f"sftp put {folder}/.payload.pyz.tmp-* then rename to {folder}/payload.pyz",
+                "unless that release is already there"))
+            steps.append(Step(
+                "switch-current", f"point {rd}/current at releases/{release.sha12}",
+                f"sftp symlink {rd}/.current.tmp-* then rename over {rd}/current (atomic)",
+                "unless current already points there"))
+            steps.append(Step(
+                "prune-releases", f"prune old releases, keeping the last {releases.KEEP_RELEASES}",
+                f"rm -rf {rd}/releases/<old>", f"when more than {releases.KEEP_RELEASES} exist"))
+        if key is not None:
+            if t.role is not None and not t.role.secret:
+                continue
+            path = str(t.vars["key_path"])
+            folder = path.rsplit("/", 1)[0]
+            steps.append(Step(
+                "place-key", f"place API key {secrets.fingerprint(key)} at {path} (0600)",
+                f"sftp mkdir {folder} (0700); open .tmp-* O_EXCL mode 0600; write; fsync; rename; stat",
+                "unless the host already holds the same key (sha256 compared on the host)"))
+        plan.hosts.append(HostPlan(t, steps))
+    return plan
+
+
+def _probe(ctx: HostContext, step: Step) -> str:
+    s = ctx.session
+    files = {KEY_FILE: str(s.vars["key_path"])} if step.params.get("key") else {}
+    role = s.target.role
+    facts = probe(s, role, files=files)
+    ctx.facts = facts
+    if not step.params.get("check"):
+        return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
+    verdict = evaluate(facts, role, s.vars)
+    if not verdict.ok and step.params.get("install") and install_missing(s, verdict, ctx.report):
+        facts = probe(s, role, files=files)
+        ctx.facts = facts
+        verdict = evaluate(facts, role, s.vars)
+    report_verdict(ctx.report, verdict, show_all=ctx.plan.title == "verify")
+    ctx.report.data["verdict"] = verdict
+    if not verdict.ok:
+        names = ", ".join(c.name for c in verdict.missing)
+        raise HandoffError(f"{s.label}: missing {names} (fixes above); nothing was changed")
+    return Skipped(f"verified ({len(verdict.checks)} checks ok)")
+
+
+def _release(ctx: HostContext) -> releases.Release:
+    rel = ctx.plan.private.get("release")
+    if rel is None:
+        raise RemoteError("internal: no release in the plan")
+    return rel
+
+
+def _upload(ctx: HostContext, step: Step) -> str:
+    return releases.upload(ctx.session, ctx.need_facts(), _release(ctx))
+
+
+def _switch(ctx: HostContext, step: Step) -> str:
+    return releases.switch(ctx.session, ctx.need_facts(), _release(ctx))
+
+
+def _prune(ctx: HostContext, step: Step) -> str:
+    return releases.prune(ctx.session, ctx.need_facts(), _release(ctx))
+
+
+def _place_key(ctx: HostContext, step: Step) -> str:
+    key = ctx.plan.private.get("key")
+    if not key:
+        raise RemoteError("internal: no key in the plan")
+    return secrets.place(ctx.session, ctx.need_facts(), str(key))
+
+
+HANDLERS: dict[str, Handler] = {
+    "probe": _probe,
+    "upload-release": _upload,
+    "switch-current": _switch,
+    "prune-releases": _prune,
+    "place-key": _place_key,
+}
+
+
+def run(plan: Plan) -> list[HostReport]:
+    return execute(plan, HANDLERS)

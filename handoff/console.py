@@ -1,0 +1,81 @@
+"""All of handoff's output: a rich console whose every write is redacted.
+
+The key is registered with `payload.redact.REDACTOR` the moment it is read from the
+keyring (secrets.read_key). Redaction happens twice: on the text before rich lays it
+out (rich may wrap a long line in the middle of a key, which would defeat a
+stream-level filter) and on the stream after (for anything that bypasses us).
+`install()` also wraps sys.stdout/sys.stderr, so tracebacks and library prints are
+masked too.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import IO, Any, cast
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from payload.redact import REDACTOR, RedactingStream
+
+_lock = threading.RLock()
+_console: Console | None = None
+_err_console: Console | None = None
+
+
+def install() -> None:
+    """Wrap the process's stdout/stderr in redacting streams (idempotent)."""
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout = RedactingStream(sys.stdout)
+    if not isinstance(sys.stderr, RedactingStream):
+        sys.stderr = RedactingStream(sys.stderr)
+
+
+def console() -> Console:
+    global _console
+    if _console is None:
+        _console = Console(file=cast(IO[str], RedactingStream(sys.__stdout__ or sys.stdout)), highlight=False)
+    return _console
+
+
+def err_console() -> Console:
+    global _err_console
+    if _err_console is None:
+        _err_console = Console(file=cast(IO[str], RedactingStream(sys.__stderr__ or sys.stderr)), highlight=False)
+    return _err_console
+
+
+def r(value: Any) -> str:
+    """Redact and markup-escape a value for display."""
+    return escape(REDACTOR.redact(str(value)))
+
+
+def _redacted(obj: Any) -> Any:
+    return REDACTOR.redact(obj) if isinstance(obj, str) else obj
+
+
+def say(*objects: Any, **kwargs: Any) -> None:
+    with _lock:
+        console().print(*(_redacted(o) for o in objects), **kwargs)
+
+
+def warn(message: str) -> None:
+    with _lock:
+        err_console().print(f"[yellow]warning:[/] {r(message)}")
+
+
+def error(message: str) -> None:
+    with _lock:
+        err_console().print(f"[bold red]error:[/] {r(message)}")
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    """A rich table whose cells are redacted (cells may carry markup already escaped)."""
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*(REDACTOR.redact(str(c)) if c is not None else "" for c in row))
+    return t

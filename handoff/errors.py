@@ -1,0 +1,105 @@
+"""The exceptions handoff raises on purpose.
+
+Every message says what went wrong AND what to type to fix it: the tasks print
+`str(exc)` and exit non-zero, so the message is the whole user interface of a
+failure. None of them ever carries the API key (callers pass fingerprints only,
+and the console redacts anyway).
+"""
+
+from __future__ import annotations
+
+
+class HandoffError(Exception):
+    """Base class: an expected failure with a user-facing message."""
+
+    exit_code = 1
+
+
+class UsageError(HandoffError):
+    """Bad flags or arguments (exit code 2, like the payload's bad usage)."""
+
+    exit_code = 2
+
+
+class InventoryError(HandoffError):
+    """The inventory file is malformed, or names something that does not exist."""
+
+    exit_code = 2
+
+
+class RoleError(HandoffError):
+    """A role file is malformed or unknown."""
+
+    exit_code = 2
+
+
+class TargetError(HandoffError):
+    """`--host` (or the saved targets) cannot be resolved to a host."""
+
+    exit_code = 2
+
+
+class ConnectError(HandoffError):
+    """The host could not be reached or refused our login."""
+
+
+class HostKeyError(ConnectError):
+    """The host's key is not one we trust. Nothing was sent to the host."""
+
+
+class UnknownHostKey(HostKeyError):
+    def __init__(self, host: str, hostname: str, key_type: str, fingerprint: str) -> None:
+        self.host = host
+        self.hostname = hostname
+        self.fingerprint = fingerprint
+        super().__init__(
+            f"{host}: unknown host key for {hostname} ({key_type} {fingerprint}); refusing to "
+            f"connect. If that fingerprint is right (compare it with `ssh-keygen -lf "
+            f"/etc/ssh/ssh_host_*_key.pub` on the host), pin it with: "
+            f"fab trust-host --host {host}"
+        )
+
+
+class ChangedHostKey(HostKeyError):
+    def __init__(self, host: str, hostname: str, expected: str, got: str) -> None:
+        self.host = host
+        self.hostname = hostname
+        self.expected = expected
+        self.got = got
+        super().__init__(
+            f"{host}: HOST KEY CHANGED for {hostname}! expected {expected}, the host offered "
+            f"{got}. Someone may be intercepting the connection, or the host was rebuilt. "
+            f"Refusing to connect. If the change is legitimate, check the new fingerprint on "
+            f"the host and re-pin it with: fab trust-host --host {host}"
+        )
+
+
+class SecretError(HandoffError):
+    """The API key cannot be read from the keyring, or placed / removed safely."""
+
+
+class KeyringEntryMissing(SecretError):
+    def __init__(self, service: str, username: str) -> None:
+        super().__init__(
+            f"no API key in the OS keyring for service {service!r}, username {username!r}. "
+            f"Store it with `keyring set {service} {username}` (or `fab set-key`), "
+            f"then run this again."
+        )
+
+
+class NoKeyringBackend(SecretError):
+    def __init__(self, service: str, username: str, detail: str) -> None:
+        super().__init__(
+            f"no usable OS keyring backend ({detail}). Install and unlock one (e.g. "
+            f"gnome-keyring / Secret Service, or `pip install keyrings.alt` for a file "
+            f"backend), then store the key with `keyring set {service} {username}` "
+            f"(or `fab set-key`)."
+        )
+
+
+class RemoteError(HandoffError):
+    """A command or transfer on the host failed; the message names host and step."""
+
+
+class NotDeployed(RemoteError):
+    """The host lacks the release or the key a task needs."""

@@ -1,0 +1,117 @@
+"""Run one function per host on a bounded thread pool, with grouped output.
+
+One failing host never stops the others: every exception is caught per host and
+becomes that host's error line. Each host's output is buffered and printed as one
+block when the host finishes, so lines from different hosts never interleave. A
+summary table ends every multi-host run; the caller exits non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.rule import Rule
+
+from handoff import console
+from handoff.errors import HandoffError
+from handoff.targets import Target
+
+MAX_WORKERS = 32
+
+
+@dataclass
+class HostReport:
+    target: Target
+    ok: bool = True
+    summary: str = ""  # the summary table's cell
+    data: dict[str, Any] = field(default_factory=dict)  # structured results (for --json)
+    lines: list[Any] = field(default_factory=list)  # grouped output: strings or renderables
+    error: str | None = None
+    seconds: float = 0.0
+
+    def log(self, item: Any) -> None:
+        self.lines.append(item)
+
+    def fail(self, message: str) -> None:
+        self.ok = False
+        self.error = message
+
+
+HostFn = Callable[[Target, HostReport], None]
+
+_print_lock = threading.Lock()
+
+
+def _print_group(report: HostReport) -> None:
+    if not report.lines and report.ok:
+        return
+    with _print_lock:
+        ep = report.target.endpoint
+        console.say(Rule(f"[bold]{console.r(report.target.label)}[/] [dim]{console.r(ep)}[/]", align="left"))
+        for line in report.lines:
+            console.say(line)
+        if report.error:
+            console.say(f"[bold red]✗ {console.r(report.error)}[/]")
+
+
+def run_parallel(
+    targets: list[Target],
+    fn: HostFn,
+    *,
+    title: str,
+    grouped: bool = True,
+    summary: bool = True,
+    workers: int = MAX_WORKERS,
+) -> list[HostReport]:
+    reports = [HostReport(t) for t in targets]
+
+    def one(report: HostReport) -> HostReport:
+        start = time.monotonic()
+        try:
+            fn(report.target, report)
+        except HandoffError as exc:
+            report.fail(str(exc))
+        except KeyboardInterrupt:
+            report.fail("interrupted")
+        except Exception as exc:  # one host's bug or library error must not stop the others
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+            report.fail(f"{type(exc).__name__}: {exc}{where}")
+        report.seconds = time.monotonic() - start
+        if grouped:
+            _print_group(report)
+        return report
+
+    if len(reports) == 1:
+        one(reports[0])
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(reports)))) as pool:
+            list(pool.map(one, reports))
+    if summary and (len(reports) > 1 or not reports[0].ok):
+        print_summary(title, reports)
+    return reports
+
+
+def print_summary(title: str, reports: list[HostReport]) -> None:
+    rows = []
+    for rep in reports:
+        status = "[green]ok[/]" if rep.ok else "[bold red]FAILED[/]"
+        detail = console.r(rep.summary if rep.ok else (rep.error or "failed"))
+        rows.append([console.r(rep.target.label), status, detail, f"{rep.seconds:.2f}s"])
+    failed = [rep.target.label for rep in reports if not rep.ok]
+    caption = f"{len(reports) - len(failed)}/{len(reports)} hosts ok"
+    if failed:
+        caption += f"; failed: {', '.join(failed)}"
+    table = console.table(f"{title} summary", ["host", "result", "detail", "time"], rows)
+    table.caption = console.r(caption)
+    console.say(table)
+
+
+def failed_hosts(reports: list[HostReport]) -> list[str]:
+    return [rep.target.label for rep in reports if not rep.ok]

@@ -1,0 +1,142 @@
+"""The local state dir: current targets, the secrets ledger, pinned host keys.
+
+`$HANDOFF_STATE_DIR`, default `.handoff/` at the repo root (git-ignored). The dir
+is 0700 and every file in it 0600: it holds no secret, but the ledger maps hosts
+to where keys lie, which is nobody else's business. The ledger stores host, path,
+time and an 8-hex fingerprint of the key, never the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+_lock = threading.Lock()  # tasks write the ledger from several host threads
+
+
+def state_dir() -> Path:
+    env = os.environ.get("HANDOFF_STATE_DIR")
+    path = Path(env).expanduser() if env else REPO_ROOT / ".handoff"
+    return path.resolve()
+
+
+def ensure_state_dir() -> Path:
+    path = state_dir()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Atomically replace `path` with `text`, 0600 from creation."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --- current targets --------------------------------------------------------------------
+
+
+def save_targets(specs: list[str], role: str | None) -> None:
+    with _lock:
+        path = ensure_state_dir() / "targets.json"
+        data = {"hosts": specs, "role": role, "time": time.time()}
+        _write_private(path, json.dumps(data, indent=2) + "\n")
+
+
+def load_targets() -> tuple[list[str], str | None]:
+    path = state_dir() / "targets.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return [], None
+    hosts = [str(h) for h in data.get("hosts", [])]
+    role = data.get("role")
+    return hosts, role if isinstance(role, str) else None
+
+
+# --- the ledger -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One placement (or removal) of a key: enough to find the file again, never the key."""
+
+    host: str  # the label the user knows it by (inventory name or spec)
+    hostname: str  # resolved address, so cleanup works after the host left the inventory
+    port: int
+    user: str
+    identity: list[str]
+    path: str  # absolute remote path of the key file
+    fingerprint: str  # first 8 hex of sha256(key)
+    time: float
+    event: str = "placed"  # placed | removed
+
+    @property
+    def slot(self) -> tuple[str, int, str, str]:
+        return (self.hostname, self.port, self.user, self.path)
+
+
+def ledger_path() -> Path:
+    return state_dir() / "ledger.jsonl"
+
+
+def record(entry: LedgerEntry) -> None:
+    """Append an event; the file is created 0600 and only ever appended to."""
+    with _lock:
+        path = ensure_state_dir() / "ledger.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(entry), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def ledger_events() -> list[LedgerEntry]:
+    try:
+        lines = ledger_path().read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            data: dict[str, Any] = json.loads(line)
+            events.append(LedgerEntry(**data))
+        except (ValueError, TypeError):
+            continue  # a torn last line from a crash: the earlier events still count
+    return events
+
+
+def placed() -> list[LedgerEntry]:
+    """Keys the ledger says are still on a host: the last event per slot is `placed`."""
+    last: dict[tuple[str, int, str, str], LedgerEntry] = {}
+    for event in ledger_events():
+        last[event.slot] = event
+    return [e for e in last.values() if e.event == "placed"]
+
+
+# --- pinned host keys -------------------------------------------------------------------
+
+
+def pinned_keys_path() -> Path:
+    return state_dir() / "known_hosts"
+
+
+def write_pinned(text: str) -> None:
+    with _lock:
+        _write_private(ensure_state_dir() / "known_hosts", text)
