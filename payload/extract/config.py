@@ -1,0 +1,200 @@
+"""Flags of `extract` and their validation; no torch here (see the package docstring).
+
+Every check that can fail before the model is loaded happens here or in `run`, so a
+typo costs a second, not the minutes a 1T-parameter load takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from payload.records import ALL, Shard, parse_shard
+
+DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+                 "float": "float32"}
+DEFAULT_MAX_LENGTH = 8192
+DEFAULT_BATCH_TOKENS = 16384
+
+
+class UsageError(ValueError):
+    """Bad flags or input: exit 2, with a message that names the fix."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the `extract` flags (DESIGN contract plus the policy flags documented here)."""
+    parser.add_argument("--input", required=True, type=Path,
+                        help="generator OUT.jsonl (or prompt+answer JSONL / ShareGPT)")
+    parser.add_argument("--model", required=True, type=Path,
+                        help="local model directory (never downloaded)")
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--layers", default=None,
+                        help="three HF output_hidden_states indices, e.g. 2,16,29 "
+                             "(default: 2,N//2,N-3; valid: 1..N, N is the post-norm state)")
+    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
+                        help=f"longest sample in tokens (default {DEFAULT_MAX_LENGTH}); "
+                             "see --overlong")
+    parser.add_argument("--overlong", choices=["truncate", "skip"], default="truncate",
+                        help="samples longer than --max-length: keep the first N tokens "
+                             "(default; a causal model's features for them are unchanged) "
+                             "or skip the sample; both are counted")
+    parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
+                        help="padded tokens per forward pass (rows x longest row); "
+                             f"a longer sample runs alone (default {DEFAULT_BATCH_TOKENS})")
+    parser.add_argument("--dtype", default="bfloat16",
+                        help="model and feature dtype: bfloat16 (default), float16, float32")
+    parser.add_argument("--shard", default=None, help="I/N: this host's 0-based share of ids")
+    parser.add_argument("--reasoning", choices=["include", "drop"], default="include",
+                        help="the record's reasoning: put it in the supervised assistant turn "
+                             "per the chat template's thinking convention (default), or drop it")
+    parser.add_argument("--force", action="store_true",
+                        help="run even when the disk preflight says the features will not fit")
+    parser.add_argument("--reserve", default="1G",
+                        help="free space to leave on the output disk, e.g. 50G (default 1G)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto: CUDA when available, else the CPU")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow the model directory's own modeling code (e.g. Kimi)")
+    parser.add_argument("--progress", choices=["auto", "rich", "plain", "none"], default="auto",
+                        help="auto: rich bars on a TTY, plain lines otherwise")
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    input: Path
+    model: Path
+    output_dir: Path
+    layers: tuple[int, ...] | None  # None: the default, resolved once N is known
+    max_length: int
+    overlong: str
+    batch_tokens: int
+    dtype: str
+    shard: Shard
+    reasoning: str
+    force: bool
+    reserve_bytes: int
+    device: str
+    trust_remote_code: bool
+    progress: str
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPES[self.dtype]
+
+
+def parse_size(text: str) -> int:
+    """`10G`, `512M`, `1.5T` or plain bytes; binary units (what `df -h` shows)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    if t and t[-1] in "KMGT":
+        mult = 1024 ** ("KMGT".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        value = float(t)
+    except ValueError:
+        raise UsageError(f"--reserve: not a size: {text!r} (e.g. 50G)") from None
+    if value < 0:
+        raise UsageError("--reserve must not be negative")
+    return int(value * mult)
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        layers = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise UsageError(f"--layers must be three integers like 2,16,29, got {text!r}") from None
+    if len(layers) != 3:
+        raise UsageError(f"--layers needs exactly three indices (EAGLE-3 low/mid/high), "
+                         f"got {len(layers)}: {text!r}")
+    return layers
+
+
+def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
+    """Default `[2, N//2, N-3]`; indices are HF `output_hidden_states` positions.
+
+    Valid range is 1..N: index k < N is the output of decoder layer k-1, index N is the
+    final post-norm state (HF replaces the last layer's raw output by the normed one).
+    Index 0 (the embeddings) is refused: it is a pure table lookup that the EAGLE-3 draft
+    already owns, so it would waste a third of the feature bytes on no information.
+    """
+    n = num_layers
+    if layers is None:
+        layers = (2, n // 2, n - 3)
+        if n < 6:
+            raise UsageError(f"the model has {n} decoder layers; the default layers "
+                             f"2,N//2,N-3 need at least 6; pass --layers")
+    if len(set(layers)) != 3:
+        raise UsageError(f"--layers must be three distinct indices, got {layers}")
+    for k in layers:
+        if k == 0:
+            raise UsageError("--layers: index 0 is the embedding output, not a decoder layer "
+                             f"(no information the draft lacks); use 1..{n}")
+        if not 1 <= k <= n:
+            raise UsageError(f"--layers: index {k} is out of range; this model has {n} "
+                             f"decoder layers, valid indices are 1..{n}")
+    return tuple(sorted(layers))
+
+
+def from_args(args: argparse.Namespace) -> ExtractConfig:
+    dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    if args.max_length is not None and args.max_length < 2:
+        raise UsageError("--max-length must be at least 2")
+    if args.batch_tokens < 1:
+        raise UsageError("--batch-tokens must be positive")
+    try:
+        shard = parse_shard(args.shard) if args.shard else ALL
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.input.is_file():
+        raise UsageError(f"--input {args.input}: no such file")
+    if not (args.model / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: not a local model directory (no config.json); "
+                         "extract never downloads: copy the model there first")
+    return ExtractConfig(
+        input=args.input, model=args.model, output_dir=args.output_dir,
+        layers=parse_layers(args.layers), max_length=args.max_length, overlong=args.overlong,
+        batch_tokens=args.batch_tokens, dtype=dtype, shard=shard, reasoning=args.reasoning,
+        force=args.force, reserve_bytes=parse_size(args.reserve), device=args.device,
+        trust_remote_code=args.trust_remote_code, progress=args.progress,
+    )
+
+
+@dataclass(frozen=True)
+class Rank:
+    """torchrun's data-parallel position, from its environment (1 process: rank 0 of 1)."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+    @classmethod
+    def from_env(cls) -> Rank:
+        def get(name: str, default: int) -> int:
+            raw = os.environ.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise UsageError(f"${name}={raw!r} is not an integer") from None
+
+        world = get("WORLD_SIZE", 1)
+        rank = get("RANK", 0)
+        local_world = get("LOCAL_WORLD_SIZE", world)
+        local_rank = get("LOCAL_RANK", rank)
+        if world < 1 or not 0 <= rank < world or not 0 <= local_rank < local_world:
+            raise UsageError(f"inconsistent torchrun environment: RANK={rank} "
+                             f"WORLD_SIZE={world} LOCAL_RANK={local_rank}")
+        return cls(rank, world, local_rank, local_world)
+
+    @property
+    def tag(self) -> str:
+        return f"rank{self.rank}-of-{self.world}"

@@ -1,0 +1,165 @@
+"""Tiny Llama-shaped model and a chat tokenizer, both built inside the test session.
+
+Nothing is downloaded: HF_HUB_OFFLINE=1 and HF_HOME points at a temp dir before
+transformers is imported. The tokenizer is a WordLevel model trained here and wrapped
+in PreTrainedTokenizerFast with a Jinja chat template that has a thinking convention
+(`reasoning_content` rendered as `<think> ... </think>` in the final assistant turn,
+like Qwen3/Kimi) and a generation prompt `<|assistant|>:` that a response starting
+with punctuation merges into (`:!`), which is how the boundary-mismatch test fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_HF_HOME = tempfile.mkdtemp(prefix="hf-home-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_HOME"] = _HF_HOME
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SPECIALS = ["[UNK]", "<|pad|>", "<s>", "<|eot|>", "<|system|>", "<|user|>", "<|assistant|>",
+            "<think>", "</think>"]
+WORDS = ("the a an of to and in is it that what why how who when where which you we they "
+         "he she can could would should will do does did not no yes hello hi please tell me "
+         "about story cat dog sky blue red green water fire earth air one two three four five "
+         "six seven eight nine ten think thought first then so because answer question is "
+         "are was were be been sure ok here there this those these more less many few "
+         "poison long word reason step : , . ? ! ( ) - :!").split()
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "<|{{ m.role }}|>:"
+    "{% if m.role == 'assistant' and loop.last and m.reasoning_content %}"
+    "<think> {{ m.reasoning_content }} </think> "
+    "{% endif %}"
+    "{{ m.content }}<|eot|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>:{% endif %}"
+)
+
+NUM_LAYERS = 8
+HIDDEN = 64
+
+
+def build_tokenizer(chat_template: str = CHAT_TEMPLATE) -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1)
+    tok.train_from_iterator([" ".join(WORDS)] * 2, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|pad|>", bos_token="<s>",
+        eos_token="<|eot|>", chat_template=chat_template)
+
+
+def build_model(vocab: int, seed: int = 0) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=128,
+                      num_hidden_layers=NUM_LAYERS, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=512,
+                      bos_token_id=2, eos_token_id=3, pad_token_id=1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tok = build_tokenizer()
+    model = build_model(len(tok))
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                local_files_only=True).eval()
+
+
+def sentence(rng: Any, n: int) -> str:
+    plain = [w for w in WORDS if w.isalpha() and w != "poison"]
+    return " ".join(rng.choice(plain) for _ in range(n))
+
+
+def make_records(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    """Generator-style output records of varied lengths; some with reasoning, some multi-turn."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        msgs: list[dict[str, Any]] = []
+        if i % 3 == 0:
+            msgs.append({"role": "system", "content": sentence(rng, 4)})
+        msgs.append({"role": "user", "content": sentence(rng, rng.randint(3, 40))})
+        if i % 4 == 1:  # multi-turn: an earlier assistant turn is context only
+            msgs.append({"role": "assistant", "content": sentence(rng, rng.randint(2, 10))})
+            msgs.append({"role": "user", "content": sentence(rng, rng.randint(2, 10))})
+        out.append({"id": i if i % 2 else f"s-{i}", "messages": msgs,
+                    "response": sentence(rng, rng.randint(1, 60)),
+                    "reasoning": sentence(rng, rng.randint(2, 12)) if i % 2 == 0 else None,
+                    "finish_reason": "stop"})
+    return out
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    with path.open("w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def extract_args(*argv: str) -> argparse.Namespace:
+    from payload.extract import add_arguments
+
+    parser = argparse.ArgumentParser(prog="extract")
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def run_extract(inp: Path, model: Path, out: Path, *extra: str) -> int:
+    """In-process run (no second `import torch`); same code path as the CLI."""
+    from payload.extract import run
+
+    return run(extract_args("--input", str(inp), "--model", str(model), "--output-dir",
+                            str(out), "--dtype", "float32", "--progress", "none", *extra))
+
+
+def manifest(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def load_sample(out: Path, rel: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / rel))
+
+
+def stats(out: Path) -> dict[str, Any]:
+    files = sorted(out.glob("stats.*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(files[-1].read_text())
