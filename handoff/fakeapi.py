@@ -151,7 +151,8 @@ class FakeOpenRouter:
                  faults: FaultPlan | None = None, latency_s: float = 0.0,
                  cost_per_request: float = 0.0001, credit_limit: float | None = None,
                  endpoints: list[dict[str, Any]] | None = None, serve_endpoints: bool = True,
-                 record_bodies: bool = False, completion_tokens: int = 32) -> None:
+                 record_bodies: bool = False, completion_tokens: int = 32,
+                 echo_key_in_errors: bool = False) -> None:
         if not host.startswith("127.") and host not in ("localhost", "::1"):
             raise ValueError("the fake API only listens on loopback")
         self.api_key = api_key
@@ -165,6 +166,9 @@ class FakeOpenRouter:
         self.serve_endpoints = serve_endpoints
         self.record_bodies = record_bodies
         self.completion_tokens = completion_tokens
+        # Some proxies echo the Authorization header in error texts: lets tests prove that
+        # the payload redacts whatever an API sends back.
+        self.echo_key_in_errors = echo_key_in_errors
         self.stats = FakeStats()
         self.base_url = ""
         self._runner: web.AppRunner | None = None
@@ -181,7 +185,8 @@ class FakeOpenRouter:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
         await site.start()
@@ -233,11 +238,13 @@ class FakeOpenRouter:
     def _authorized(self, request: web.Request) -> bool:
         return request.headers.get("Authorization", "") == f"Bearer {self.api_key}"
 
-    @staticmethod
-    def _error(status: int, message: str | None = None, *, retry_after: float | None = None,
+    def _error(self, status: int, message: str | None = None, *,
+               retry_after: float | None = None,
                metadata: dict[str, Any] | None = None) -> web.Response:
-        body: dict[str, Any] = {"error": {"code": status, "message": message or _MESSAGES.get(
-            status, "error")}}
+        message = message or _MESSAGES.get(status, "error")
+        if self.echo_key_in_errors:
+            message += f" (request had Authorization: Bearer {self.api_key})"
+        body: dict[str, Any] = {"error": {"code": status, "message": message}}
         if metadata:
             body["error"]["metadata"] = metadata
         headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None

@@ -1,0 +1,73 @@
+"""Helpers for payload tests: keys, prompt files, and `python -m payload …` as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from handoff.fakeapi import FakeOpenRouter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_key() -> str:
+    return "sk-or-v1-" + secrets.token_hex(32)
+
+
+def write_private(path: Path, text: str, mode: int = 0o600) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, mode)
+    return path
+
+
+def write_prompts(path: Path, n: int, *, start: int = 0, extra_lines: dict[int, str] | None = None
+                  ) -> list[str]:
+    """n prompts with int ids start..start+n-1; `extra_lines` inserts raw lines before index i."""
+    ids = []
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(start, start + n):
+            if extra_lines and i in extra_lines:
+                fh.write(extra_lines[i] + "\n")
+            fh.write(json.dumps({"id": i, "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": f"question number {i}"}]}) + "\n")
+            ids.append(str(i))
+    return ids
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+def payload_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_API_KEY"}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra or {})
+    return env
+
+
+def payload_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "payload", *args]
+
+
+def run_payload(*args: str, env: dict[str, str] | None = None, timeout: float = 60
+                ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(payload_cmd(*args), cwd=REPO, env=payload_env(env), text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def gen_args(fake: FakeOpenRouter, key_file: Path, inp: Path, out: Path, *extra: str
+             ) -> list[str]:
+    return ["generate", "--input", str(inp), "--output", str(out), "--base-url", fake.base_url,
+            "--api-key-file", str(key_file), "--backoff-base", "0.02",
+            "--request-timeout", "5", *extra]
