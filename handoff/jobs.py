@@ -412,8 +412,11 @@ def status_table(views: list[JobView]) -> Any:
             ("yes" if secrets_placed else "no") if not v.error else "?",
             console.r(v.error or st.get("last_error") or ""),
         ])
-    return console.table("status", ["host", "job", "state", "done/failed/total", "tok/s", "$ spent",
-                                    "ETA", "secret placed", "note"], rows)
+    columns = ["host", "job", "state", "done/fail/total", "tok/s", "$ spent", "ETA", "key placed", "note"]
+    if not any(row[-1] for row in rows):
+        columns.pop()
+        rows = [row[:-1] for row in rows]
+    return console.table("status", columns, rows)
 
 
 def _collect(sessions: dict[str, Session], targets: list[Target], job_flag: str | None) -> list[JobView]:

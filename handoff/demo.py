@@ -1,0 +1,128 @@
+"""`fab demo`: the whole checklist against a throwaway local sandbox.
+
+Two sshd "containers" on 127.0.0.x (throwaway users, client key, known_hosts, all in
+a temp dir), the fake OpenRouter on loopback and a throwaway keyring entry come from
+`handoff.sandbox.Sandbox`. For the demo's duration this process's HOME, XDG dirs,
+keyring selection, inventory and state dir point into the sandbox (and
+SSH_AUTH_SOCK is unset), so the user's real ~/.ssh and keyring are never read or
+written; everything is restored afterwards. The sandbox is torn down on success,
+failure and Ctrl-C alike; the fetched results are kept in `--results`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from handoff import console
+from handoff.state import REPO_ROOT
+
+PROMPTS = REPO_ROOT / "examples" / "prompts.jsonl"
+_SCRUB = ("SSH_AUTH_SOCK", "PYTHON_KEYRING_BACKEND", "DBUS_SESSION_BUS_ADDRESS",
+          "HANDOFF_INVENTORY", "HANDOFF_STATE_DIR", "XDG_RUNTIME_DIR")
+
+
+@contextlib.contextmanager
+def sandbox_env(env: dict[str, str]) -> Iterator[None]:
+    """Point this process at the sandbox (HOME, XDG, keyring, inventory, state), then restore."""
+    saved = {k: os.environ.get(k) for k in {*env, *_SCRUB}}
+    for key in _SCRUB:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    _reset_keyring()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _reset_keyring()
+
+
+def _reset_keyring() -> None:
+    """keyring caches its backend on first use; make it choose again from the current env."""
+    try:
+        import keyring.core
+
+        keyring.core.init_backend()
+    except Exception:
+        pass
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _step(title: str) -> None:
+    console.say(f"\n[bold magenta]▶ {title}[/]")
+
+
+def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> int:
+    from handoff import jobs, tasks
+    from handoff.sandbox import Sandbox, SandboxError
+
+    results_dir = Path(results).expanduser().resolve()
+    root = Path(tempfile.mkdtemp(prefix="handoff-demo-"))
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    console.install()
+    started = time.monotonic()
+    try:
+        console.say(f"[bold]handoff demo[/]: {hosts} sshd containers + fake OpenRouter on loopback, in {root}")
+        with Sandbox(root / "sandbox", hosts=int(hosts), api_latency_s=0.4) as sbx:
+            console.say(console.r(sbx.describe()))
+            names = ",".join(c.name for c in sbx.containers)
+            with sandbox_env(sbx.env()):
+                steps = [
+                    ("deploy: verify → push-script → push-key", lambda: tasks.deploy(names)),
+                    ("smoke-test: one real request per container", lambda: jobs.smoke_test(None, None)),
+                    (f"launch: {PROMPTS.name} sharded over {hosts} hosts",
+                     lambda: jobs.launch(None, None, local_input=str(PROMPTS), remote_input=None,
+                                        flags={"concurrency": 4})),
+                    ("status --wait: until every shard is done",
+                     lambda: jobs.status(None, None, wait=True, interval=1.0)),
+                    (f"fetch → {results_dir}", lambda: jobs.fetch(None, None, dest=str(results_dir))),
+                    ("cleanup-secrets: remove every placed key, verify", lambda: jobs.cleanup_secrets()),
+                ]
+                for title, step in steps:
+                    _step(title)
+                    rc = step()
+                    if rc != 0:
+                        console.error(f"demo stopped: step '{title.split(':')[0]}' failed (exit {rc}); "
+                                      f"the sandbox is torn down now")
+                        return rc
+        _summary(results_dir, time.monotonic() - started)
+        return 0
+    except SandboxError as exc:
+        console.error(f"cannot start the sandbox: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.error("interrupted: the sandbox was torn down")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if not keep:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            console.say(f"kept {root}")
+
+
+def _summary(results_dir: Path, seconds: float) -> None:
+    rows = []
+    for out in sorted(results_dir.glob("*/*/output.jsonl")):
+        errors = out.with_name("output.errors.jsonl")
+        n_err = sum(1 for _ in errors.open()) if errors.exists() else 0
+        rows.append([console.r(out.parent.parent.name), str(sum(1 for _ in out.open())), str(n_err),
+                     console.r(out.parent)])
+    console.say(console.table("demo results", ["host", "responses", "errors", "folder"], rows))
+    console.say(f"[bold green]demo done[/] in {seconds:.1f} s; results are in {console.r(results_dir)} "
+                f"(sandbox and key removed)")
