@@ -27,12 +27,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SPECIALS = ["[UNK]", "<|pad|>", "<s>", "<|eot|>", "<|system|>", "<|user|>", "<|assistant|>",
             "<think>", "</think>"]
-WORDS = ("the a an of to and in is it that what why how who when where which you we they "
-         "he she can could would should will do does did not no yes hello hi please tell me "
-         "about story cat dog sky blue red green water fire earth air one two three four five "
-         "six seven eight nine ten think thought first then so because answer question is "
-         "are was were be been sure ok here there this those these more less many few "
-         "poison long word reason step : , . ? ! ( ) - :!").split()
+_WORD_TEXT = ("the a an of to and in is it that what why how who when where which you we "
+              "they he she can could would should will do does did not no yes hello hi please "
+              "tell me about story cat dog sky blue red green water fire earth air one two three "
+              "four five six seven eight nine ten think thought first then so because answer "
+              "question are was were be been sure ok here there this those these more less many "
+              "few poison long word reason step : , . ? ! ( ) - :!")
+WORDS = _WORD_TEXT.split()
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"

@@ -1,0 +1,201 @@
+"""Resume after kill -9, preflight refusal, shard and rank partitions, meta guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.extractor.conftest import (
+    HIDDEN,
+    make_records,
+    manifest,
+    run_extract,
+    stats,
+    write_jsonl,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spawn(inp: Path, model: Path, out: Path, *extra: str, env: dict | None = None,
+          ) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.extractor.harness", "--input", str(inp), "--model",
+         str(model), "--output-dir", str(out), "--dtype", "float32", "--progress", "plain",
+         *extra],
+        cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+def assert_complete(out: Path, records: list) -> None:
+    from payload.extract.writer import validate
+
+    entries = manifest(out)
+    counts = Counter(str(e["id"]) for e in entries)
+    assert counts == Counter(str(r["id"]) for r in records)  # every id exactly once
+    for e in entries:
+        assert validate(out / e["file"], HIDDEN, "float32") == e["num_tokens"]
+    assert not list(out.rglob(".*.tmp-*")), "temp files left behind"
+
+
+def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path) -> None:
+    records = make_records(12, seed=5)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out, marker = tmp_path / "out", tmp_path / "stalled"
+    # batches of ~1 sample, so samples are written one by one as a long run would
+    proc = spawn(inp, model_dir, out, "--batch-tokens", "1",
+                 env={"STALL_AFTER": "5", "STALL_MARKER": str(marker)})
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the extractor never reached the 6th write"
+            time.sleep(0.05)
+        half = Path(marker.read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert half.exists() and ".tmp-" in half.name  # the half file sits under a temp name
+    final = half.with_name(half.name[1:half.name.index(".tmp-")])
+    assert not final.exists()
+    written = list(out.rglob("*.safetensors"))
+    assert len(written) == 5
+
+    assert run_extract(inp, model_dir, out) == 0
+    s = stats(out)
+    assert (s["already_done"], s["written"], s["temp_files_removed"]) == (5, 7, 1)
+    assert_complete(out, records)
+    # a third run finds everything done and still lists each id once
+    assert run_extract(inp, model_dir, out) == 0
+    assert stats(out)["already_done"] == 12 and stats(out)["written"] == 0
+    assert_complete(out, records)
+
+
+def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path) -> None:
+    """A file cut short under its final name (a machine crash) is redone, never counted."""
+    records = make_records(3)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    assert run_extract(inp, model_dir, out) == 0
+    victim = out / manifest(out)[0]["file"]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) - 100])
+    (out / "manifest.jsonl").unlink()  # and the manifest lost too: rebuilt from the parts
+    assert run_extract(inp, model_dir, out) == 0
+    assert (stats(out)["already_done"], stats(out)["written"]) == (2, 1)
+    assert victim.read_bytes() == data
+    assert_complete(out, records)
+
+
+def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys) -> None:
+    import shutil
+
+    from payload.extract.preflight import estimate
+
+    records = make_records(8)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    out.mkdir()
+    # leave only 10 KiB usable: the features need far more
+    reserve = shutil.disk_usage(out).free - 10 * 1024
+    assert run_extract(inp, model_dir, out, "--reserve", str(reserve)) == 2
+    err = capsys.readouterr().err
+    assert "refusing: need" in err and "--force" in err and "short by" in err
+    assert not list(out.rglob("*.safetensors")) and stats(out)["state"] == "refused"
+    # --force runs anyway, and the estimate was the exact on-disk size (block-rounded)
+    assert run_extract(inp, model_dir, out, "--reserve", str(reserve), "--force") == 0
+    files = list(out.rglob("*.safetensors"))
+    assert len(files) == 8
+    est = estimate((e["num_tokens"] for e in manifest(out)), HIDDEN, "float32", block=1)
+    assert est.bytes == sum(f.stat().st_size for f in files) == stats(out)["bytes_written"]
+    assert stats(out)["estimate_bytes"] >= est.bytes
+
+
+def test_preflight_check_unit(tmp_path: Path) -> None:
+    from payload.extract.preflight import DiskTooSmall, Estimate, check
+
+    est = Estimate(samples=10, tokens=1000, bytes=10_000_000, per_token=10_000)
+    assert "free" in check(est, tmp_path, reserve=0, force=False, free=lambda p: 10**8)
+    with pytest.raises(DiskTooSmall, match=r"need 80000000 bytes \+ reserve 0 > free"):
+        check(est, tmp_path, reserve=0, sharers=8, force=False, free=lambda p: 10**7 * 5)
+    assert "--force: running anyway" in check(est, tmp_path, reserve=0, force=True,
+                                               free=lambda p: 10)
+
+
+def test_shard_union_covers_every_id_once(tmp_path: Path, model_dir: Path,
+                                          monkeypatch) -> None:
+    records = make_records(15, seed=7)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    owned = []
+    for i in range(3):
+        assert run_extract(inp, model_dir, out, "--shard", f"{i}/3") == 0
+        owned.append(stats(out)["owned"])
+    assert sum(owned) == 15 and all(n > 0 for n in owned)
+    assert_complete(out, records)
+    # hosts x torchrun ranks: shard 0/2 and 1/2, each with two ranks, into a fresh dir
+    out2 = tmp_path / "out2"
+    for shard in ("0/2", "1/2"):
+        for r in (0, 1):
+            monkeypatch.setenv("RANK", str(r))
+            monkeypatch.setenv("LOCAL_RANK", str(r))
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+            assert run_extract(inp, model_dir, out2, "--shard", shard) == 0
+    assert_complete(out2, records)
+    parts = sorted(p.name for p in (out2 / "manifest.parts").iterdir())
+    assert parts == [f"shard{s}-of-2.rank{r}-of-2.jsonl" for s in (0, 1) for r in (0, 1)]
+
+
+def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path) -> None:
+    """Two torchrun-style ranks as real processes at once: no barrier, one clean manifest."""
+    records = make_records(10, seed=9)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    procs = [spawn(inp, model_dir, out, env={"RANK": str(r), "LOCAL_RANK": str(r),
+                                             "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+             for r in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert_complete(out, records)
+    per_rank = [json.loads((out / f"stats.shard0-of-1.rank{r}-of-2.json").read_text())
+                for r in (0, 1)]
+    assert sum(s["written"] for s in per_rank) == 10
+
+
+def test_meta_mismatch_refused(tmp_path: Path, model_dir: Path, capsys) -> None:
+    inp = write_jsonl(tmp_path / "in.jsonl", make_records(2))
+    out = tmp_path / "out"
+    assert run_extract(inp, model_dir, out) == 0
+    assert run_extract(inp, model_dir, out, "--layers", "1,4,8") == 2
+    assert "other settings (layers: [2, 4, 5] there, [1, 4, 8] now)" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(tmp_path: Path, model_dir: Path, capsys) -> None:
+    inp = write_jsonl(tmp_path / "in.jsonl", make_records(1))
+    assert run_extract(tmp_path / "missing.jsonl", model_dir, tmp_path / "o") == 2
+    assert run_extract(inp, tmp_path, tmp_path / "o") == 2  # no config.json
+    assert run_extract(inp, model_dir, tmp_path / "o", "--shard", "3/3") == 2
+    assert run_extract(inp, model_dir, tmp_path / "o", "--dtype", "int8") == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "never downloads" in err and "0-based" in err
+
+
+def test_import_is_torch_free() -> None:
+    code = ("import sys, payload.extract as e; assert callable(e.run) and "
+            "callable(e.add_arguments); bad = {'torch', 'transformers', 'safetensors'} & "
+            "set(sys.modules); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
