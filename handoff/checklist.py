@@ -65,9 +65,7 @@ def build(
             steps.append(Step(
                 "prune-releases", f"prune old releases, keeping the last {releases.KEEP_RELEASES}",
                 f"rm -rf {rd}/releases/<old>", f"when more than {releases.KEEP_RELEASES} exist"))
-        if key is not None:
-            if t.role is not None and not t.role.secret:
-                continue
+        if key is not None and (t.role is None or t.role.secret):
             path = str(t.vars["key_path"])
             folder = path.rsplit("/", 1)[0]
             steps.append(Step(

@@ -181,12 +181,19 @@ def open_connection(ep: Endpoint, label: str) -> SafeConnection:
             f"{where}: login refused for user {ep.user!r} with {keys}; check `user`/`identity` "
             f"in the inventory or User/IdentityFile in ~/.ssh/config"
         ) from None
+    except paramiko.SSHException as exc:
+        if "No authentication methods available" not in str(exc):
+            raise ConnectError(f"{where}: SSH failed: {exc}") from None
+        raise ConnectError(
+            f"{where}: no key to log in with (no identity file found and no ssh-agent); set "
+            f"`identity` in the inventory or IdentityFile in ~/.ssh/config"
+        ) from None
     except paramiko.ssh_exception.NoValidConnectionsError:
         raise ConnectError(f"{where}: connection refused; is sshd running and is the port right?") from None
     except TimeoutError:
         raise ConnectError(f"{where}: no answer within {CONNECT_TIMEOUT:.0f} s (host down or firewalled?)") from None
     except socket.gaierror as exc:
         raise ConnectError(f"{where}: cannot resolve {ep.hostname!r} ({exc.strerror}); check the address or ssh_config HostName") from None
-    except (paramiko.SSHException, OSError, EOFError) as exc:
+    except (OSError, EOFError) as exc:
         raise ConnectError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
     return conn

@@ -46,13 +46,16 @@ def exit_code(reports: list[HostReport]) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
-def _key_for(targets: list[Target]) -> str:
+def _key_for(targets: list[Target], required: bool) -> str | None:
+    """The key for the targets whose role takes it; None when none does (extractor-only)."""
     from handoff import secrets
 
     services = {(str(t.vars["secret_service"]), str(t.vars["secret_username"])) for t in targets
                 if t.role is None or t.role.secret}
     if not services:
-        raise UsageError("none of these hosts' roles takes the API key (role `secret:` is none)")
+        if required:
+            raise UsageError("none of these hosts' roles takes the API key (role `secret:` is none)")
+        return None
     if len(services) > 1:
         raise UsageError(f"these hosts use different keyring entries {sorted(services)}; deploy them separately")
     service, username = services.pop()
@@ -77,7 +80,7 @@ def deploy(
     from handoff import plan as planmod
 
     targets = targets_for(host, role)
-    secret = _key_for(targets) if key else None
+    secret = _key_for(targets, required=title == "push-key") if key else None
     plan = checklist.build(targets, verify=verify, script=script, key=secret, install=install, title=title)
     if dry_run:
         planmod.render(plan)

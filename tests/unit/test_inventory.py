@@ -1,0 +1,100 @@
+"""Inventory loading: validation errors name file:line, unknown names list the known ones,
+and vars merge in DESIGN's precedence order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handoff.errors import InventoryError
+from handoff.inventory import BUILTIN_VARS, load_inventory
+from handoff.roles import Role
+
+ROLES = ["generator", "extractor"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.yml"
+    path.write_text(text)
+    return path
+
+
+def test_seed_inventory_loads() -> None:
+    inv = load_inventory(Path(__file__).resolve().parents[2] / "inventory" / "hosts.yml")
+    gen = inv.host("gen-1")
+    assert gen.address == "10.1.230.174" and gen.user == "root" and gen.roles == ("generator",)
+
+
+def test_sandbox_inventory_loads() -> None:
+    inv = load_inventory(Path(__file__).resolve().parents[2] / "inventory" / "sandbox.yml")
+    assert all(h.address.startswith("127.") for h in inv.hosts.values())
+
+
+def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: 1.2.3.4\n  b: {}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:\d+: invalid YAML"):
+        load_inventory(path, ROLES)
+
+
+def test_unknown_host_key_names_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a:\n    address: 1.2.3.4\n    prot: 22\n")
+    with pytest.raises(InventoryError, match=rf"{path}:4: host 'a': unknown key 'prot'"):
+        load_inventory(path, ROLES)
+
+
+def test_bad_port(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x, port: seventy}\n")
+    with pytest.raises(InventoryError, match="port must be a number"):
+        load_inventory(path, ROLES)
+
+
+def test_duplicate_host_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x}\n  a: {address: y}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:3: duplicate key 'a'"):
+        load_inventory(path, ROLES)
+
+
+def test_unknown_role_lists_known(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x, roles: [genrator]}\n")
+    with pytest.raises(InventoryError, match="unknown role 'genrator'; known roles: generator, extractor"):
+        load_inventory(path, ROLES)
+
+
+def test_unknown_host_lists_known(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "hosts:\n  a: {address: x}\n  b: {address: y}\n"), ROLES)
+    with pytest.raises(InventoryError, match=r"unknown host 'c'.*known hosts: a, b"):
+        inv.host("c")
+
+
+def test_group_with_unknown_member(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x}\ngroups:\n  g: {hosts: [a, zz]}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:4: group 'g': unknown host 'zz'; known hosts: a"):
+        load_inventory(path, ROLES)
+
+
+def test_var_precedence(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+defaults: {model: m-default, concurrency: 1, python: py-default, max_cost: 1}
+hosts:
+  a: {address: x, roles: [generator], vars: {model: m-host}}
+groups:
+  g: {hosts: [a], vars: {model: m-group, concurrency: 3, python: py-group}}
+""")
+    inv = load_inventory(path, ROLES)
+    role = Role(name="generator", path=tmp_path, vars={"concurrency": 2, "max_cost": 2, "job": "gen"})
+    v = inv.vars_for(inv.host("a"), role, {"model": None, "max_cost": 9})
+    assert v["model"] == "m-host"  # host > group > role > defaults
+    assert v["concurrency"] == 3  # group > role > defaults
+    assert v["python"] == "py-group"
+    assert v["max_cost"] == 9  # task flag wins; a None flag does not override
+    assert v["job"] == "gen"  # role default
+    assert v["base_url"] == BUILTIN_VARS["base_url"]
+    assert v["key_path"] == "~/.handoff/secrets/openrouter.key"
+
+
+def test_key_path_follows_remote_dir(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "defaults: {remote_dir: /srv/h/}\nhosts: {a: {}}\n"), ROLES)
+    v = inv.vars_for(inv.host("a"), None)
+    assert v["key_path"] == "/srv/h/secrets/openrouter.key"
+    assert inv.host("a").address == "a"  # no address: the name (may be an ssh_config alias)

@@ -1,0 +1,89 @@
+"""The ledger (never the key, 0600, placed/removed folding) and plans built without a host."""
+
+from __future__ import annotations
+
+import json
+import secrets as pysecrets
+from pathlib import Path
+
+import pytest
+
+from handoff import checklist, console, plan, state
+from handoff.inventory import load_inventory
+from handoff.targets import resolve
+from payload.redact import REDACTOR
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANDOFF_STATE_DIR", str(tmp_path / "state"))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "hosts:\n"
+        "  a: {address: 127.0.0.2, port: 2201, user: u1, roles: [generator]}\n"
+        "  b: {address: 127.0.0.3, port: 2202, user: u2, roles: [generator], vars: {remote_dir: /srv/h}}\n"
+        "  g: {address: 127.0.0.4, roles: [extractor]}\n"
+    )
+    monkeypatch.setenv("HANDOFF_INVENTORY", str(inv))
+    return tmp_path
+
+
+def entry(host: str, event: str = "placed", path: str = "/h/.handoff/secrets/k") -> state.LedgerEntry:
+    return state.LedgerEntry(host=host, hostname="127.0.0.2", port=22, user=host, identity=[],
+                             path=path, fingerprint="abcd1234", time=1.0, event=event)
+
+
+def test_ledger_folds_events_and_is_private(env: Path) -> None:
+    state.record(entry("x"))
+    state.record(entry("y"))
+    state.record(entry("x", "removed"))
+    state.record(entry("y", path="/other"))
+    assert sorted((e.host, e.path) for e in state.placed()) == [("y", "/h/.handoff/secrets/k"), ("y", "/other")]
+    path = state.ledger_path()
+    assert (path.stat().st_mode & 0o777) == 0o600
+    with path.open("a") as f:
+        f.write('{"torn": ')  # a crash mid-write must not lose the earlier events
+    assert len(state.placed()) == 2
+    for line in path.read_text().splitlines()[:-1]:
+        assert set(json.loads(line)) == {"host", "hostname", "port", "user", "identity", "path",
+                                         "fingerprint", "time", "event"}
+
+
+def fake_key() -> str:
+    return "sk-or-v1-" + pysecrets.token_hex(32)
+
+
+def test_deploy_plan_is_data_without_a_host(env: Path) -> None:
+    targets = resolve("a,b,g", load_inventory())
+    key = fake_key()
+    p = checklist.build(targets, key=key)
+    actions = {hp.target.label: [s.action for s in hp.steps] for hp in p.hosts}
+    assert actions["a"] == ["probe", "upload-release", "switch-current", "prune-releases", "place-key"]
+    assert actions["g"] == ["probe", "upload-release", "switch-current", "prune-releases"]  # no secret role
+    place = p.for_host("b")[-1]
+    assert "/srv/h/secrets/openrouter.key" in place.description  # key_path follows remote_dir
+    assert key not in repr(p.hosts) and p.private["key"] == key
+
+
+def test_single_step_plans(env: Path) -> None:
+    targets = resolve("a", load_inventory())
+    assert [s.action for s in checklist.build(targets, verify=False, key=None).hosts[0].steps] == \
+        ["probe", "upload-release", "switch-current", "prune-releases"]
+    only_key = checklist.build(targets, verify=False, script=False, key=fake_key())
+    assert [s.action for s in only_key.hosts[0].steps] == ["probe", "place-key"]
+    assert only_key.hosts[0].steps[0].params["check"] is False
+
+
+def test_dry_run_render_shows_fingerprint_never_key(env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    key = fake_key()
+    REDACTOR.add(key)
+    p = checklist.build(resolve("a,b", load_inventory()), key=key)
+    console._console = None  # a fresh console bound to the captured stdout
+    plan.render(p)
+    out = capfd.readouterr().out
+    console._console = None
+    assert "dry run" in out and "a (u1@127.0.0.2:2201)" in out and "b (u2@127.0.0.3:2202)" in out
+    assert key[:20] not in out and key[-20:] not in out
+    assert key[9:17] not in out
+    assert "place API key" in out
