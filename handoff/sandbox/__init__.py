@@ -237,8 +237,8 @@ class Sandbox:
         self.inventory.write_text(yaml.safe_dump(self.inventory_data(), sort_keys=False))
 
     def _write_known_hosts(self) -> None:
-        lines = [f"[{c.address}]:{c.port} {self._servers[c.name].host_public_key}"
-                 for c in self.containers if c.name not in self._forgotten]
+        lines = [self.known_hosts_line(c.name) for c in self.containers
+                 if c.name not in self._forgotten]
         self.known_hosts.write_text("".join(line + "\n" for line in lines))
         self.known_hosts.chmod(0o600)
 
@@ -299,6 +299,19 @@ class Sandbox:
         self.container(name)
         self._forgotten = self._forgotten - {name}
         self._write_known_hosts()
+
+    def known_hosts_line(self, name: str, *, port: int | None = None) -> str:
+        """`name`'s current host key as a known_hosts line, for its port or another one (a
+        test proxy in front of it)."""
+        container = self.container(name)
+        return (f"[{container.address}]:{port or container.port} "
+                f"{self._servers[name].host_public_key}")
+
+    def sshd_pid(self, name: str) -> int | None:
+        """PID of `name`'s listening sshd (None while stopped): to trace or watch it."""
+        self.container(name)
+        proc = self._servers[name].proc
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def _replace(self, container: Container, **changes: Any) -> None:
         updated = dataclasses.replace(container, **changes)

@@ -16,6 +16,7 @@ when the machine cannot host the sandbox (not root, no /usr/sbin/sshd).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -146,9 +147,14 @@ def fab(request: pytest.FixtureRequest) -> FabRunner:
     return FabRunner(default=LazyDefault())
 
 
+_KEYLIKE = re.compile(r"sk-or-v1-[0-9a-fA-F]{8,}")
+
+
 def explain(result: FabResult) -> str:
-    """For assertion messages: the exit code and both streams."""
-    return f"rc={result.rc}\n--- stdout\n{result.out}\n--- stderr\n{result.err}"
+    """For assertion messages: the exit code and both streams, with anything key-shaped masked
+    (a failing test must not print a key; leak tests check the raw output separately)."""
+    text = f"rc={result.rc}\n--- stdout\n{result.out}\n--- stderr\n{result.err}"
+    return _KEYLIKE.sub("sk-or-v1-<masked by the test>", text)
 
 
 # -- what a run leaves behind ----------------------------------------------------------------------
@@ -202,6 +208,7 @@ class KeyLeakWatch:
         self.hits: list[str] = []
         self.samples = 0
         self.processes_seen: set[int] = set()
+        self.args_seen: set[str] = set()   # distinct argv lines, to prove what was sampled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="key-leak-watch", daemon=True)
         self._me = os.getpid()
@@ -230,9 +237,13 @@ class KeyLeakWatch:
                 except OSError:
                     continue
                 self.processes_seen.add(int(entry.name))
+                if kind == "cmdline" and len(self.args_seen) < 5000:
+                    self.args_seen.add(data.replace(b"\0", b" ").decode(errors="replace"))
                 if any(n in data for n in self.needles):
-                    args = data.replace(b"\0", b" ")[:80] if kind == "cmdline" else b""
-                    self.hits.append(f"pid {entry.name} {kind} {args!r}")
+                    shown = data.replace(b"\0", b" ") if kind == "cmdline" else b""
+                    for needle in self.needles:  # a failing test must not print the key
+                        shown = shown.replace(needle, b"<KEY>")
+                    self.hits.append(f"pid {entry.name} {kind} {shown[:120]!r}")
 
 
 # -- small helpers for reading a container's filesystem (as root, locally) -------------------------
