@@ -346,8 +346,9 @@ def launch(
             if res.rc != 0:
                 after = read_job(s, job)
                 if res.rc == 9 and job_state(after) == "finished":
-                    report.log(f"  [green]✓[/] {console.r(job)} already finished (nothing left to do)")
-                    report.summary = f"job {job} finished"
+                    shard_note = f", shard {shard_spec}" if shard_spec else ""
+                    report.log(f"  [green]✓[/] {console.r(job)} ran and finished already{shard_note}")
+                    report.summary = f"job {job} finished{shard_note}"
                     return
                 detail = " / ".join(res.out.strip().splitlines()[-6:]) or res.err.strip()
                 raise RemoteError(f"{target.label}: job {job!r} exited right after start: {detail}")
