@@ -23,7 +23,7 @@ def _done(code: int) -> None:
                                    "install": "pip-install missing pure-Python modules into a venv under remote_dir first"})
 def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False,
            install: bool = False) -> None:
-    """verify → push-script → push-key on the hosts; records them as the current targets."""
+    """verify → push-script → push-key; remembers the hosts."""
     from handoff import tasks
 
     _done(tasks.deploy(host, role, install=install, dry_run=dry_run))
@@ -32,7 +32,7 @@ def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
                                    "install": "pip-install missing pure-Python modules into <remote_dir>/venv and use its python"})
 def verify(c: Context, host: str | None = None, role: str | None = None, install: bool = False) -> None:
-    """Check each host has what its role needs (one probe per host); print the fixes."""
+    """Check each host has what its role needs, with fixes."""
     from handoff import tasks
 
     _done(tasks.verify(host, role, install=install))
@@ -40,7 +40,7 @@ def verify(c: Context, host: str | None = None, role: str | None = None, install
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_script(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
-    """Upload the payload as a content-addressed release and switch `current` to it."""
+    """Upload the payload release and switch `current` to it."""
     from handoff import tasks
 
     _done(tasks.push_script(host, role, dry_run=dry_run))
@@ -48,7 +48,7 @@ def push_script(c: Context, host: str | None = None, role: str | None = None, dr
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_key(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
-    """Place the API key from the OS keyring on the hosts, 0600 from creation."""
+    """Place the keyring's API key on the hosts, 0600 from birth."""
     from handoff import tasks
 
     _done(tasks.push_key(host, role, dry_run=dry_run))
@@ -57,7 +57,7 @@ def push_key(c: Context, host: str | None = None, role: str | None = None, dry_r
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
                                    "yes": "pin without asking (only after checking the fingerprint on the host)"})
 def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False) -> None:
-    """Show each host's SSH key fingerprint and pin it after confirmation."""
+    """Show a host's SSH key fingerprint; pin it once confirmed."""
     from handoff import tasks
 
     _done(tasks.trust_host(host, role, yes=yes))
@@ -66,7 +66,7 @@ def trust_host(c: Context, host: str | None = None, role: str | None = None, yes
 @task(auto_shortflags=False, help={"service": "keyring service (default openrouter)",
                                    "username": "keyring username (default api-key)"})
 def set_key(c: Context, service: str = "openrouter", username: str = "api-key") -> None:
-    """Store the API key in the OS keyring (hidden prompt, or one line on stdin)."""
+    """Store the API key in the OS keyring (hidden prompt)."""
     from handoff import tasks
 
     _done(tasks.set_key(service, username))
@@ -75,7 +75,7 @@ def set_key(c: Context, service: str = "openrouter", username: str = "api-key") 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
                                    "model": "model slug to test (default: the model var)"})
 def smoke_test(c: Context, host: str | None = None, role: str | None = None, model: str | None = None) -> None:
-    """One real request from each host with the placed key: provider, latency, tokens, cost, credit."""
+    """One real request per host: provider, latency, cost, credit."""
     from handoff import jobs
 
     _done(jobs.smoke_test(host, role, model=model))
@@ -97,7 +97,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
            remote_input: str | None = None, job: str | None = None, model: str | None = None,
            base_url: str | None = None, concurrency: int | None = None, max_cost: float | None = None,
            max_tokens: int | None = None, no_shard: bool = False) -> None:
-    """Start the role's job detached on each host (sharded i/n); refuses a second copy."""
+    """Start the job detached on each host, sharded i/n."""
     from handoff import jobs
 
     flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
@@ -114,7 +114,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
 })
 def status(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
            json: bool = False, wait: bool = False, interval: float = 2.0) -> None:
-    """Per-host job state, progress, tok/s, cost, ETA and whether secrets are still placed."""
+    """Per-host job state, progress, tok/s, cost, ETA, secrets."""
     from handoff import jobs
 
     _done(jobs.status(host, role, job=job, as_json=json, wait=wait, interval=interval))
@@ -126,7 +126,7 @@ def status(c: Context, host: str | None = None, role: str | None = None, job: st
 })
 def logs(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          follow: bool = False, lines: int = 40) -> None:
-    """Print the job's log (the last lines; --follow streams until Ctrl-C)."""
+    """Print the job's log; --follow streams until Ctrl-C."""
     from handoff import jobs
 
     _done(jobs.logs(host, role, job=job, follow=follow, lines=lines))
@@ -138,7 +138,7 @@ def logs(c: Context, host: str | None = None, role: str | None = None, job: str 
 })
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          timeout: float = 60.0) -> None:
-    """SIGTERM the job: it drains in-flight requests and stays resumable."""
+    """SIGTERM the job: graceful drain, stays resumable."""
     from handoff import jobs
 
     _done(jobs.stop(host, role, job=job, timeout=timeout))
@@ -150,7 +150,7 @@ def stop(c: Context, host: str | None = None, role: str | None = None, job: str 
 })
 def fetch(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
           dest: str = "results") -> None:
-    """Pull the job's outputs back, resuming: complete files are skipped, partial ones continued."""
+    """Pull the job's outputs back (resumes partial files)."""
     from handoff import jobs
 
     _done(jobs.fetch(host, role, job=job, dest=dest))
@@ -158,7 +158,7 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
 
 @task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists)"})
 def cleanup_secrets(c: Context, host: str | None = None) -> None:
-    """Remove every key the ledger says was placed (even on hosts gone from the inventory) and verify."""
+    """Remove every key the ledger lists, and verify it is gone."""
     from handoff import jobs
 
     _done(jobs.cleanup_secrets(host))
@@ -170,7 +170,7 @@ def cleanup_secrets(c: Context, host: str | None = None) -> None:
     "keep": "keep the sandbox's temp dir instead of deleting it",
 })
 def demo(c: Context, hosts: int = 2, results: str = "demo-results", keep: bool = False) -> None:
-    """The whole checklist against a throwaway local sandbox (sshd + fake OpenRouter on loopback)."""
+    """The whole checklist against a throwaway local sandbox."""
     from handoff import demo as demo_mod
 
     _done(demo_mod.run(hosts=hosts, results=results, keep=keep))
