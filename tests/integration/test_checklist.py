@@ -6,8 +6,10 @@ host keys or need a slow API use a private sandbox (`make_sandbox`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import stat
 import subprocess
 from pathlib import Path
@@ -150,6 +152,23 @@ def test_trust_host_pins_an_unknown_key(make_sandbox, fab) -> None:
     assert r.rc == 0, explain(r)
     r = fab.on(sbx, "trust-host", "--host", c.name, "--yes")
     assert r.rc == 0 and "already trusted" in r.out
+
+
+def test_set_key_then_push_key_replaces_the_key(make_sandbox, fab) -> None:
+    sbx = make_sandbox(hosts=1, api=False)
+    c = sbx.containers[0]
+    assert fab.on(sbx, "deploy", "--host", c.name).rc == 0
+    new_key = "sk-or-v1-" + secrets.token_hex(32)
+    r = fab.on(sbx, "set-key", input_text=new_key + "\n")
+    assert r.rc == 0 and new_key not in r.text, explain(r)
+    r = fab.on(sbx, "push-key")
+    assert r.rc == 0 and "placed key" in r.out and new_key not in r.text, explain(r)
+    assert key_file(c).read_text() == new_key
+    fingerprints = [e["fingerprint"] for e in ledger(sbx) if e["event"] == "placed"]
+    assert len(set(fingerprints)) == 2
+    assert fingerprints[-1] == hashlib.sha256(new_key.encode()).hexdigest()[:8]  # never the key
+    r = fab.on(sbx, "cleanup-secrets")
+    assert r.rc == 0 and not key_file(c).exists(), explain(r)
 
 
 def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> None:
