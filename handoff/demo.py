@@ -72,6 +72,9 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
     results_dir = Path(results).expanduser().resolve()
     root = Path(tempfile.mkdtemp(prefix="handoff-demo-"))
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Started in the background by a script, SIGINT may arrive ignored; the demo must still
+    # tear down on Ctrl-C, so it takes the default (KeyboardInterrupt) handler explicitly.
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     console.install()
     started = time.monotonic()
     try:
@@ -94,6 +97,8 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
                 for title, step in steps:
                     _step(title)
                     rc = step()
+                    if rc == 130:
+                        raise KeyboardInterrupt
                     if rc != 0:
                         console.error(f"demo stopped: step '{title.split(':')[0]}' failed (exit {rc}); "
                                       f"the sandbox is torn down now")
@@ -108,6 +113,7 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
         return 130
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
         if not keep:
             import shutil
 

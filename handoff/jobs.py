@@ -433,7 +433,7 @@ def _collect(sessions: dict[str, Session], targets: list[Target], job_flag: str 
                 sessions[target.label] = s
             raw = read_job(s, job)
             views[target.label] = JobView(target.label, job, job_state(raw), raw)
-        except HandoffError as exc:
+        except Exception as exc:  # any failure to read a host makes it "unreachable", never absent
             old = sessions.pop(target.label, None)
             if old is not None:
                 old.close()

@@ -204,3 +204,23 @@ def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> Non
     r = fab.on(sbx, "logs", "--lines", "5")
     assert r.rc == 0 and r.out.strip(), explain(r)
     assert fab.on(sbx, "cleanup-secrets").rc == 0
+
+
+def test_demo_end_to_end_leaves_home_untouched(tmp_path: Path) -> None:
+    """`fab demo` as the README runs it: the whole checklist, results kept, sandbox gone,
+    and the caller's HOME (its ~/.ssh and keyring) never written."""
+    home = tmp_path / "home"
+    home.mkdir()
+    results = tmp_path / "demo-results"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+           "COLUMNS": "160", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "fab"), "demo", "--results", str(results)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "demo done" in proc.stdout and str(results) in proc.stdout.replace("\n", "")
+    got = [json.loads(line)["id"] for f in results.glob("*/generator/output.jsonl")
+           for line in f.read_text().splitlines()]
+    assert len(got) == len(set(got)) == input_ids()
+    assert list(home.iterdir()) == []  # no ~/.ssh, no keyring, nothing
+    assert "handoff-demo-" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                 text=True).stdout
