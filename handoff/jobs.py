@@ -154,7 +154,8 @@ def job_state(raw: dict[str, Any]) -> str:
     status = raw.get("status") or {}
     file_state = status.get("state")
     if raw.get("alive"):
-        return "running" if file_state in (None, "running") else "stopping"
+        # Alive after writing stopped/aborted: draining in-flight requests after SIGTERM/402.
+        return "stopping" if file_state in ("stopped", "aborted") else "running"
     if file_state == "running":
         return "dead"  # the status says running but no process: killed or crashed
     if file_state:

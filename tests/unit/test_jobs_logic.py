@@ -9,6 +9,7 @@ def test_job_state() -> None:
     assert jobs.job_state({"alive": True, "status": {"state": "running"}}) == "running"
     assert jobs.job_state({"alive": True, "status": None}) == "running"
     assert jobs.job_state({"alive": True, "status": {"state": "stopped"}}) == "stopping"
+    assert jobs.job_state({"alive": True, "status": {"state": "finished"}}) == "running"  # exiting
     assert jobs.job_state({"alive": False, "pid": 5, "status": {"state": "running"}}) == "dead"
     assert jobs.job_state({"alive": False, "pid": 5, "status": {"state": "finished"}}) == "finished"
     assert jobs.job_state({"alive": False, "pid": 5, "status": {"state": "stopped"}}) == "stopped"
@@ -50,3 +51,16 @@ def test_launch_command_is_detached_without_pty_or_stdin() -> None:
     cmd = jobs.launch_command(None, "python3 payload.pyz generate", "/h/jobs/g", {"job": "g"})  # type: ignore[arg-type]
     assert "setsid nohup python3 payload.pyz generate >>log 2>&1 </dev/null &" in cmd
     assert "echo $pid > pid" in cmd
+
+
+def test_sh_path_keeps_home_expandable_and_quotes_the_rest() -> None:
+    import subprocess
+
+    from handoff.remote import sh_path
+
+    assert sh_path("~") == '"$HOME"'
+    assert sh_path("~/a b/c") == "\"$HOME\"/'a b/c'"
+    assert sh_path("/x;rm -rf /") == "'/x;rm -rf /'"
+    out = subprocess.run(["sh", "-c", f"echo {sh_path('~/a b')}"], capture_output=True, text=True,
+                         env={"HOME": "/h"}).stdout
+    assert out == "/h/a b\n"
