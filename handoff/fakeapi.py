@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +129,10 @@ class FakeStats:
     key_calls: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["faults"] = dict(self.faults)
         out["successes_by_prompt"] = dict(self.successes_by_prompt)
+        out["bodies"] = list(self.bodies)
         return out
 
 
@@ -141,6 +142,10 @@ DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
     {"provider_name": "Fireworks", "tag": "fireworks", "quantization": "int4"},
     {"provider_name": "Moonshot AI", "tag": "moonshotai", "quantization": "fp8"},
 ]
+
+
+_ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
+                 "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
 
 
 class FakeOpenRouter:
@@ -372,11 +377,15 @@ class FakeOpenRouter:
                                 "request": f"{self.cost_per_request:.10f}"},
                     "status": 0, "supported_parameters": ["max_tokens", "temperature",
                                                           "top_p", "reasoning"],
-                    "uptime_last_30m": 100}
+                    "uptime_last_30m": 100, "uptime_last_5m": 100, "uptime_last_1d": 100,
+                    "supports_implicit_caching": False,
+                    "latency_last_30m": {"p50": 0.2, "p75": 0.3, "p90": 0.4, "p99": 0.8},
+                    "throughput_last_30m": {"p50": 50, "p75": 40, "p90": 30, "p99": 15}}
             full.update(ep)
             endpoints.append(full)
         return web.json_response({"data": {"id": model, "name": model, "created": 0,
-                                           "description": "fake", "architecture": {},
+                                           "description": "fake",
+                                           "architecture": _ARCHITECTURE,
                                            "endpoints": endpoints}})
 
     async def _stats(self, request: web.Request) -> web.Response:

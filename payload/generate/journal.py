@@ -6,8 +6,8 @@ only leave the last line torn (no trailing newline); it is truncated away before
 is appended, so that id is simply asked again.
 
 The resume index must be fast on a 1 GB output: records are written with `"id"` as the
-FIRST key and `"usage"` second, so the id and the cost are read from a short prefix of
-each line without parsing the whole record (a full parse is the fallback for lines written
+FIRST key, `"usage"` second and `"response"` third, so the id and the cost are read in
+place (mmap) from a short prefix of each line without parsing the whole record (a full parse is the fallback for lines written
 by anything else). Ids are kept as 64-bit blake2b digests of `str(id)`: ~40 bytes each in
 a set instead of a full string, which keeps memory flat on large inputs.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,6 @@ from typing import Any, BinaryIO
 
 _DECODER = json.JSONDecoder()
 _PREFIX = b'{"id":'
-_USAGE = '"usage":'
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -100,14 +100,88 @@ def _fast_id(line: bytes) -> tuple[str, str] | None:
     return str(value), head[end:]
 
 
-def _read_usage(rest: str) -> dict[str, Any] | None:
-    if not rest.startswith("," + _USAGE):
+def _fast_record(mm: mmap.mmap, pos: int, end: int, is_output: bool
+                 ) -> tuple[str, dict[str, Any] | None] | None:
+    """(key, usage) read in place from a line `{"id":…,"usage":{…},"response":…`; None when the
+    line has another layout (the caller then parses it whole). No copy of the whole line."""
+    if mm[pos:pos + 6] != _PREFIX:
+        return None
+    p = pos + 6
+    if mm[p] == 0x22:  # a string id
+        q = mm.find(b'"', p + 1, end)
+        if q < 0:
+            return None
+        raw = mm[p + 1:q]
+        if b"\\" in raw:
+            return None  # escapes: let json decide where the string ends
+        key = raw.decode("utf-8")
+        after = q + 1
+    else:  # an integer id
+        q = mm.find(b",", p, end)
+        if q < 0:
+            return None
+        try:
+            key = str(int(mm[p:q]))
+        except ValueError:
+            return None
+        after = q
+    if not is_output:
+        return key, None
+    if mm[after:after + 9] != b',"usage":':
+        return None
+    u = after + 9
+    r = mm.find(b',"response":', u, min(end, u + 16384))
+    if r < 0:
         return None
     try:
-        usage, _ = _DECODER.raw_decode(rest, 1 + len(_USAGE))
-    except ValueError:
+        usage = _DECODER.decode(mm[u:r].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
         return None
-    return usage if isinstance(usage, dict) else None
+    return (key, usage) if isinstance(usage, dict) else None
+
+
+def _scan(path: Path, target: set[int], is_output: bool, index: Index, warn: bool) -> None:
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = line_no = 0
+        while pos < size:
+            end = mm.find(b"\n", pos)
+            if end < 0:
+                end = size
+            line_no += 1
+            if end > pos:
+                got = _fast_record(mm, pos, end, is_output)
+                if got is None:
+                    got = _slow_record(mm[pos:end])
+                if got is None:
+                    if mm[pos:end].strip():
+                        index.skipped_lines += 1
+                        if warn:
+                            print(f"warning: {path}:{line_no}: unreadable record skipped",
+                                  file=sys.stderr)
+                else:
+                    key, usage = got
+                    target.add(id_hash(key))
+                    if is_output and usage:
+                        cost = usage.get("cost")
+                        if isinstance(cost, (int, float)):
+                            index.cost += cost
+                        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                        index.prompt_tokens += pt if isinstance(pt, int) else 0
+                        index.completion_tokens += ct if isinstance(ct, int) else 0
+            pos = end + 1
+
+
+def _slow_record(line: bytes) -> tuple[str, dict[str, Any] | None] | None:
+    try:
+        record = json.loads(line)
+        key = str(record["id"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    usage = record.get("usage")
+    return key, usage if isinstance(usage, dict) else None
 
 
 def load_index(output: Path, errors: Path, *, warn: bool = True) -> Index:
@@ -115,38 +189,8 @@ def load_index(output: Path, errors: Path, *, warn: bool = True) -> Index:
     index = Index()
     for path, target, is_output in ((output, index.done, True), (errors, index.failed, False)):
         index.truncated_bytes += truncate_torn_tail(path)
-        if not path.exists():
-            continue
-        for line_no, line in enumerate(_iter_lines(path), start=1):
-            if not line.strip():
-                continue
-            fast = _fast_id(line)
-            usage: dict[str, Any] | None = None
-            if fast is not None:
-                key, rest = fast
-                if is_output:
-                    usage = _read_usage(rest)
-                    if usage is None:
-                        fast = None  # unusual layout: parse the whole line below
-            if fast is None:
-                try:
-                    record = json.loads(line)
-                    key = str(record["id"])
-                    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
-                except (ValueError, KeyError, TypeError):
-                    index.skipped_lines += 1
-                    if warn:
-                        print(f"warning: {path}:{line_no}: unreadable record skipped",
-                              file=sys.stderr)
-                    continue
-            target.add(id_hash(key))
-            if is_output and usage:
-                cost = usage.get("cost")
-                if isinstance(cost, (int, float)):
-                    index.cost += cost
-                pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-                index.prompt_tokens += pt if isinstance(pt, int) else 0
-                index.completion_tokens += ct if isinstance(ct, int) else 0
+        if path.exists():
+            _scan(path, target, is_output, index, warn)
     return index
 
 

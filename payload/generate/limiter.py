@@ -61,6 +61,10 @@ class Limiter:
                         self._waiters.remove(fut)
                 raise
             self._woken -= 1
+            if time.monotonic() >= self.pause_until:
+                self.in_flight += 1  # the slot we were woken for is ours: take it now
+                return
+            # A pause began after we were woken: pass the wake-up on and sleep through it.
             self._wake()
 
     def _wake(self) -> None:
