@@ -252,7 +252,7 @@ def main() -> int:
                      f"{index_s:.2f} s", "-", "target <= 3 s"))
     header = ("metric", "payload generate", "openai SDK", "ratio / target")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
-    table = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    table = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
              for r in [header, tuple("-" * w for w in widths), *rows]]
     print("\n".join(table))
     if args.write_md:

@@ -16,8 +16,16 @@ import pytest
 
 from handoff.fakeapi import RETRYABLE_FAULTS, FaultPlan, answer_digest
 from payload.records import derive_id, errors_path
-from tests.payload.helpers import (REPO, gen_args, payload_cmd, payload_env, read_jsonl,
-                                   run_payload, write_prompts, write_private)
+from tests.payload.helpers import (
+    REPO,
+    gen_args,
+    payload_cmd,
+    payload_env,
+    read_jsonl,
+    run_payload,
+    write_private,
+    write_prompts,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +153,7 @@ def test_402_with_retry_after_is_a_backoff_not_a_stop(fake_factory, key_file, tm
     proc = run_payload(*gen_args(fake, key_file, inp, out, "--concurrency", "20"))
     assert proc.returncode == 0, proc.stderr
     assert fake.stats.faults["402_inflight"] == 39
-    done, _ = assert_exactly_once(ids, out)
+    assert_exactly_once(ids, out)
     assert status_of(out)["errors_by_kind"]["inflight_limited"] == 39
 
 

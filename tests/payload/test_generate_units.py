@@ -11,8 +11,13 @@ import pytest
 
 from payload.generate.budget import Budget, BudgetReached, Prices
 from payload.generate.client import Kind, classify_body, parse_retry_after
-from payload.generate.journal import (drop_failures, encode_record, id_hash, load_index,
-                                      truncate_torn_tail)
+from payload.generate.journal import (
+    drop_failures,
+    encode_record,
+    id_hash,
+    load_index,
+    truncate_torn_tail,
+)
 from payload.generate.limiter import Limiter, backoff_delay
 from payload.generate.preflight import endpoint_allowed
 
