@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -172,15 +173,24 @@ def test_set_key_then_push_key_replaces_the_key(make_sandbox, fab) -> None:
 
 
 def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> None:
-    sbx = make_sandbox(hosts=1, api_latency_s=0.4)
+    sbx = make_sandbox(hosts=1, api_latency_s=0.6)
     c = sbx.containers[0]
     assert fab.on(sbx, "deploy", "--host", c.name).rc == 0
-    r = fab.on(sbx, "launch", "--input", str(PROMPTS), "--concurrency", "2")
+    r = fab.on(sbx, "launch", "--input", str(PROMPTS), "--concurrency", "1")
     assert r.rc == 0, explain(r)
     r = fab.on(sbx, "launch", "--input", str(PROMPTS))
     assert r.rc != 0 and "already running" in r.text  # refuses a second copy
     r = fab.on(sbx, "status", "--json")
     assert r.rc == 0 and json.loads(r.out.splitlines()[-1])["state"] == "running", explain(r)
+    follow = fab.popen(sbx, "logs", "--follow", "--lines", "5")
+    try:
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # streams while the job runs
+        assert first.strip(), "logs --follow printed nothing"
+    finally:
+        follow.send_signal(signal.SIGINT)  # Ctrl-C ends it cleanly
+        out, err = follow.communicate(timeout=15)
+    assert follow.returncode == 0 and "Traceback" not in err, err
     r = fab.on(sbx, "stop", "--timeout", "30")
     assert r.rc == 0, explain(r)
     r = fab.on(sbx, "status", "--json")
