@@ -189,7 +189,7 @@ def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> Non
         assert first.strip(), "logs --follow printed nothing"
     finally:
         follow.send_signal(signal.SIGINT)  # Ctrl-C ends it cleanly
-        out, err = follow.communicate(timeout=15)
+        _out, err = follow.communicate(timeout=15)
     assert follow.returncode == 0 and "Traceback" not in err, err
     r = fab.on(sbx, "stop", "--timeout", "30")
     assert r.rc == 0, explain(r)
