@@ -51,9 +51,9 @@ def trusted_files(extra: Iterable[str] = ()) -> list[Path]:
     return seen
 
 
-def load_trusted(extra: Iterable[str] = ()) -> paramiko.HostKeys:
+def load_trusted(extra: Iterable[str] = (), into: paramiko.HostKeys | None = None) -> paramiko.HostKeys:
     """All trusted keys in one HostKeys (never given a filename, so never saved)."""
-    keys = paramiko.HostKeys()
+    keys = paramiko.HostKeys() if into is None else into
     for path in trusted_files(extra):
         if path.is_file():
             try:
@@ -78,10 +78,11 @@ class RefuseUnknownPolicy(paramiko.MissingHostKeyPolicy):
 def install(client: paramiko.SSHClient, label: str, extra: Iterable[str] = ()) -> None:
     """Make `client` check host keys like OpenSSH with StrictHostKeyChecking=yes."""
     client.set_missing_host_key_policy(RefuseUnknownPolicy(label))
+    # get_host_keys() is the client's own (not the "system") set; loading into it does not
+    # give the client a filename, so save_host_keys() could not write it even if called.
     trusted = client.get_host_keys()
     trusted.clear()
-    for entry in load_trusted(extra)._entries:
-        trusted._entries.append(entry)
+    load_trusted(extra, into=trusted)
 
 
 def lookup(hostname: str, port: int, extra: Iterable[str] = ()) -> list[paramiko.PKey]:

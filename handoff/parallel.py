@@ -79,6 +79,7 @@ def run_parallel(
             report.fail(str(exc))
         except KeyboardInterrupt:
             report.fail("interrupted")
+            raise  # only the main thread gets it: let the task end with 130
         except Exception as exc:  # one host's bug or library error must not stop the others
             tb = traceback.extract_tb(exc.__traceback__)
             where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""

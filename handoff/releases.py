@@ -136,6 +136,16 @@ def upload_atomic(sftp: paramiko.SFTPClient, data: bytes, final: str, mode: int 
         raise
 
 
+def _remove_leftovers(sftp: paramiko.SFTPClient, folder: str, prefix: str) -> None:
+    """Temp names left by an earlier run whose connection dropped mid-step."""
+    for name in sftp.listdir(folder):
+        if name.startswith(prefix):
+            try:
+                sftp.remove(f"{folder}/{name}")
+            except OSError:
+                pass
+
+
 def upload(session: Session, facts: Facts, release: Release) -> str:
     if has_release(facts, release):
         return Skipped(f"release {release.sha12} already on the host")
@@ -143,6 +153,7 @@ def upload(session: Session, facts: Facts, release: Release) -> str:
     try:
         mkdirs(session.sftp, folder)
         upload_atomic(session.sftp, release.data, f"{folder}/payload.pyz")
+        _remove_leftovers(session.sftp, folder, ".payload.pyz.tmp-")
     except OSError as exc:
         raise RemoteError(f"{session.label}: uploading release {release.sha12} to {folder} failed: {exc}") from None
     return f"uploaded release {release.sha12} ({release.size / 1024:.0f} KiB)"
@@ -158,6 +169,7 @@ def switch(session: Session, facts: Facts, release: Release) -> str:
         # paramiko sends. rename(2) over the old link swaps it in one step (`mv -T`).
         session.sftp.symlink(f"releases/{release.sha12}", tmp)
         session.sftp.posix_rename(tmp, f"{rd}/current")
+        _remove_leftovers(session.sftp, rd, ".current.tmp-")
     except OSError as exc:
         try:
             session.sftp.remove(tmp)
