@@ -697,12 +697,12 @@ def cleanup_secrets(host: str | None = None) -> int:
         entries = [e for e in entries if e.host in wanted or e.hostname in wanted]
         # Named hosts are checked even if the ledger lost track of them (e.g. a wiped
         # state dir): their key_path is removed too, or reported already absent.
-        known = {(e.hostname, e.port, e.user, e.path) for e in entries}
-        for t in targets_for(host, None):
+        unlisted = [h for h in wanted if not any(h in (e.host, e.hostname) for e in entries)]
+        for t in targets_for(",".join(unlisted), None) if unlisted else []:
             ep = t.endpoint
             rel = str(t.vars["key_path"])
             path = rel[2:] if rel.startswith("~/") else rel  # SFTP resolves relative paths from home
-            if not any(k[:3] == (ep.hostname, ep.port, ep.user) for k in known):
+            if not any((e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) for e in entries):
                 entries.append(state.LedgerEntry(
                     host=t.label, hostname=ep.hostname, port=ep.port, user=ep.user,
                     identity=list(ep.identity), path=path, fingerprint="", time=time.time()))
