@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import secrets
 import shutil
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,17 @@ class Sandbox:
                 return
             self._closed = True
         atexit.unregister(self.close)
+        # A second Ctrl-C while tearing down must not leave users and daemons behind.
+        shield = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
+        try:
+            self._teardown()
+        finally:
+            if shield:
+                signal.signal(signal.SIGINT,
+                              previous if previous is not None else signal.default_int_handler)
+
+    def _teardown(self) -> None:
         for server in self._servers.values():
             with contextlib.suppress(Exception):
                 server.stop()
