@@ -48,6 +48,7 @@ PEERS = {
     "pyinfra": ["pyinfra>=3,<4", "paramiko<5"],
 }
 TARGETS = {"ansible": 5.0, "pyinfra": 2.0, "noop_s": 1.5}
+LOAD: list[float] = []  # 1-min load average at start and end: context for the figures
 # The module check, as fab's verify probe does it (find_spec: importable, without paying
 # aiohttp's 0.3 s import), so all three tools do the same work.
 CHECK = "import importlib.util, sys; sys.exit(importlib.util.find_spec('aiohttp') is None)"
@@ -301,7 +302,19 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
     if fab.name == "fab deploy":
         verdicts.append(f"- no-op redeploy to {hosts} hosts: {noop:.2f} s "
                         f"(target ≤{TARGETS['noop_s']} s: {ok})")
+    load = " / ".join(f"{x:.1f}" for x in LOAD)
     return "\n".join([
+        "Each tool, on every container: copy the payload (`payload.pyz`, the same bytes), place "
+        "the key 0600, check that aiohttp is importable with the container's python (find_spec, "
+        "as fab's verify probe does). fab also checks the role's python version, records the "
+        "ledger and checks host keys; the peers run with host key checking off. Ansible: "
+        f"ansible-core, forks={hosts}, defaults otherwise (ControlPersist mux processes stopped "
+        "between runs); pyinfra 3 with paramiko<5, `--parallel` = hosts. fresh = remote state "
+        "(and fab's local state) wiped before the run; no-op = the same command again.",
+        "",
+        f"Machine: {os.cpu_count()} CPUs shared with other work; load average (1 min) at start / "
+        f"end: {load}.",
+        "",
         f"{hosts} loopback sshd containers (handoff.sandbox), medians of {reps} runs, "
         "wall time including each tool's own startup; ratios are medians of the per-rep "
         "ratios (tools run back to back in each rep). Command:",
@@ -338,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     from handoff.releases import build
 
     payload = build().data
+    LOAD.append(os.getloadavg()[0])
     with tempfile.TemporaryDirectory(prefix="handoff-bench-") as tmp:
         work = Path(tmp)
         payload_file = work / "payload.pyz"
@@ -356,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 tools.append(pyinfra_tool(sbx, work / "pyinfra", payload_file, keyfile))
             measure(sbx, tools, args.reps, payload)
             fab_startup = startup(sbx, args.reps) if "fab" in wanted else []
+    LOAD.append(os.getloadavg()[0])
     text = report(tools, args.hosts, args.reps, command.strip(), fab_startup)
     print(text)
     if args.write:
