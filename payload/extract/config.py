@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per the chat template's thinking convention (default), or drop it")
     parser.add_argument("--force", action="store_true",
                         help="run even when the disk preflight says the features will not fit")
+    parser.add_argument("--preflight-only", action="store_true",
+                        help="tokenize, print the disk estimate as JSON on stdout and exit "
+                             "(0 fits, 2 does not); loads no model, needs no GPU")
     parser.add_argument("--reserve", default="1G",
                         help="free space to leave on the output disk, e.g. 50G (default 1G)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -75,6 +78,7 @@ class ExtractConfig:
     shard: Shard
     reasoning: str
     force: bool
+    preflight_only: bool
     reserve_bytes: int
     device: str
     trust_remote_code: bool
@@ -161,7 +165,7 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         input=args.input, model=args.model, output_dir=args.output_dir,
         layers=parse_layers(args.layers), max_length=args.max_length, overlong=args.overlong,
         batch_tokens=args.batch_tokens, dtype=dtype, shard=shard, reasoning=args.reasoning,
-        force=args.force, reserve_bytes=parse_size(args.reserve), device=args.device,
+        force=args.force, preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve), device=args.device,
         trust_remote_code=args.trust_remote_code, progress=args.progress,
     )
 

@@ -115,6 +115,9 @@ class FeatureModel:
                 load["max_memory"] = {g: int(0.9 * one_gpu) for g in gpus}
             else:
                 load["device_map"] = {"": gpus[0]}
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # tqdm bars would flood a nohup log; we report load time
         self.model = AutoModelForCausalLM.from_pretrained(cfg.model, **load).eval()
         self.decoder, layers, norm = _decoder_parts(self.model, info.num_layers)
         self.input_device = self.model.get_input_embeddings().weight.device

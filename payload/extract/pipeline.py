@@ -57,6 +57,7 @@ class Stats:
     tokenize_s: float = 0.0
     load_s: float = 0.0
     extract_s: float = 0.0
+    extract_cpu_s: float = 0.0  # process CPU time of the extract phase (all threads)
     samples_per_s: float = 0.0
     tokens_per_s: float = 0.0
 
@@ -250,6 +251,15 @@ def _main(args: argparse.Namespace) -> int:
     # 2. Disk preflight for what is left to write.
     est = preflight.estimate((s.num_tokens for s in samples), info.hidden, cfg.dtype)
     stats.estimate_bytes = est.bytes
+    if cfg.preflight_only:
+        free = preflight.free_bytes(out)
+        fits = est.bytes * rank.local_world + cfg.reserve_bytes <= free
+        print(json.dumps({"samples": est.samples, "tokens": est.tokens,
+                          "estimate_bytes": est.bytes, "bytes_per_token": est.per_token,
+                          "already_done": stats.already_done, "free_bytes": free,
+                          "reserve_bytes": cfg.reserve_bytes, "fits": fits}), flush=True)
+        part.close()
+        return EXIT_OK if fits else EXIT_USAGE
     try:
         print(preflight.check(est, out, reserve=cfg.reserve_bytes, sharers=rank.local_world,
                               force=cfg.force), file=sys.stderr, flush=True)
@@ -326,7 +336,7 @@ def _extract(cfg: ExtractConfig, rank: Rank, info: Any, samples: list[Any], toke
                 stats.bytes_written += nbytes
                 progress.update(done=1, tokens=t, nbytes=nbytes)
 
-    t1 = time.monotonic()
+    t1, c1 = time.monotonic(), time.process_time()
     pending: deque[Future[None]] = deque()
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract-write") as pool:
         for idx in batches:
@@ -365,5 +375,6 @@ def _extract(cfg: ExtractConfig, rank: Rank, info: Any, samples: list[Any], toke
     progress.close()
     fm.close()
     stats.extract_s = time.monotonic() - t1
+    stats.extract_cpu_s = time.process_time() - c1
     stats.samples_per_s = stats.written / max(stats.extract_s, 1e-9)
     stats.tokens_per_s = stats.tokens_written / max(stats.extract_s, 1e-9)

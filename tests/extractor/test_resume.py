@@ -123,6 +123,21 @@ def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys)
     assert stats(out)["estimate_bytes"] >= est.bytes
 
 
+def test_preflight_only_prints_estimate(tmp_path: Path, model_dir: Path, capsys) -> None:
+    import shutil
+
+    inp = write_jsonl(tmp_path / "in.jsonl", make_records(4))
+    out = tmp_path / "out"
+    assert run_extract(inp, model_dir, out, "--preflight-only") == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["fits"] is True and report["samples"] == 4 and report["tokens"] > 0
+    assert report["bytes_per_token"] == 4 * HIDDEN * 4 + 9
+    assert not list(out.rglob("*.safetensors"))
+    reserve = shutil.disk_usage(out).free
+    assert run_extract(inp, model_dir, out, "--preflight-only", "--reserve", str(reserve)) == 2
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["fits"] is False
+
+
 def test_preflight_check_unit(tmp_path: Path) -> None:
     from payload.extract.preflight import DiskTooSmall, Estimate, check
 
