@@ -321,9 +321,8 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
         "", "```", command, "```", "", *rows, "", *verdicts])
 
 
-def write_section(body: str) -> None:
+def write_section(body: str, path: Path = REPO / "BENCHMARKS.md") -> None:
     """Replace (or append) the `## Deploy` section of BENCHMARKS.md, leaving others alone."""
-    path = REPO / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == "## Deploy"), None)
