@@ -18,7 +18,6 @@ import yaml
 
 from tests.integration.conftest import explain, key_file, remote_dir, run_as, wait_until
 
-
 OK_CELL = re.compile(r"[│|]\s*ok\s*[│|]")  # a table cell saying just "ok"
 
 
@@ -61,6 +60,27 @@ def test_one_host_down_the_others_deploy_and_the_summary_names_it(make_sandbox, 
         assert any(OK_CELL.search(line) for line in summary_lines(result.text, name))
     assert not remote_dir(sbx.container("sbx-2")).exists()
     assert elapsed < 30, "a refused connection must not wait for the connect timeout"
+
+
+def test_a_silent_host_times_out_without_holding_up_the_others(make_sandbox, fab) -> None:
+    """A host whose port accepts but never answers (a black hole, not a refusal) costs the
+    connect timeout (about 10 s) and is reported; the other host deploys meanwhile."""
+    sbx = make_sandbox(hosts=2, api=False, keyring="file")
+    silent = socket.create_server((sbx.container("sbx-2").address, 0))  # never accept()ed
+    try:
+        data = yaml.safe_load(sbx.inventory.read_text())
+        data["hosts"]["sbx-2"]["port"] = silent.getsockname()[1]
+        sbx.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        started = time.monotonic()
+        result = fab.on(sbx, "deploy", timeout=90)
+        elapsed = time.monotonic() - started
+    finally:
+        silent.close()
+    assert result.rc != 0, explain(result)
+    assert key_file(sbx.container("sbx-1")).exists()
+    assert summary_lines(result.text, "sbx-2"), explain(result)
+    assert not any(OK_CELL.search(line) for line in summary_lines(result.text, "sbx-2"))
+    assert 5 < elapsed < 40, f"took {elapsed:.1f} s: the connect timeout should be about 10 s"
 
 
 # -- a connection dropped mid-upload ---------------------------------------------------------------
