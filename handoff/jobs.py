@@ -450,6 +450,7 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
            wait: bool = False, interval: float = 2.0) -> int:
     targets = targets_for(host, role)
     sessions: dict[str, Session] = {}
+    shown_live = False
     try:
         views = _collect(sessions, targets, job)
         if wait:
@@ -459,6 +460,7 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
 
                 live = Live(status_table(views), console=console.console(), refresh_per_second=4)
                 live.start()
+                shown_live = True  # Live leaves its last frame on screen: no second table
             try:
                 while any(v.state in ("running", "starting", "stopping") for v in views):
                     time.sleep(max(0.2, float(interval)))
@@ -475,7 +477,7 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     if as_json:
         for v in views:
             print(json.dumps(v.record(), sort_keys=True))
-    else:
+    elif not shown_live:
         console.say(status_table(views))
     bad = [v.host for v in views if v.state not in OK_STATES]
     if bad and not as_json:
