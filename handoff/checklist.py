@@ -43,6 +43,7 @@ def build(
     verify: bool = True,
     script: bool = True,
     key: str | None = None,
+    key_unavailable: str | None = None,
     install: bool = False,
     title: str = "deploy",
 ) -> Plan:
@@ -65,11 +66,13 @@ def build(
             steps.append(Step(
                 "prune-releases", f"prune old releases, keeping the last {releases.KEEP_RELEASES}",
                 f"rm -rf {rd}/releases/<old>", f"when more than {releases.KEEP_RELEASES} exist"))
-        if key is not None and (t.role is None or t.role.secret):
+        if (key is not None or key_unavailable) and (t.role is None or t.role.secret):
             path = str(t.vars["key_path"])
             folder = path.rsplit("/", 1)[0]
             steps.append(Step(
-                "place-key", f"place API key {secrets.fingerprint(key)} at {path} (0600)",
+                "place-key",
+                f"place API key {secrets.fingerprint(key)} at {path} (0600)" if key is not None
+                else f"place API key at {path} (0600); NOTE: {key_unavailable}",
                 f"sftp mkdir {folder} (0700); open .tmp-* O_EXCL mode 0600; write; fsync; rename; stat",
                 "unless the host already holds the same key (sha256 compared on the host)"))
         plan.hosts.append(HostPlan(t, steps))

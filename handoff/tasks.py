@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from handoff import console
-from handoff.errors import HandoffError, UsageError
+from handoff.errors import HandoffError, SecretError, UsageError
 from handoff.inventory import load_inventory
 from handoff.parallel import HostReport
 from handoff.targets import Target, resolve
@@ -80,8 +80,16 @@ def deploy(
     from handoff import plan as planmod
 
     targets = targets_for(host, role)
-    secret = _key_for(targets, required=title == "push-key") if key else None
-    plan = checklist.build(targets, verify=verify, script=script, key=secret, install=install, title=title)
+    unavailable = None
+    try:
+        secret = _key_for(targets, required=title == "push-key") if key else None
+    except SecretError as exc:
+        if not dry_run:
+            raise
+        # A dry run still shows the whole plan; the missing key becomes a note in it.
+        secret, unavailable = None, str(exc)
+    plan = checklist.build(targets, verify=verify, script=script, key=secret, install=install,
+                           title=title, key_unavailable=unavailable)
     if dry_run:
         planmod.render(plan)
         return 0

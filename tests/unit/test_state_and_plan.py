@@ -87,3 +87,24 @@ def test_dry_run_render_shows_fingerprint_never_key(env: Path, capfd: pytest.Cap
     assert key[:20] not in out and key[-20:] not in out
     assert key[9:17] not in out
     assert "place API key" in out
+
+
+def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import keyring
+    from keyring.backends import null
+
+    from handoff import tasks
+
+    previous = keyring.get_keyring()
+    keyring.set_keyring(null.Keyring())
+    console._console = None
+    try:
+        assert tasks.deploy("a", dry_run=True) == 0  # contacts no host, needs no key
+        assert tasks.deploy("a") == 1  # the real run refuses, naming the fix
+    finally:
+        keyring.set_keyring(previous)
+        console._console = None
+        console._err_console = None
+    captured = capfd.readouterr()
+    assert "NOTE: no API key" in captured.out  # the plan shows the missing key as a note
+    assert "keyring set openrouter api-key" in captured.err.replace("\n", " ")
