@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         with Sandbox(root, hosts=args.hosts, api=not args.no_api, keyring=args.keyring,
                      name_prefix=args.prefix, first_address=args.first_address,
                      api_latency_s=args.api_latency) as sbx:
-            print(sbx.describe())
-            print("\n# in another shell, to point fab at this sandbox:")
-            print("unset SSH_AUTH_SOCK PYTHON_KEYRING_BACKEND DBUS_SESSION_BUS_ADDRESS")
-            for key, value in sorted(sbx.env().items()):
-                print(f"export {key}={shlex.quote(value)}")
-            print("\n# Ctrl-C tears everything down", flush=True)
-            try:
+            try:  # from here on, Ctrl-C is the normal way to end: exit 0 after teardown
+                print(sbx.describe())
+                print("\n# in another shell, to point fab at this sandbox:")
+                print("unset SSH_AUTH_SOCK PYTHON_KEYRING_BACKEND DBUS_SESSION_BUS_ADDRESS")
+                for key, value in sorted(sbx.env().items()):
+                    print(f"export {key}={shlex.quote(value)}")
+                print("\n# Ctrl-C tears everything down", flush=True)
                 threading.Event().wait()
             except KeyboardInterrupt:
                 print("\ntearing down…", file=sys.stderr)
