@@ -35,14 +35,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 # -- the SDK client (runs in its own process: `generator.py --sdk-client IN OUT URL KEYFILE N`) --
 async def sdk_client(inp: Path, out: Path, base_url: str, key_file: Path, concurrency: int,
-                     model: str) -> None:
-    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+                     model: str, transport: str) -> None:
+    from openai import AsyncOpenAI, DefaultAioHttpClient, DefaultAsyncHttpxClient
     try:  # openai >= 3 ships its own httpx fork
         import httpx2 as httpx
     except ImportError:
         import httpx  # type: ignore[no-redef]
 
-    http = DefaultAsyncHttpxClient(limits=httpx.Limits(
+    factory = DefaultAioHttpClient if transport == "aiohttp" else DefaultAsyncHttpxClient
+    http = factory(limits=httpx.Limits(
         max_connections=concurrency, max_keepalive_connections=concurrency),
         timeout=httpx.Timeout(600.0))
     client = AsyncOpenAI(base_url=base_url, api_key=key_file.read_text().strip(),
@@ -160,18 +161,22 @@ def main() -> int:
     ap.add_argument("--skip-big", action="store_true")
     ap.add_argument("--index-gb", type=float, default=1.0)
     ap.add_argument("--write-md", type=Path, help="append/replace the '## Generator' section")
-    ap.add_argument("--sdk-client", nargs=6, metavar=("IN", "OUT", "URL", "KEYFILE", "N", "M"),
+    ap.add_argument("--clients", default="payload,openai-aiohttp,openai-httpx",
+                    help="which clients to compare (the SDK with either HTTP transport)")
+    ap.add_argument("--sdk-client", nargs=7,
+                    metavar=("IN", "OUT", "URL", "KEYFILE", "N", "MODEL", "TRANSPORT"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.sdk_client:
-        inp, out, url, key, n, model = args.sdk_client
-        asyncio.run(sdk_client(Path(inp), Path(out), url, Path(key), int(n), model))
+        inp, out, url, key, n, model, transport = args.sdk_client
+        asyncio.run(sdk_client(Path(inp), Path(out), url, Path(key), int(n), model, transport))
         return 0
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("OPENROUTER_API_KEY", None)
     model = "moonshotai/kimi-k2.5"
-    results: dict[str, list[dict[str, float]]] = {"payload": [], "openai": []}
+    names = args.clients.split(",")
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="bench-gen-") as tmp_s:
         tmp = Path(tmp_s)
         key_file = tmp / "key"
@@ -183,7 +188,7 @@ def main() -> int:
         fake, url = start_fake(key_file, args.latency)
         try:
             for rep in range(args.reps):
-                for name in ("payload", "openai") if rep % 2 == 0 else ("openai", "payload"):
+                for name in names if rep % 2 == 0 else names[::-1]:
                     out = tmp / f"{name}-{rep}.jsonl"
                     if name == "payload":
                         cmd = [sys.executable, "-m", "payload", "generate", "--input", str(inp),
@@ -193,14 +198,14 @@ def main() -> int:
                     else:
                         cmd = [sys.executable, str(Path(__file__).resolve()), "--sdk-client",
                                str(inp), str(out), url, str(key_file), str(args.concurrency),
-                               model]
+                               model, name.split("-", 1)[1]]
                     m = run_measured(cmd, env)
                     lines = count_lines(out)
                     assert lines == args.prompts, f"{name} wrote {lines} of {args.prompts}"
                     m["cpu_ms_per_req"] = 1000 * m["cpu_s"] / args.prompts
                     m["req_s"] = args.prompts / m["wall_s"]
                     results[name].append(m)
-                    print(f"rep {rep} {name:8s} cpu {m['cpu_ms_per_req']:.3f} ms/req  "
+                    print(f"rep {rep} {name:14s} cpu {m['cpu_ms_per_req']:.3f} ms/req  "
                           f"rss {m['rss_mb']:.0f} MB  {m['req_s']:.0f} req/s", flush=True)
             big: dict[str, float] | None = None
             if not args.skip_big:
@@ -235,23 +240,27 @@ def main() -> int:
 
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
            for name, runs in results.items()}
-    p, o = med["payload"], med["openai"]
-    rows = [
-        ("client CPU ms / request", f"{p['cpu_ms_per_req']:.3f}", f"{o['cpu_ms_per_req']:.3f}",
-         f"{p['cpu_ms_per_req'] / o['cpu_ms_per_req']:.2f}x (target <= 0.5x)"),
-        ("peak RSS MB", f"{p['rss_mb']:.0f}", f"{o['rss_mb']:.0f}",
-         f"{p['rss_mb'] / o['rss_mb']:.2f}x (target payload <= 300 MB)"),
-        ("wall req/s", f"{p['req_s']:.0f}", f"{o['req_s']:.0f}",
-         f"{p['req_s'] / o['req_s']:.2f}x"),
-    ]
+    p = med["payload"]
+    sdks = [n for n in names if n != "payload"]
+    header = ("metric", "payload generate", *(f"SDK ({n.split('-', 1)[1]})" for n in sdks),
+              "ratio vs SDK / target")
+
+    def row(label: str, key: str, fmt: str, note: str) -> tuple[str, ...]:
+        ratios = ", ".join(f"{p[key] / med[n][key]:.2f}x {n.split('-', 1)[1]}" for n in sdks)
+        return (label, format(p[key], fmt), *(format(med[n][key], fmt) for n in sdks),
+                f"{ratios} {note}".strip())
+
+    dash = tuple("-" for _ in sdks)
+    rows = [row("client CPU ms / request", "cpu_ms_per_req", ".3f", "(target <= 0.5x)"),
+            row("peak RSS MB", "rss_mb", ".0f", "(target: payload <= 300 MB)"),
+            row("wall req/s", "req_s", ".0f", "")]
     if big is not None:
-        rows.append((f"peak RSS MB, {args.big_factor}x input", f"{big['rss_mb']:.0f}", "-",
+        rows.append((f"peak RSS MB, {args.big_factor}x input", f"{big['rss_mb']:.0f}", *dash,
                      f"{big['rss_mb'] / p['rss_mb']:.2f}x of {args.prompts} (target <= 1.2x)"))
     if index_s is not None:
         rows.append((f"resume index, {size_gb:.2f} GB ({lines_1g} records)",
-                     f"{index_s:.2f} s", "-", "target <= 3 s"))
-    header = ("metric", "payload generate", "openai SDK", "ratio / target")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+                     f"{index_s:.2f} s", *dash, "target <= 3 s"))
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     table = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
              for r in [header, tuple("-" * w for w in widths), *rows]]
     print("\n".join(table))

@@ -32,7 +32,7 @@ from ..redact import redact
 from . import client
 from .budget import DEFAULT_PRICES, DEFAULT_WORST_COMPLETION_TOKENS, Budget, BudgetReached, Prices
 from .client import Kind, Outcome
-from .journal import Index, Writer, drop_failures, encode_record, id_hash, load_index
+from .journal import IdSet, Index, Writer, drop_failures, encode_record, id_hash, load_index
 from .limiter import Limiter, backoff_delay
 from .preflight import PreflightRefused, check_endpoints
 from .progress import Counters, Display, write_status
@@ -124,7 +124,7 @@ class Generator:
         self.prices = Prices(*DEFAULT_PRICES)
         self.worst_completion = s.max_tokens or DEFAULT_WORST_COMPLETION_TOKENS
         self.index = Index()
-        self.claimed: set[int] = set()
+        self.claimed = IdSet()
         self.stop_event = asyncio.Event()
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK

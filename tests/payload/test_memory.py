@@ -2,8 +2,8 @@
 
 Peak RSS of the `generate` process (from `wait4`'s rusage, exact for that one child) is
 compared between a small and a 10x input at 2000 in flight against an instant fake. The
-default run uses 4k vs 40k prompts to stay fast; the `slow` variant is the issue's 20k vs
-200k (run it with `pytest -m slow`)."""
+default run uses 2k vs 20k prompts to stay fast; the `slow` variant is the issue's 20k vs
+200k (run it with `HANDOFF_SLOW_TESTS=1 pytest -m slow tests/payload`)."""
 
 from __future__ import annotations
 
@@ -41,13 +41,15 @@ def measure(fake_factory, key_file: Path, tmp_path: Path, small: int, big: int
 
 
 @pytest.mark.timeout(240)
-def test_memory_flat_4k_vs_40k(fake_factory, key_file, tmp_path):
-    small, big = measure(fake_factory, key_file, tmp_path, 4_000, 40_000)
+def test_memory_flat_2k_vs_20k(fake_factory, key_file, tmp_path):
+    small, big = measure(fake_factory, key_file, tmp_path, 2_000, 20_000)
     assert big <= 300
     assert big <= 1.2 * small, f"peak RSS grew from {small:.0f} MB to {big:.0f} MB"
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("HANDOFF_SLOW_TESTS"),
+                    reason="several minutes on 2 cores: set HANDOFF_SLOW_TESTS=1")
 @pytest.mark.timeout(900)
 def test_memory_flat_20k_vs_200k(fake_factory, key_file, tmp_path):
     small, big = measure(fake_factory, key_file, tmp_path, 20_000, 200_000)
