@@ -89,7 +89,8 @@ def test_dry_run_render_shows_fingerprint_never_key(env: Path, capfd: pytest.Cap
     assert "place API key" in out
 
 
-def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import keyring
     from keyring.backends import null
 
@@ -98,6 +99,7 @@ def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.Captu
     previous = keyring.get_keyring()
     keyring.set_keyring(null.Keyring())
     console._console = None
+    monkeypatch.setenv("COLUMNS", "300")  # one line per table row: nothing wrapped mid-phrase
     try:
         assert tasks.deploy("a", dry_run=True) == 0  # contacts no host, needs no key
         assert tasks.deploy("a") == 1  # the real run refuses, naming the fix
@@ -106,5 +108,5 @@ def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.Captu
         console._console = None
         console._err_console = None
     captured = capfd.readouterr()
-    assert "NOTE: no API key" in captured.out  # the plan shows the missing key as a note
+    assert "NOTE: no API key" in captured.out.replace("\n", " ")  # the missing key is a note
     assert "keyring set openrouter api-key" in captured.err.replace("\n", " ")
