@@ -155,6 +155,9 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--httpx-reps", type=int, default=1,
+                    help="repetitions for the SDK's httpx transport (~17 ms CPU per request at "
+                         "2000 in flight: minutes per run)")
     ap.add_argument("--latency", type=float, default=0.2,
                     help="fake API answer latency, s (keeps 2000 requests really in flight)")
     ap.add_argument("--big-factor", type=int, default=10)
@@ -189,6 +192,8 @@ def main() -> int:
         try:
             for rep in range(args.reps):
                 for name in names if rep % 2 == 0 else names[::-1]:
+                    if name == "openai-httpx" and rep >= args.httpx_reps:
+                        continue
                     out = tmp / f"{name}-{rep}.jsonl"
                     if name == "payload":
                         cmd = [sys.executable, "-m", "payload", "generate", "--input", str(inp),
@@ -277,7 +282,7 @@ def write_section(md: Path, table: list[str], args: argparse.Namespace) -> None:
         "## Generator", "",
         f"`{cmd}` - {args.prompts} prompts at concurrency {args.concurrency} against the fake "
         f"OpenRouter (separate process, {args.latency:g} s latency) on loopback; medians of "
-        f"{args.reps} alternating repetitions; CPU = user+sys of the client process "
+        f"{args.reps} alternating repetitions ({args.httpx_reps} for the SDK on httpx); CPU = user+sys of the client process "
         f"(wait4 rusage). Machine: {os.cpu_count()} shared cores; "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}.", "", *table, ""])
     text = md.read_text(encoding="utf-8") if md.exists() else "# Benchmarks\n"

@@ -120,7 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
         from . import extract
     except ImportError as exc:
         ex.set_defaults(_extract_missing=str(exc))
-        ex.add_argument("rest", nargs=argparse.REMAINDER)
     else:
         extract.add_arguments(ex)
     return parser
@@ -180,13 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and getattr(args, "_extract_missing", None) is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         handler = {"generate": _generate, "smoke": _smoke, "extract": _extract}[args.command]
         return handler(args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except KeyboardInterrupt:
         return 3
+    except Exception:  # an unexpected failure: a redacted traceback, never the raw one
+        import traceback
+        print(redact(traceback.format_exc()), file=sys.stderr)
+        return 1
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

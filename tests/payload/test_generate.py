@@ -369,7 +369,7 @@ def test_key_never_appears_in_any_output(fake_factory, key_file, tmp_path, api_k
 
 
 def test_zipapp_entry_runs_generate(fake_factory, key_file, tmp_path):
-    """The release is `payload.pyz`: the package zipped with a root __main__.py."""
+    """The release is `payload.pyz`: the package zipped with a root __main__.py; nothing is\n    read from disk beside the modules."""
     import zipapp
     src = tmp_path / "src"
     (src / "payload").mkdir(parents=True)
@@ -389,3 +389,14 @@ def test_zipapp_entry_runs_generate(fake_factory, key_file, tmp_path):
                           cwd=tmp_path, env=env, text=True, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert_exactly_once(ids, out)
+
+
+def test_extract_missing_is_a_clear_usage_error(monkeypatch, capsys):
+    """A payload built without `extract` (or whose import fails) still runs `generate`."""
+    import sys
+
+    from payload import cli
+    monkeypatch.setitem(sys.modules, "payload.extract", None)  # makes the import fail
+    assert cli.main(["extract", "--input", "x"]) == 2
+    assert "extract command is not available" in capsys.readouterr().err
+    assert cli.main(["generate", "--help"]) == 0
