@@ -1,7 +1,8 @@
 """The extract run: read → own → resume check → tokenize → preflight → forward → write.
 
 Everything that can refuse (flags, layers, meta mismatch, disk) does so before the
-model loads. Per-sample problems never stop the run: bad lines, boundary mismatches
+model loads. SIGTERM (`fab stop`, or torchrun forwarding it) drains: the batch in hand
+is written, the manifest merged, and the run exits 3 (stopped, resumable), as `generate`. Per-sample problems never stop the run: bad lines, boundary mismatches
 and NaN/Inf are counted and reported (errors.<tag>.jsonl), and the exit code says
 whether any sample failed (1) or all were written, already done, or dropped by a
 stated policy (0).
@@ -10,7 +11,9 @@ stated policy (0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import threading
 import time
@@ -23,9 +26,33 @@ from typing import Any
 from payload.extract.config import ExtractConfig, Rank, UsageError, from_args
 from payload.records import BadRecord, iter_lines, shard_of
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 CHUNK = 512  # records rendered and tokenized together
 MAX_PENDING_BATCHES = 3  # batches whose writes may lag behind the GPU (bounds host memory)
+
+
+class StopFlag:
+    """Set by SIGTERM; checked between batches (a signal handler must not do the I/O)."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signal handlers live in the main thread only
+            return
+
+        def handler(_sig: int, _frame: Any) -> None:
+            self.set = True
+            print("extract: SIGTERM: finishing the current batch, then stopping (resumable)",
+                  file=sys.stderr, flush=True)
+
+        old = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, old)
 
 
 @dataclass
@@ -133,6 +160,7 @@ class ErrorLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        path.unlink(missing_ok=True)  # this run's failures only (a rerun retries them all)
 
     def add(self, rid: Any, line_no: int | None, kind: str, message: str) -> None:
         print(f"extract: {kind}: {message}", file=sys.stderr, flush=True)
@@ -270,13 +298,29 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     save_stats("running")
 
+    stop = StopFlag()
     try:
-        if samples:
-            _extract(cfg, rank, info, samples, tokenizer, part, stats, errors, label,
-                     save_stats)
+        with stop.installed():
+            if samples:
+                _extract(cfg, rank, info, samples, tokenizer, part, stats, errors, label,
+                         save_stats, stop)
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfMemoryError":
+            save_stats("aborted")
+            raise
+        print(f"extract: out of GPU memory ({exc}); lower --batch-tokens (now "
+              f"{cfg.batch_tokens}) or --max-length; the run is resumable",
+              file=sys.stderr, flush=True)
+        save_stats("aborted")
+        return EXIT_FAILED
     finally:
         part.close()
         merge_manifest(out)
+    if stop.set:
+        save_stats("stopped")
+        print(f"extract: stopped by SIGTERM after {stats.written} samples; rerun the same "
+              "command to resume", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
     save_stats("finished" if stats.failed == 0 else "finished_with_failures")
     print(json.dumps({"extract": tag, "written": stats.written,
                       "already_done": stats.already_done, "failed": stats.failed,
@@ -288,7 +332,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _extract(cfg: ExtractConfig, rank: Rank, info: Any, samples: list[Any], tokenizer: Any,
-             part: Any, stats: Stats, errors: ErrorLog, label: str, save_stats: Any) -> None:
+             part: Any, stats: Stats, errors: ErrorLog, label: str, save_stats: Any,
+             stop: StopFlag) -> None:
     import torch
 
     from payload.extract.batching import collate, plan_batches
@@ -340,6 +385,8 @@ def _extract(cfg: ExtractConfig, rank: Rank, info: Any, samples: list[Any], toke
     pending: deque[Future[None]] = deque()
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract-write") as pool:
         for idx in batches:
+            if stop.set:
+                break
             batch = collate([samples[i] for i in idx], pad)
             aux, hidden = fm.forward(batch)
             valid = batch.attention_mask.to(aux.device).bool()

@@ -83,6 +83,33 @@ def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path) -> None:
     assert_complete(out, records)
 
 
+def test_sigterm_drains_and_exits_3(tmp_path: Path, model_dir: Path) -> None:
+    records = make_records(40, seed=11)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    proc = spawn(inp, model_dir, out, "--batch-tokens", "1", env={"WRITE_DELAY": "0.05"})
+    part = out / "manifest.parts" / "shard0-of-1.rank0-of-1.jsonl"
+    try:
+        deadline = time.monotonic() + 90
+        while not (part.exists() and len(part.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err
+    assert "stopped by SIGTERM" in err
+    s = stats(out)
+    assert s["state"] == "stopped" and 2 <= s["written"] < 40
+    # the manifest was merged on the way out: it lists exactly the files on disk
+    assert len(manifest(out)) == s["written"] == len(list(out.rglob("*.safetensors")))
+    assert run_extract(inp, model_dir, out) == 0
+    assert_complete(out, records)
+
+
 def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path) -> None:
     """A file cut short under its final name (a machine crash) is redone, never counted."""
     records = make_records(3)
