@@ -223,6 +223,10 @@ class FakeOpenRouter:
             ready.set()
             loop.run_forever()
             loop.run_until_complete(self.stop())
+            pending = asyncio.all_tasks(loop)  # e.g. handlers of a scripted hang
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
         self._thread = threading.Thread(target=main, name="fake-openrouter", daemon=True)

@@ -349,8 +349,9 @@ class Generator:
         self.writer = Writer(s.output, s.errors)
         completed = False
         try:
+            # trust_env: a container may reach the API only through $HTTPS_PROXY.
             async with aiohttp.ClientSession(connector=connector, raise_for_status=False,
-                                             trust_env=False) as session:
+                                             trust_env=True) as session:
                 self.session = session
                 if s.preflight:
                     prices, max_completion = await check_endpoints(

@@ -50,7 +50,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def payload_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_API_KEY"}
+    # No key from the outer environment, and no proxy: the fake API is on loopback.
+    env = {k: v for k, v in os.environ.items()
+           if k != "OPENROUTER_API_KEY" and not k.lower().endswith("_proxy")}
     env["PYTHONPATH"] = str(REPO)
     env.update(extra or {})
     return env

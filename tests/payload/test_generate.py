@@ -88,10 +88,17 @@ def test_exactly_once_under_fault_mix_and_repeated_kill9(fake_factory, key_file,
     args = gen_args(fake, key_file, inp, out, "--concurrency", "100", "--request-timeout", "1",
                     "--max-attempts", "30")
     rng = random.Random(3)
-    for _ in range(4):
+    for round_no in range(1, 5):
         proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.8, 1.6))
+        # Kill mid-run: once this round has written more answers (at a jittered point).
+        goal = round_no * 250 + rng.randint(0, 100)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_bytes().count(b"\n") >= goal:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed"
         proc.kill()  # SIGKILL: no cleanup at all
         proc.wait()
     kills_left_partial = len(read_jsonl(out)) < 1500
@@ -197,7 +204,12 @@ def test_sigterm_drains_in_flight_stops_and_resumes(fake_factory, key_file, tmp_
     args = gen_args(fake, key_file, inp, out, "--concurrency", "40")
     proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.8)
+    status = out.with_name("out.status.json")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until some answers are written (slow CI starts)
+        time.sleep(0.2)
+        if status.exists() and json.loads(status.read_text() or "{}").get("done", 0) >= 40:
+            break
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err
