@@ -312,8 +312,9 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
         "between runs); pyinfra 3 with paramiko<5, `--parallel` = hosts. fresh = remote state "
         "(and fab's local state) wiped before the run; no-op = the same command again.",
         "",
-        f"Machine: {os.cpu_count()} CPUs shared with other work; load average (1 min) at start / "
-        f"end: {load}.",
+        f"Machine: {os.cpu_count()} CPUs, shared with other work and with the containers "
+        f"themselves (every sshd session and remote python runs on the same CPUs); load average "
+        f"(1 min) at start / end: {load} (the end figure includes the benchmark's own load).",
         "",
         f"{hosts} loopback sshd containers (handoff.sandbox), medians of {reps} runs, "
         "wall time including each tool's own startup; ratios are medians of the per-rep "
