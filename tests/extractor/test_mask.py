@@ -56,6 +56,16 @@ def test_reasoning_dropped(tmp_path: Path, model_dir: Path, tokenizer) -> None:
     assert "<think>" not in toks
 
 
+def test_cut_answer_end_of_turn_not_supervised(tmp_path: Path, model_dir: Path,
+                                               tokenizer) -> None:
+    cut = {**MULTI, "id": "cut", "finish_reason": "length"}
+    inp = write_jsonl(tmp_path / "in.jsonl", [cut])
+    assert run_extract(inp, model_dir, tmp_path / "out", "--reasoning", "drop") == 0
+    toks, sup = supervised_tokens(tokenizer, tmp_path / "out", "cut")
+    assert sup == ["because", "the", "sky", "is", "blue"]  # the template's <|eot|> is not
+    assert toks[-1] == "<|eot|>"
+
+
 def test_raw_records_sharegpt_and_trailing_assistant(tmp_path: Path, model_dir: Path,
                                                       tokenizer) -> None:
     recs = [
