@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(0 fits, 2 does not); loads no model, needs no GPU")
     parser.add_argument("--reserve", default="1G",
                         help="free space to leave on the output disk, e.g. 50G (default 1G)")
+    parser.add_argument("--status-file", type=Path, default=None,
+                        help="also keep a job status JSON here (state, done, failed, total, "
+                             "tokens_per_s, ...), summed over this launch's torchrun ranks")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto: CUDA when available, else the CPU")
     parser.add_argument("--trust-remote-code", action="store_true",
@@ -80,6 +83,7 @@ class ExtractConfig:
     force: bool
     preflight_only: bool
     reserve_bytes: int
+    status_file: Path | None
     device: str
     trust_remote_code: bool
     progress: str
@@ -165,7 +169,8 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         input=args.input, model=args.model, output_dir=args.output_dir,
         layers=parse_layers(args.layers), max_length=args.max_length, overlong=args.overlong,
         batch_tokens=args.batch_tokens, dtype=dtype, shard=shard, reasoning=args.reasoning,
-        force=args.force, preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve), device=args.device,
+        force=args.force, preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve), status_file=args.status_file,
+        device=args.device,
         trust_remote_code=args.trust_remote_code, progress=args.progress,
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -58,6 +59,7 @@ class StopFlag:
 @dataclass
 class Stats:
     state: str = "starting"
+    run_id: str = ""
     shard: str = "0/1"
     rank: int = 0
     world: int = 1
@@ -87,10 +89,54 @@ class Stats:
     extract_cpu_s: float = 0.0  # process CPU time of the extract phase (all threads)
     samples_per_s: float = 0.0
     tokens_per_s: float = 0.0
+    last_error: str = ""
 
     @property
     def failed(self) -> int:
         return self.failed_boundary + self.failed_nonfinite
+
+
+_STATE_ORDER = ("aborted", "stopped", "running", "finished")
+_AS_JOB_STATE = {"refused": "aborted", "starting": "running",
+                 "finished_with_failures": "finished"}
+
+
+def job_status(out_dir: Path, run_id: str, world: int) -> dict[str, Any]:
+    """The job's status file (the `generate` shape), summed over this launch's ranks.
+
+    Each rank rewrites it from every rank's stats file of the same run id (atomic rename,
+    so any reader sees one whole snapshot); no rank waits for another.
+    """
+    ranks = []
+    for p in out_dir.glob("stats.*.json"):
+        try:
+            s = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # being replaced right now; the next snapshot has it
+        if s.get("run_id") == run_id:
+            ranks.append(s)
+    states = {_AS_JOB_STATE.get(s["state"], s["state"]) for s in ranks}
+    if len(ranks) < world:
+        states.add("running")  # a rank that has not written yet is still starting
+    state = next((st for st in _STATE_ORDER if st in states), "running")
+
+    def total(key: str) -> Any:
+        return sum(s.get(key, 0) for s in ranks)
+
+    return {
+        "state": state, "done": total("written") + total("already_done"),
+        "failed": total("failed_boundary") + total("failed_nonfinite"),
+        "total": total("owned") - total("skipped_overlong") - total("dropped_unsupervised"),
+        "in_flight": 0, "skipped_overlong": total("skipped_overlong"),
+        "dropped_unsupervised": total("dropped_unsupervised"), "truncated": total("truncated"),
+        "bad_lines": max((s.get("bad_lines", 0) for s in ranks), default=0),
+        "tokens_written": total("tokens_written"), "bytes_written": total("bytes_written"),
+        "estimate_bytes": total("estimate_bytes"), "tokens_per_s": total("tokens_per_s"),
+        "rate_rps": total("samples_per_s"), "cost": 0.0, "ranks": len(ranks), "world": world,
+        "started": min((s["started"] for s in ranks), default=time.time()),
+        "updated": max((s["updated"] for s in ranks), default=time.time()),
+        "last_error": next((s["last_error"] for s in ranks if s.get("last_error")), None),
+    }
 
 
 def owns(cfg: ExtractConfig, rank: Rank, key: str) -> bool:
@@ -161,9 +207,11 @@ class ErrorLog:
         self.path = path
         self._lock = threading.Lock()
         path.unlink(missing_ok=True)  # this run's failures only (a rerun retries them all)
+        self.last = ""
 
     def add(self, rid: Any, line_no: int | None, kind: str, message: str) -> None:
         print(f"extract: {kind}: {message}", file=sys.stderr, flush=True)
+        self.last = f"{kind}: id {rid}"
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({"id": rid, "line": line_no, "error": kind,
                                  "message": message}, ensure_ascii=False) + "\n")
@@ -200,13 +248,20 @@ def _main(args: argparse.Namespace) -> int:
     _check_meta(out, _meta(cfg, info))
     tag = f"shard{cfg.shard.index}-of-{cfg.shard.count}.{rank.tag}"
     label = f"extract {tag}"
-    stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, started=time.time())
+    # torchrun gives every rank of one launch the same run id; a lone process is its own run
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"pid{os.getpid()}"
+    stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, started=time.time(),
+                  run_id=run_id)
     stats_path = out / f"stats.{tag}.json"
     errors = ErrorLog(out / f"errors.{tag}.jsonl")
 
     def save_stats(state: str) -> None:
-        stats.state, stats.updated = state, time.time()
+        stats.state, stats.updated, stats.last_error = state, time.time(), errors.last
         write_json_atomic(stats_path, asdict(stats))
+        if cfg.status_file is not None:
+            write_json_atomic(cfg.status_file, job_status(out, run_id, rank.world))
+
+    save_stats("starting")
 
     from transformers import AutoTokenizer
 

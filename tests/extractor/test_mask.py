@@ -98,7 +98,12 @@ def test_boundary_mismatch_fails_loudly_others_written(tmp_path: Path, model_dir
             "response": "hi", "reasoning": None}
     inp = write_jsonl(tmp_path / "in.jsonl", [bad, good])
     out = tmp_path / "out"
-    assert run_extract(inp, model_dir, out, "--reasoning", "drop") == 1
+    status = tmp_path / "status.json"
+    assert run_extract(inp, model_dir, out, "--reasoning", "drop", "--status-file",
+                       str(status)) == 1
+    st = json.loads(status.read_text())
+    assert (st["state"], st["done"], st["failed"], st["total"]) == ("finished", 1, 1, 2)
+    assert st["last_error"] == "boundary: id bad"
     err = capsys.readouterr().err
     assert "id bad (line 1)" in err and "not a prefix" in err and "':!'" in err
     assert [e["id"] for e in manifest(out)] == ["good"]

@@ -206,8 +206,10 @@ def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path) ->
     records = make_records(10, seed=9)
     inp = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out"
-    procs = [spawn(inp, model_dir, out, env={"RANK": str(r), "LOCAL_RANK": str(r),
-                                             "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    status = tmp_path / "status.json"
+    procs = [spawn(inp, model_dir, out, "--status-file", str(status),
+                   env={"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                        "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "launch-1"})
              for r in (0, 1)]
     for p in procs:
         _, err = p.communicate(timeout=120)
@@ -216,6 +218,10 @@ def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path) ->
     per_rank = [json.loads((out / f"stats.shard0-of-1.rank{r}-of-2.json").read_text())
                 for r in (0, 1)]
     assert sum(s["written"] for s in per_rank) == 10
+    # the job status sums both ranks of this launch, in the shape `fab status` reads
+    st = json.loads(status.read_text())
+    assert (st["state"], st["done"], st["failed"], st["total"], st["ranks"]) == (
+        "finished", 10, 0, 10, 2)
 
 
 def test_meta_mismatch_refused(tmp_path: Path, model_dir: Path, capsys) -> None:
