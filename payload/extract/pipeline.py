@@ -164,7 +164,7 @@ SETTINGS = ("num_layers", "hidden_size", "layers", "dtype", "max_length", "overl
             "reasoning")
 
 
-def _check_meta(out_dir: Path, meta: dict[str, Any]) -> None:
+def _check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None:
     """One output dir holds one kind of features: refuse to mix settings on resume."""
     from payload.extract.writer import write_json_atomic
 
@@ -181,7 +181,8 @@ def _check_meta(out_dir: Path, meta: dict[str, Any]) -> None:
                              "use another --output-dir or the same flags")
         if old == meta:
             return
-    write_json_atomic(path, meta)
+    if write:
+        write_json_atomic(path, meta)
 
 
 def _eos_ids(tokenizer: Any, model_dir: Path) -> set[int]:
@@ -203,15 +204,19 @@ def _eos_ids(tokenizer: Any, model_dir: Path) -> set[int]:
 
 
 class ErrorLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, record: bool = True) -> None:
         self.path = path
+        self.record = record
         self._lock = threading.Lock()
-        path.unlink(missing_ok=True)  # this run's failures only (a rerun retries them all)
         self.last = ""
+        if record:
+            path.unlink(missing_ok=True)  # this run's failures only (a rerun retries them)
 
     def add(self, rid: Any, line_no: int | None, kind: str, message: str) -> None:
         print(f"extract: {kind}: {message}", file=sys.stderr, flush=True)
         self.last = f"{kind}: id {rid}"
+        if not self.record:
+            return
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({"id": rid, "line": line_no, "error": kind,
                                  "message": message}, ensure_ascii=False) + "\n")
@@ -244,8 +249,12 @@ def _main(args: argparse.Namespace) -> int:
     rank = Rank.from_env()
     info = read_info(cfg)
     out = cfg.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    _check_meta(out, _meta(cfg, info))
+    # --preflight-only (run by `fab verify`) writes nothing: a meta.json from verify's flags
+    # would make the real launch's (other) flags look like a settings change.
+    dry = cfg.preflight_only
+    if not dry:
+        out.mkdir(parents=True, exist_ok=True)
+    _check_meta(out, _meta(cfg, info), write=not dry)
     tag = f"shard{cfg.shard.index}-of-{cfg.shard.count}.{rank.tag}"
     label = f"extract {tag}"
     # torchrun gives every rank of one launch the same run id; a lone process is its own run
@@ -253,9 +262,11 @@ def _main(args: argparse.Namespace) -> int:
     stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, started=time.time(),
                   run_id=run_id)
     stats_path = out / f"stats.{tag}.json"
-    errors = ErrorLog(out / f"errors.{tag}.jsonl")
+    errors = ErrorLog(out / f"errors.{tag}.jsonl", record=not dry)
 
     def save_stats(state: str) -> None:
+        if dry:
+            return
         stats.state, stats.updated, stats.last_error = state, time.time(), errors.last
         write_json_atomic(stats_path, asdict(stats))
         if cfg.status_file is not None:
@@ -276,7 +287,7 @@ def _main(args: argparse.Namespace) -> int:
     # 1. Read, keep what this rank owns and is not done, tokenize in chunks.
     t0 = time.monotonic()
     listed = read_manifest_keys(out)
-    part = ManifestPart(out, tag)
+    part = None if dry else ManifestPart(out, tag)
     seen: set[str] = set()
     samples: list[Sample] = []
     chunk: list[Any] = []
@@ -318,7 +329,7 @@ def _main(args: argparse.Namespace) -> int:
         t = validate(out / rel, info.hidden, cfg.dtype) if (out / rel).exists() else None
         if t is not None:
             stats.already_done += 1
-            if conv.key not in listed:  # renamed, then killed before the manifest line
+            if part is not None and conv.key not in listed:  # renamed, killed before the line
                 part.add(conv.id, rel, t, count_supervised(out / rel))
             continue
         chunk.append(conv)
@@ -329,29 +340,32 @@ def _main(args: argparse.Namespace) -> int:
     stats.tokenize_s = time.monotonic() - t0
     if stats.lines == 0:
         raise UsageError(f"--input {cfg.input} has no records")
-    stats.temp_files_removed = clean_temp_files(out, {sample_relpath(s.key) for s in samples})
+    if not dry:
+        owned_paths = {sample_relpath(s.key) for s in samples}
+        stats.temp_files_removed = clean_temp_files(out, owned_paths)
 
     # 2. Disk preflight for what is left to write.
     est = preflight.estimate((s.num_tokens for s in samples), info.hidden, cfg.dtype)
     stats.estimate_bytes = est.bytes
     if cfg.preflight_only:
-        free = preflight.free_bytes(out)
+        free = preflight.free_bytes(preflight.existing(out))
         fits = est.bytes * rank.local_world + cfg.reserve_bytes <= free
         print(json.dumps({"samples": est.samples, "tokens": est.tokens,
                           "estimate_bytes": est.bytes, "bytes_per_token": est.per_token,
                           "already_done": stats.already_done, "free_bytes": free,
                           "reserve_bytes": cfg.reserve_bytes, "fits": fits}), flush=True)
-        part.close()
         return EXIT_OK if fits else EXIT_USAGE
     try:
         print(preflight.check(est, out, reserve=cfg.reserve_bytes, sharers=rank.local_world,
                               force=cfg.force), file=sys.stderr, flush=True)
     except preflight.DiskTooSmall as exc:
         print(f"extract: {exc}", file=sys.stderr)
+        assert part is not None
         part.close()
         save_stats("refused")
         return EXIT_USAGE
     save_stats("running")
+    assert part is not None
 
     stop = StopFlag()
     try:

@@ -48,6 +48,14 @@ def human(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def existing(path: Path) -> Path:
+    """The nearest existing ancestor: where a not-yet-created output dir will live."""
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
 def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 

@@ -155,14 +155,20 @@ def test_preflight_only_prints_estimate(tmp_path: Path, model_dir: Path, capsys)
 
     inp = write_jsonl(tmp_path / "in.jsonl", make_records(4))
     out = tmp_path / "out"
-    assert run_extract(inp, model_dir, out, "--preflight-only") == 0
+    # verify runs it with its own flags: it must leave nothing that a later launch trips on
+    assert run_extract(inp, model_dir, out, "--preflight-only", "--max-length", "64") == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["fits"] is True and report["samples"] == 4 and report["tokens"] > 0
     assert report["bytes_per_token"] == 4 * HIDDEN * 4 + 9
-    assert not list(out.rglob("*.safetensors"))
-    reserve = shutil.disk_usage(out).free
+    assert not out.exists()
+    reserve = shutil.disk_usage(tmp_path).free
     assert run_extract(inp, model_dir, out, "--preflight-only", "--reserve", str(reserve)) == 2
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["fits"] is False
+    assert run_extract(inp, model_dir, out) == 0  # the launch, with other flags, just runs
+    capsys.readouterr()
+    assert run_extract(inp, model_dir, out, "--preflight-only") == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (report["samples"], report["already_done"]) == (0, 4)
 
 
 def test_preflight_check_unit(tmp_path: Path) -> None:
