@@ -189,6 +189,13 @@ class ManifestPart:
         d.mkdir(parents=True, exist_ok=True)
         self.path = d / f"{tag}.jsonl"
         self._fh = self.path.open("a", encoding="utf-8")
+        # A kill mid-append leaves a torn last line; end it, or the first line of this run
+        # would be glued to it and both lost when merging.
+        if self._fh.tell() > 0:
+            with self.path.open("rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    self._fh.write("\n")
 
     def add(self, rid: Any, relpath: str, num_tokens: int, num_supervised: int) -> None:
         line = json.dumps({"id": rid, "file": relpath, "num_tokens": num_tokens,

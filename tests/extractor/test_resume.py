@@ -126,6 +126,24 @@ def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path) -> No
     assert_complete(out, records)
 
 
+def test_torn_manifest_part_line_does_not_swallow_the_next(tmp_path: Path) -> None:
+    from payload.extract.writer import ManifestPart, merge_manifest
+
+    for name in ("a", "b"):
+        (tmp_path / "samples").mkdir(exist_ok=True)
+        (tmp_path / "samples" / name).write_bytes(b"x")
+    part = ManifestPart(tmp_path, "r0")
+    part.add("a", "samples/a", 3, 1)
+    part.close()
+    with part.path.open("a") as fh:
+        fh.write('{"id": "gone", "fi')  # killed mid-append
+    part = ManifestPart(tmp_path, "r0")
+    part.add("b", "samples/b", 4, 2)
+    part.close()
+    assert merge_manifest(tmp_path) == 2
+    assert [e["id"] for e in manifest(tmp_path)] == ["a", "b"]
+
+
 def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys) -> None:
     import shutil
 
