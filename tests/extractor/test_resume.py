@@ -264,6 +264,11 @@ def test_usage_errors_exit_2(tmp_path: Path, model_dir: Path, capsys) -> None:
     assert run_extract(inp, model_dir, tmp_path / "o", "--dtype", "int8") == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "never downloads" in err and "0-based" in err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert run_extract(inp, model_dir, tmp_path / "o", "--device", "cuda") == 2
+        assert "torch sees no CUDA device" in capsys.readouterr().err
 
 
 def test_import_is_torch_free() -> None:
