@@ -11,8 +11,10 @@ with punctuation merges into (`:!`), which is how the boundary-mismatch test fai
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 
 _HF_HOME = tempfile.mkdtemp(prefix="hf-home-")
+atexit.register(shutil.rmtree, _HF_HOME, True)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = _HF_HOME
