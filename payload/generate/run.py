@@ -435,7 +435,35 @@ class Generator:
             await asyncio.wait(pending)
 
 
+def fit_fd_limit(concurrency: int, reserve: int = 256) -> int:
+    """Each request in flight holds a socket: raise the soft open-file limit to fit the
+    concurrency (containers often default to 1024), or lower the concurrency to what the
+    hard limit allows, saying so. Otherwise connects fail with EMFILE, one by one."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return concurrency
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = concurrency + reserve
+    unlimited = resource.RLIM_INFINITY
+    if soft != unlimited and soft < need:
+        target = need if hard == unlimited else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != unlimited and soft < need:
+        fitted = max(1, soft - reserve)
+        print(f"warning: the open-file limit ({soft}) fits only {fitted} connections: "
+              f"--concurrency lowered from {concurrency} (raise `ulimit -n` to go higher)",
+              file=sys.stderr)
+        return fitted
+    return concurrency
+
+
 def run(s: Settings) -> int:
+    s.concurrency = fit_fd_limit(s.concurrency)
     try:
         return asyncio.run(Generator(s).main())
     except UsageError as exc:

@@ -412,3 +412,23 @@ def test_extract_missing_is_a_clear_usage_error(monkeypatch, capsys):
     assert cli.main(["extract", "--input", "x"]) == 2
     assert "extract command is not available" in capsys.readouterr().err
     assert cli.main(["generate", "--help"]) == 0
+
+
+def test_concurrency_fits_the_open_file_limit(fake_factory, key_file, tmp_path):
+    """With `ulimit -n 512` a 2000-connection run lowers its concurrency and says so, instead
+    of failing connects with EMFILE."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+
+    fake = fake_factory(latency_s=0.05)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 1500)
+    proc = subprocess.run(payload_cmd(*gen_args(fake, key_file, inp, out)), cwd=REPO,
+                          env=payload_env(), text=True, capture_output=True, timeout=90,
+                          preexec_fn=low_limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--concurrency lowered from 2000" in proc.stderr
+    _, failed = assert_exactly_once(ids, out)
+    assert not failed and fake.stats.peak_concurrency <= 256
