@@ -307,7 +307,9 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
         "Each tool, on every container: copy the payload (`payload.pyz`, the same bytes), place "
         "the key 0600, check that aiohttp is importable with the container's python (find_spec, "
         "as fab's verify probe does). fab also checks the role's python version, records the "
-        "ledger and checks host keys; the peers run with host key checking off. Ansible: "
+        "ledger, checks host keys, and reads the key from the OS keyring (the sandbox's Secret "
+        "Service, about 0.2-0.3 s of its time); the peers read a local 0600 key file and run "
+        "with host key checking off. Ansible: "
         f"ansible-core, forks={hosts}, defaults otherwise (ControlPersist mux processes stopped "
         "between runs); pyinfra 3 with paramiko<5, `--parallel` = hosts. fresh = remote state "
         "(and fab's local state) wiped before the run; no-op = the same command again.",
