@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(removed) if removed else "nothing to clean")
             return 0
         root = args.root or Path(tempfile.mkdtemp(prefix="handoff-sandbox-"))
+        # Started in the background of a script, SIGINT arrives ignored (SIG_IGN is inherited)
+        # and Python would not turn it into KeyboardInterrupt: install both handlers.
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        signal.signal(signal.SIGINT, _raise_interrupt)
         with Sandbox(root, hosts=args.hosts, api=not args.no_api, keyring=args.keyring,
                      name_prefix=args.prefix, first_address=args.first_address,
                      api_latency_s=args.api_latency) as sbx:

@@ -126,13 +126,20 @@ def test_close_removes_users_processes_and_files(tmp_path: Path) -> None:
     sbx.close()  # idempotent
 
 
-def test_ctrl_c_on_the_cli_tears_everything_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_on_the_cli_tears_everything_down(tmp_path: Path, inherited: str) -> None:
+    """Also when SIGINT arrives ignored, as for a job started in the background of a script."""
     root = tmp_path / "cli"
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "handoff.sandbox", "up", "--hosts", "1", "--no-api",
          "--keyring", "file", "--root", str(root)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=ignore_sigint if inherited == "ignored" else None)
     assert proc.stdout is not None
     lines = []
     for line in proc.stdout:
