@@ -197,7 +197,8 @@ def test_budget_without_known_prices_uses_the_conservative_default(fake_factory,
     assert 0 < fake.stats.total_cost <= 0.02
 
 
-def test_sigterm_drains_in_flight_stops_and_resumes(fake_factory, key_file, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_drains_in_flight_stops_and_resumes(fake_factory, key_file, tmp_path, sig):
     fake = fake_factory(latency_s=0.5)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 400)
@@ -210,10 +211,10 @@ def test_sigterm_drains_in_flight_stops_and_resumes(fake_factory, key_file, tmp_
         time.sleep(0.2)
         if status.exists() and json.loads(status.read_text() or "{}").get("done", 0) >= 40:
             break
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err
-    assert "SIGTERM: stopping" in err
+    assert f"{sig.name}: stopping" in err
     done = read_jsonl(out)
     st = status_of(out)
     assert st["state"] == "stopped" and st["in_flight"] == 0
