@@ -18,7 +18,7 @@ from handoff.verify import evaluate, install_missing, probe, report_verdict
 KEY_FILE = "key"
 
 
-def _probe_step(target: Target, check: bool, install: bool, key: bool) -> Step:
+def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: str | None) -> Step:
     role = target.role.name if target.role else "no role"
     req = target.role.requires if target.role else None
     wants = []
@@ -29,12 +29,17 @@ def _probe_step(target: Target, check: bool, install: bool, key: bool) -> Step:
             wants.append(f"{req.gpus_needed(target.vars)} CUDA GPU(s)")
         if req.disk_gb:
             wants.append(f"{req.disk_gb:g} GB free")
+        if req.cuda_torch:
+            wants.append("CUDA through torch")
+        wants += list(req.files)
+        if target.role is not None and target.role.preflight is not None:
+            wants.append(target.role.preflight.name + (f" (shard {shard})" if shard else ""))
     desc = f"probe the host and check role {role}: {', '.join(wants)}" if check else "probe the host (read-only)"
     detail = f"{target.vars['python']} -c <probe snippet> (one round trip, reads only)"
     if install:
         detail += f"; pip-install missing modules into {target.vars['remote_dir']}/venv"
     return Step("probe", desc, detail, "always",
-                {"check": check, "install": install, "key": key})
+                {"check": check, "install": install, "key": key, "shard": shard})
 
 
 def build(
@@ -50,8 +55,11 @@ def build(
     """Plan for deploy (all three) or one checklist step alone."""
     release = releases.build() if script else None
     plan = Plan(title, [], private={"release": release, "key": key})
-    for t in targets:
-        steps = [_probe_step(t, verify, install, key is not None)]
+    for i, t in enumerate(targets):
+        # The shard this host would get from `fab launch` over the same targets: a role's
+        # preflight (the extractor's disk estimate) then checks this host's share only.
+        shard = f"{i}/{len(targets)}" if len(targets) > 1 else None
+        steps = [_probe_step(t, verify, install, key is not None, shard)]
         rd = str(t.vars["remote_dir"]).rstrip("/")
         if release is not None:
             folder = f"{rd}/releases/{release.sha12}"
@@ -83,13 +91,15 @@ def _probe(ctx: HostContext, step: Step) -> str:
     s = ctx.session
     files = {KEY_FILE: str(s.vars["key_path"])} if step.params.get("key") else {}
     role = s.target.role
-    facts = probe(s, role, files=files)
+    check = bool(step.params.get("check"))
+    shard = step.params.get("shard")
+    facts = probe(s, role, files=files, deep=check, shard=shard)
     ctx.facts = facts
-    if not step.params.get("check"):
+    if not check:
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
     verdict = evaluate(facts, role, s.vars)
     if not verdict.ok and step.params.get("install") and install_missing(s, verdict, ctx.report):
-        facts = probe(s, role, files=files)
+        facts = probe(s, role, files=files, deep=True, shard=shard)
         ctx.facts = facts
         verdict = evaluate(facts, role, s.vars)
     report_verdict(ctx.report, verdict, show_all=ctx.plan.title == "verify")

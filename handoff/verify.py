@@ -8,18 +8,29 @@ need (releases present, where `current` points, size/mode/owner/sha256 of chosen
 files such as the placed key). Deploy uses the same probe, so a no-op redeploy is
 one round trip per host. The probe only reads; it hashes the key file on the host
 and returns the hash, never the content.
+
+When verify checks a role (`deep`), the same round trip also runs what the role file
+asks for beyond that: `requires.cuda_torch` imports torch in a child of the probe's
+python (only when torch is importable: it costs seconds, so roles that do not ask,
+like the generator, keep a single cheap probe), `requires.files` are stat'ed, and the
+role's `preflight` command runs under the probe's own python once the paths it
+`needs` exist (e.g. the extractor's disk estimate, which needs the pushed payload and
+the input on the host) and the role's modules import; when they do not, the verdict
+says which and how to fix it.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import console
+from handoff.errors import RoleError
 from handoff.parallel import HostReport
-from handoff.remote import Session
-from handoff.roles import Role
+from handoff.remote import Session, sh_path
+from handoff.roles import Preflight, Role, render_argv, render_value, unset_vars
 
 PROBE = r"""
 import hashlib, importlib.util, json, os, shutil, subprocess, sys
@@ -92,8 +103,46 @@ except OSError:
     r["current"] = None
 r["dirs"] = dict((d, os.path.isdir(ab(d))) for d in a.get("dirs", []))
 r["files"] = dict((k, info(v)) for k, v in a.get("files", {}).items())
+def run(argv, timeout):
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=timeout, cwd=home)
+        return {"rc": p.returncode, "out": p.stdout.decode(errors="replace")[-4000:],
+                "err": p.stderr.decode(errors="replace")[-2000:]}
+    except Exception as e:
+        return {"rc": None, "out": "", "err": "%s: %s" % (type(e).__name__, e)}
+if a.get("torch_cuda") and found("torch"):
+    t = run([sys.executable, "-c", a["torch_snippet"]], 180)
+    try:
+        r["torch"] = json.loads(t["out"].strip().splitlines()[-1])
+    except Exception:
+        r["torch"] = {"error": (t["err"].strip().splitlines() or ["exit %s" % t["rc"]])[-1]}
+r["need"] = dict((k, {"path": ab(v), "exists": os.path.exists(ab(v))})
+                 for k, v in a.get("need", {}).items())
+pf = a.get("preflight")
+if pf:
+    missing = [k for k, v in pf["needs"].items() if not os.path.exists(ab(v))]
+    absent = [m for m, ok in r["modules"].items() if not ok]
+    if missing:
+        r["preflight"] = {"missing": missing}
+    elif absent:
+        r["preflight"] = {"modules": absent}
+    else:
+        argv = [sys.executable if x == pf["self"] else ab(x) if x.startswith("~/") else x
+                for x in pf["argv"]]
+        r["preflight"] = run(argv, pf["timeout"])
 print(json.dumps(r))
 """
+
+# The CUDA check goes through torch, not only nvidia-smi: a CPU wheel, or a wheel built
+# for a newer CUDA than the driver, shows GPUs in nvidia-smi and none to torch.
+TORCH_CUDA = (
+    "import json,torch;print(json.dumps({'torch':torch.__version__,'cuda':torch.version.cuda,"
+    "'available':torch.cuda.is_available(),'gpus':torch.cuda.device_count()}))"
+)
+# Stands for `{python}` in a preflight argv: the probe runs it with its own interpreter,
+# the one verify just checked (it may be the venv `verify --install` made).
+SELF_PYTHON = "@@probe-python@@"
 
 
 @dataclass
@@ -125,24 +174,67 @@ class Facts:
         return str(cur) if cur else None
 
 
+def check_vars(role: Role, variables: dict[str, Any], shard: str | None = None) -> dict[str, Any]:
+    """The vars a role's checks render with: the job's folder as launch will use it, the
+    shard this host would get, and `{python}` as the probe's own interpreter."""
+    v = dict(variables)
+    job = v.get("job") or role.name
+    v.setdefault("job_dir", f"{str(v.get('remote_dir', '~/.handoff')).rstrip('/')}/jobs/{job}")
+    v["shard"] = shard
+    v["python"] = SELF_PYTHON
+    return v
+
+
+def deep_args(role: Role, variables: dict[str, Any], shard: str | None) -> dict[str, Any]:
+    """The probe's extra work for a role check: torch/CUDA, required files, the preflight."""
+    v = check_vars(role, variables, shard)
+    args: dict[str, Any] = {"torch_cuda": role.requires.cuda_torch, "torch_snippet": TORCH_CUDA}
+    need = {}
+    for template in role.requires.files:
+        path = render_value(template, v)
+        if path is not None:
+            need[template] = path
+    args["need"] = need
+    pf = role.preflight
+    if pf is not None:
+        needs = {t: render_value(t, v) for t in pf.needs}
+        try:
+            argv = [value for _, value in render_argv(pf.run, v, "preflight")]
+        except RoleError:
+            argv = []  # a var it needs is unset: evaluate() names it; nothing to run
+        if argv and all(path is not None for path in needs.values()):
+            args["preflight"] = {"argv": argv, "needs": needs, "self": SELF_PYTHON,
+                                 "timeout": pf.timeout_s}
+    return args
+
+
 def probe(
     session: Session,
     role: Role | None,
     files: dict[str, str] | None = None,
     dirs: list[str] | None = None,
     hash_files: bool = True,
+    *,
+    deep: bool = False,
+    shard: str | None = None,
 ) -> Facts:
+    """One round trip. `deep` (verify checking `role`) adds the role's torch/file/preflight
+    checks; `shard` is the `I/N` this host would get from a launch over the same targets."""
     req = role.requires if role else None
-    args = {
+    args: dict[str, Any] = {
         "remote_dir": str(session.vars["remote_dir"]),
-        "modules": list(req.modules) if req else [],
+        "modules": req.modules_needed(session.vars) if req else [],
         "commands": list(req.commands) if req else [],
         "gpus": bool(req and req.gpus_needed(session.vars) > 0),
         "files": files or {},
         "dirs": dirs or [],
         "hash": hash_files,
     }
-    facts = Facts(session.py(PROBE, args, "probe"))
+    timeout = 120.0
+    if deep and role is not None:
+        args.update(deep_args(role, session.vars, shard))
+        timeout += 180.0 + (role.preflight.timeout_s if role.preflight else 0.0)
+    facts = Facts(session.py(PROBE, args, "probe", timeout=timeout))
     session.home = facts.home
     return facts
 
@@ -155,6 +247,7 @@ class Check:
     ok: bool
     fix: str = ""
     installable: str | None = None  # pip requirement, when `verify --install` can fix it
+    skipped: bool = False  # could not be checked yet (not a failure); `fix` says what unblocks it
 
 
 @dataclass
@@ -194,6 +287,8 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verd
         if pip_req:
             fix = (f"fab verify --install (pip-installs {pip_req} into {remote_dir}/venv), or "
                    f"on the host: {python} -m pip install {shlex.quote(pip_req)}")
+        elif module in role.requires.fixes:
+            fix = _fill(role.requires.fixes[module], variables)
         else:
             fix = f"install the {module!r} module into {python} on the host (see the role's docs)"
         v.checks.append(Check(f"module {module}", "importable", "yes" if present else "missing",
@@ -209,12 +304,113 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verd
                if gpus is None else f"this host has {have} GPU(s); set `gpus` to at most {have} or use a bigger host")
         v.checks.append(Check("CUDA GPUs", f">= {need_gpus}", "no nvidia-smi" if gpus is None else str(have),
                               have >= need_gpus, fix))
+    if role.requires.cuda_torch and "torch" in facts.raw.get("modules", {}):
+        v.checks.append(_torch_check(facts, max(need_gpus, 1), variables))
     if role.requires.disk_gb > 0:
         free = facts.raw.get("disk_free")
         want = role.requires.disk_gb * 1e9
         v.checks.append(Check("free disk", f">= {_gb(want)}", _gb(free), free is not None and free >= want,
                               f"free space under {remote_dir} or set `remote_dir` to a bigger volume"))
+    for template, fix in role.requires.files.items():
+        v.checks.append(_file_check(facts, template, _fill(fix, variables), variables))
+    if role.preflight is not None and "need" in facts.raw:  # "need": the probe ran the deep checks
+        v.checks.append(_preflight_check(facts, role, variables))
     return v
+
+
+def _fill(text: str, variables: dict[str, Any]) -> str:
+    """A fix text with its `{var}`s filled where they are set (left as written otherwise)."""
+    try:
+        return render_value(text, variables) or text
+    except (KeyError, ValueError, IndexError, RoleError):
+        return text
+
+
+def _torch_check(facts: Facts, need: int, variables: dict[str, Any]) -> Check:
+    name, want = "CUDA via torch", f"available, >= {need} GPU(s)"
+    t = facts.raw.get("torch")
+    if not facts.raw.get("modules", {}).get("torch"):
+        return Check(name, want, "not checked: torch is missing", False,
+                     "install a CUDA build of torch first (see `module torch`)")
+    if not isinstance(t, dict) or "error" in t:
+        err = t.get("error") if isinstance(t, dict) else "no answer"
+        return Check(name, want, f"import torch failed: {err}", False,
+                     f"repair torch in {variables.get('python', 'python3')} on the host (run the import by hand)")
+    gpus = int(t.get("gpus") or 0)
+    have = (f"torch {t.get('torch')}, CUDA {t.get('cuda') or 'none (CPU build)'}, "
+            f"available {'yes' if t.get('available') else 'no'}, {gpus} GPU(s)")
+    ok = bool(t.get("available")) and gpus >= need
+    if not t.get("cuda"):
+        fix = "this torch is a CPU build: install the CUDA build matching the driver (see `module torch`)"
+    elif not t.get("available"):
+        fix = (f"torch is built for CUDA {t.get('cuda')} but sees no GPU: check the driver (nvidia-smi) "
+               f"supports CUDA {t.get('cuda')}, CUDA_VISIBLE_DEVICES, and the container's GPU passthrough")
+    else:
+        fix = f"torch sees {gpus} GPU(s): set `gpus` (and `ranks`) to at most {gpus}, or use a bigger host"
+    return Check(name, want, have, ok, fix)
+
+
+def _file_check(facts: Facts, template: str, fix: str, variables: dict[str, Any]) -> Check:
+    unset = unset_vars(template, variables)
+    if unset:
+        return Check(f"file {template}", "exists", f"var {', '.join(unset)} unset", False, fix)
+    info = facts.raw.get("need", {}).get(template) or {}
+    path = str(info.get("path") or render_value(template, variables))
+    return Check(f"file {path}", "exists", "yes" if info.get("exists") else "missing",
+                 bool(info.get("exists")), fix)
+
+
+def _preflight_check(facts: Facts, role: Role, variables: dict[str, Any]) -> Check:
+    pf = role.preflight
+    assert pf is not None
+    cv = check_vars(role, variables)
+    name, want = pf.name, "fits (exit 0)"
+    tops = [t for t in pf.run if isinstance(t, str)] + list(pf.needs)
+    unset = sorted({m for t in tops for m in unset_vars(t, cv)})
+    if unset:
+        return Check(name, want, f"not run: var {', '.join(unset)} unset", True,
+                     f"set {', '.join(unset)} in the inventory vars to check this before launch "
+                     f"(launch runs the same check on the host anyway)", skipped=True)
+    res = facts.raw.get("preflight") or {}
+    if "missing" in res:
+        paths = [str(render_value(t, cv)) for t in res["missing"]]
+        fixes = "; ".join(_fill(pf.needs[t], variables) for t in res["missing"])
+        return Check(name, want, f"not run: {', '.join(paths)} not on the host", True, fixes, skipped=True)
+    if "modules" in res:  # the preflight is the role's own code: it needs them too
+        return Check(name, want, f"not run: needs {', '.join(res['modules'])} first", True,
+                     "install the missing modules (fixes above), then verify again", skipped=True)
+    lines = str(res.get("out") or "").strip().splitlines()
+    try:
+        verdict = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        verdict = None
+    if not isinstance(verdict, dict) or "fits" not in verdict:
+        err = (str(res.get("err") or "").strip().splitlines() or ["no output"])[-1]
+        return Check(name, want, f"failed (exit {res.get('rc')}): {console.r(err)}", False,
+                     f"run it on the host to see why: {_shown_command(pf, cv, variables)}")
+    return _estimate_check(name, want, verdict, res.get("rc") == 0, cv)
+
+
+def _shown_command(pf: Preflight, cv: dict[str, Any], variables: dict[str, Any]) -> str:
+    """The preflight as a person would paste it into a shell on the host (`~/` kept live)."""
+    parts = []
+    for template, value in render_argv(pf.run, cv, "preflight"):
+        parts.append(str(variables.get("python", "python3")) if value == SELF_PYTHON
+                     else sh_path(value) if template != "{python}" else value)
+    return " ".join(parts)
+
+
+def _estimate_check(name: str, want: str, d: dict[str, Any], rc_ok: bool, cv: dict[str, Any]) -> Check:
+    """The preflight's JSON verdict with its numbers (the extractor's disk estimate)."""
+    est, free, reserve = d.get("estimate_bytes"), d.get("free_bytes"), d.get("reserve_bytes") or 0
+    have = (f"{_gb(est)} for {d.get('samples', '?')} samples / {d.get('tokens', '?')} tokens "
+            f"({d.get('bytes_per_token', '?')} B/token, {d.get('already_done', 0)} already done); "
+            f"{_gb(free)} free, {_gb(reserve)} reserve")
+    ok = bool(d.get("fits")) and rc_ok
+    need = (est or 0) + reserve
+    fix = (f"needs {_gb(need)} but {_gb(free)} free under {cv.get('job_dir')}: free space there, "
+           f"point `remote_dir` at a bigger volume, shard over more hosts, or lower `max_length`")
+    return Check(name, want, have, ok, fix)
 
 
 def report_verdict(report: HostReport, verdict: Verdict, show_all: bool = True) -> None:
@@ -222,8 +418,9 @@ def report_verdict(report: HostReport, verdict: Verdict, show_all: bool = True) 
     for c in verdict.checks:
         if not show_all and c.ok:
             continue
-        mark = "[green]ok[/]" if c.ok else "[bold red]missing[/]"
-        rows.append([console.r(c.name), console.r(c.want), console.r(c.have), mark, "" if c.ok else console.r(c.fix)])
+        mark = "[yellow]skipped[/]" if c.skipped else "[green]ok[/]" if c.ok else "[bold red]missing[/]"
+        shown_fix = console.r(c.fix) if (c.skipped or not c.ok) else ""
+        rows.append([console.r(c.name), console.r(c.want), console.r(c.have), mark, shown_fix])
     if rows:
         report.log(console.table(None, ["check", "want", "have", "", "fix"], rows))
     report.data["checks"] = [c.__dict__ for c in verdict.checks]
