@@ -12,6 +12,7 @@ from handoff import releases, secrets
 from handoff.errors import HandoffError, RemoteError
 from handoff.parallel import HostReport
 from handoff.plan import Handler, HostContext, HostPlan, Plan, Skipped, Step, execute
+from handoff.roles import render_value
 from handoff.targets import Target
 from handoff.verify import evaluate, install_missing, probe, report_verdict
 
@@ -24,14 +25,14 @@ def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: st
     wants = []
     if req:
         wants.append("python >= " + ".".join(map(str, req.python)))
-        wants += list(req.modules) + list(req.commands)
+        wants += req.modules_needed(target.vars) + list(req.commands)
         if req.gpus_needed(target.vars):
             wants.append(f"{req.gpus_needed(target.vars)} CUDA GPU(s)")
         if req.disk_gb:
             wants.append(f"{req.disk_gb:g} GB free")
         if req.cuda_torch:
             wants.append("CUDA through torch")
-        wants += list(req.files)
+        wants += [render_value(f, target.vars) or f for f in req.files]
         if target.role is not None and target.role.preflight is not None:
             wants.append(target.role.preflight.name + (f" (shard {shard})" if shard else ""))
     desc = f"probe the host and check role {role}: {', '.join(wants)}" if check else "probe the host (read-only)"

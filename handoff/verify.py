@@ -400,15 +400,25 @@ def _shown_command(pf: Preflight, cv: dict[str, Any], variables: dict[str, Any])
     return " ".join(parts)
 
 
+def _size(n: Any) -> str:
+    """Bytes for people: GB for big figures (as the free disk), finer for small estimates."""
+    if not isinstance(n, (int, float)):
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _estimate_check(name: str, want: str, d: dict[str, Any], rc_ok: bool, cv: dict[str, Any]) -> Check:
     """The preflight's JSON verdict with its numbers (the extractor's disk estimate)."""
     est, free, reserve = d.get("estimate_bytes"), d.get("free_bytes"), d.get("reserve_bytes") or 0
-    have = (f"{_gb(est)} for {d.get('samples', '?')} samples / {d.get('tokens', '?')} tokens "
+    have = (f"{_size(est)} for {d.get('samples', '?')} samples / {d.get('tokens', '?')} tokens "
             f"({d.get('bytes_per_token', '?')} B/token, {d.get('already_done', 0)} already done); "
-            f"{_gb(free)} free, {_gb(reserve)} reserve")
+            f"{_size(free)} free, {_size(reserve)} reserve")
     ok = bool(d.get("fits")) and rc_ok
     need = (est or 0) + reserve
-    fix = (f"needs {_gb(need)} but {_gb(free)} free under {cv.get('job_dir')}: free space there, "
+    fix = (f"needs {_size(need)} but {_size(free)} free under {cv.get('job_dir')}: free space there, "
            f"point `remote_dir` at a bigger volume, shard over more hosts, or lower `max_length`")
     return Check(name, want, have, ok, fix)
 
