@@ -47,9 +47,10 @@ async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, An
     body = json.dumps(client.build_body(SMOKE_PROMPT, model=model, provider=provider,
                                         max_tokens=max_tokens, temperature=None, top_p=None,
                                         reasoning=None)).encode("utf-8")
-    async with aiohttp.ClientSession(trust_env=True) as session:
-        outcome = await client.attempt(session, base_url.rstrip("/") + "/chat/completions",
-                                       body, headers, aiohttp.ClientTimeout(total=timeout))
+    url = base_url.rstrip("/") + "/chat/completions"
+    async with aiohttp.ClientSession(trust_env=True) as session:  # one request: env lookups ok
+        outcome = await client.attempt(session, url, body, headers,
+                                       aiohttp.ClientTimeout(total=timeout), client.env_proxy(url))
         key_status, key = await _key_info(session, base_url, headers)
     print(f"model:     {model}")
     if outcome.kind is Kind.OK:

@@ -163,12 +163,25 @@ def classify_body(status: int, raw: bytes, retry_after: float | None) -> Outcome
     return Outcome(Kind.OK, status, "ok", result=result, cost=cost_f)
 
 
+def env_proxy(url: str) -> str | None:
+    """The proxy `$HTTPS_PROXY`/`$HTTP_PROXY` name for `url` (honouring `$NO_PROXY`), looked up
+    once per run rather than per request."""
+    import urllib.request
+    from urllib.parse import urlsplit
+    host = urlsplit(url).hostname or ""
+    if urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(urlsplit(url).scheme)
+
+
 async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
-                  headers: dict[str, str], timeout: aiohttp.ClientTimeout) -> Outcome:
+                  headers: dict[str, str], timeout: aiohttp.ClientTimeout,
+                  proxy: str | None = None) -> Outcome:
     """One POST; never raises for network trouble (it becomes a RETRY outcome)."""
     started = time.monotonic()
     try:
-        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+        async with session.post(url, data=body, headers=headers, timeout=timeout,
+                                proxy=proxy) as resp:
             raw = await resp.read()
             outcome = classify_body(resp.status, raw,
                                     parse_retry_after(resp.headers.get("Retry-After")))
