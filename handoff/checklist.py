@@ -19,7 +19,8 @@ from handoff.verify import evaluate, install_missing, probe, report_verdict
 KEY_FILE = "key"
 
 
-def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: str | None) -> Step:
+def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: str | None,
+                preflight: bool) -> Step:
     role = target.role.name if target.role else "no role"
     req = target.role.requires if target.role else None
     wants = []
@@ -33,14 +34,15 @@ def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: st
         if req.cuda_torch:
             wants.append("CUDA through torch")
         wants += [render_value(f, target.vars) or f for f in req.files]
-        if target.role is not None and target.role.preflight is not None:
+        if preflight and target.role is not None and target.role.preflight is not None:
             wants.append(target.role.preflight.name + (f" (shard {shard})" if shard else ""))
     desc = f"probe the host and check role {role}: {', '.join(wants)}" if check else "probe the host (read-only)"
     detail = f"{target.vars['python']} -c <probe snippet> (one round trip, reads only)"
     if install:
         detail += f"; pip-install missing modules into {target.vars['remote_dir']}/venv"
     return Step("probe", desc, detail, "always",
-                {"check": check, "install": install, "key": key, "shard": shard})
+                {"check": check, "install": install, "key": key, "shard": shard,
+                 "preflight": check and preflight})
 
 
 def build(
@@ -60,7 +62,10 @@ def build(
         # The shard this host would get from `fab launch` over the same targets: a role's
         # preflight (the extractor's disk estimate) then checks this host's share only.
         shard = f"{i}/{len(targets)}" if len(targets) > 1 else None
-        steps = [_probe_step(t, verify, install, key is not None, shard)]
+        # A role's preflight may tokenize the whole input (minutes): `fab verify` runs it,
+        # deploy does not, so a no-op redeploy stays one cheap round trip; the job itself
+        # runs the same check at launch.
+        steps = [_probe_step(t, verify, install, key is not None, shard, title == "verify")]
         rd = str(t.vars["remote_dir"]).rstrip("/")
         if release is not None:
             folder = f"{rd}/releases/{release.sha12}"
@@ -94,13 +99,14 @@ def _probe(ctx: HostContext, step: Step) -> str:
     role = s.target.role
     check = bool(step.params.get("check"))
     shard = step.params.get("shard")
-    facts = probe(s, role, files=files, deep=check, shard=shard)
+    preflight = bool(step.params.get("preflight"))
+    facts = probe(s, role, files=files, deep=check, shard=shard, preflight=preflight)
     ctx.facts = facts
     if not check:
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
     verdict = evaluate(facts, role, s.vars)
     if not verdict.ok and step.params.get("install") and install_missing(s, verdict, ctx.report):
-        facts = probe(s, role, files=files, deep=True, shard=shard)
+        facts = probe(s, role, files=files, deep=True, shard=shard, preflight=preflight)
         ctx.facts = facts
         verdict = evaluate(facts, role, s.vars)
     report_verdict(ctx.report, verdict, show_all=ctx.plan.title == "verify")

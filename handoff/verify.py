@@ -119,6 +119,7 @@ if a.get("torch_cuda") and found("torch"):
         r["torch"] = {"error": (t["err"].strip().splitlines() or ["exit %s" % t["rc"]])[-1]}
 r["need"] = dict((k, {"path": ab(v), "exists": os.path.exists(ab(v))})
                  for k, v in a.get("need", {}).items())
+r["preflight_wanted"] = bool(a.get("preflight_wanted"))
 pf = a.get("preflight")
 if pf:
     missing = [k for k, v in pf["needs"].items() if not os.path.exists(ab(v))]
@@ -185,8 +186,10 @@ def check_vars(role: Role, variables: dict[str, Any], shard: str | None = None) 
     return v
 
 
-def deep_args(role: Role, variables: dict[str, Any], shard: str | None) -> dict[str, Any]:
-    """The probe's extra work for a role check: torch/CUDA, required files, the preflight."""
+def deep_args(role: Role, variables: dict[str, Any], shard: str | None,
+              preflight: bool = True) -> dict[str, Any]:
+    """The probe's extra work for a role check: torch/CUDA, required files, the preflight
+    (when asked: it may tokenize the whole input, so only `fab verify` runs it)."""
     v = check_vars(role, variables, shard)
     args: dict[str, Any] = {"torch_cuda": role.requires.cuda_torch, "torch_snippet": TORCH_CUDA}
     need = {}
@@ -195,7 +198,8 @@ def deep_args(role: Role, variables: dict[str, Any], shard: str | None) -> dict[
         if path is not None:
             need[template] = path
     args["need"] = need
-    pf = role.preflight
+    pf = role.preflight if preflight else None
+    args["preflight_wanted"] = pf is not None
     if pf is not None:
         needs = {t: render_value(t, v) for t in pf.needs}
         try:
@@ -217,9 +221,11 @@ def probe(
     *,
     deep: bool = False,
     shard: str | None = None,
+    preflight: bool = False,
 ) -> Facts:
-    """One round trip. `deep` (verify checking `role`) adds the role's torch/file/preflight
-    checks; `shard` is the `I/N` this host would get from a launch over the same targets."""
+    """One round trip. `deep` (verify checking `role`) adds the role's torch/file checks,
+    `preflight` its preflight command; `shard` is the `I/N` this host would get from a
+    launch over the same targets."""
     req = role.requires if role else None
     args: dict[str, Any] = {
         "remote_dir": str(session.vars["remote_dir"]),
@@ -232,8 +238,8 @@ def probe(
     }
     timeout = 120.0
     if deep and role is not None:
-        args.update(deep_args(role, session.vars, shard))
-        timeout += 180.0 + (role.preflight.timeout_s if role.preflight else 0.0)
+        args.update(deep_args(role, session.vars, shard, preflight))
+        timeout += 180.0 + (role.preflight.timeout_s if role.preflight and preflight else 0.0)
     facts = Facts(session.py(PROBE, args, "probe", timeout=timeout))
     session.home = facts.home
     return facts
@@ -313,7 +319,7 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verd
                               f"free space under {remote_dir} or set `remote_dir` to a bigger volume"))
     for template, fix in role.requires.files.items():
         v.checks.append(_file_check(facts, template, _fill(fix, variables), variables))
-    if role.preflight is not None and "need" in facts.raw:  # "need": the probe ran the deep checks
+    if role.preflight is not None and facts.raw.get("preflight_wanted"):
         v.checks.append(_preflight_check(facts, role, variables))
     return v
 

@@ -35,6 +35,7 @@ def facts(**extra: Any) -> Facts:
         "torch": {"torch": "2.13.0+cu128", "cuda": "12.8", "available": True, "gpus": 8},
         "need": {"{model_dir}/config.json": {"path": "/models/kimi/config.json", "exists": True}},
         "preflight": preflight_result(fits=True),
+        "preflight_wanted": True,
     }
     raw.update(extra)
     return Facts(raw)
@@ -169,3 +170,10 @@ def test_generator_verify_stays_one_cheap_probe() -> None:
     gen = get_role("generator")
     args = deep_args(gen, {"remote_dir": "~/.handoff", "python": "python3"}, None)
     assert args["torch_cuda"] is False and args["need"] == {} and "preflight" not in args
+
+
+def test_deploy_does_not_run_the_preflight() -> None:
+    args = deep_args(ROLE, host_vars(), None, preflight=False)
+    assert "preflight" not in args and args["preflight_wanted"] is False
+    verdict = evaluate(facts(preflight=None, preflight_wanted=False), ROLE, host_vars())
+    assert verdict.ok and not [c for c in verdict.checks if c.name == "disk for the features"]
