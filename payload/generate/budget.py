@@ -5,8 +5,9 @@ the reservation is settled with the `usage.cost` OpenRouter reports. A request i
 sent if spent + outstanding reservations + its worst case stays within the budget; when
 even an idle run could not afford one more worst case, the budget is reached.
 
-The worst case is `request price + prompt price × prompt tokens (bounded by 1 token per
-UTF-8 byte... per character) + completion price × max_tokens`, with prices taken as the
+The worst case is `request price + prompt price × prompt tokens + completion price ×
+max_tokens`, where the request body's length in bytes bounds the prompt's tokens from
+above (no tokenizer emits more tokens than bytes), with prices taken as the
 maximum over the endpoints the provider filter allows (from the preflight). When no price
 is known, DEFAULT_PRICES is used: deliberately above any current hosted price for an open
 model, so a budget errs on the side of stopping early.
@@ -31,7 +32,7 @@ class Prices:
     request: float = 0.0
 
     def worst_case(self, prompt_chars: int, max_tokens: int) -> float:
-        # A token is at least one character for every tokenizer in practice: chars bound tokens.
+        # `prompt_chars` is the body's length in bytes: an upper bound on its token count.
         return self.request + self.prompt * prompt_chars + self.completion * max_tokens
 
 
