@@ -114,6 +114,10 @@ def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
 class SafeConnection(Connection):
     """A Fabric Connection whose host key check refuses unknown and changed keys."""
 
+    # Declared so it is a real attribute: Fabric's Connection stores any *unknown* attribute
+    # set on it in its config (a DataProxy), i.e. shared with every other connection.
+    label: str = ""
+
     def __init__(self, *args: Any, label: str, known_hosts: tuple[str, ...] = (), **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.label = label
@@ -129,16 +133,13 @@ class SafeConnection(Connection):
             ) from None
 
 
-_CONFIG: Config | None = None
-
-
 def _fabric_config() -> Config:
-    global _CONFIG
-    if _CONFIG is None:
-        # An explicit (empty) SSHConfig stops Fabric from loading ssh_config files on its
-        # own; endpoint() already applied ~/.ssh/config with the inventory on top.
-        _CONFIG = Config(ssh_config=paramiko.SSHConfig(), overrides={"run": {"in_stream": False}})
-    return _CONFIG
+    """A fresh Config per connection: Connection.__init__ writes into its config (e.g.
+    `inline_ssh_env`), which re-merges it; one Config shared by the host threads made a
+    concurrent reader see it half-merged ("No attribute or config key found for 'gateway'")."""
+    # An explicit (empty) SSHConfig stops Fabric from loading ssh_config files on its
+    # own; endpoint() already applied ~/.ssh/config with the inventory on top.
+    return Config(ssh_config=paramiko.SSHConfig(), overrides={"run": {"in_stream": False}})
 
 
 def connection(ep: Endpoint, label: str) -> SafeConnection:
