@@ -9,21 +9,31 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.payload.helpers import REPO, gen_args, payload_cmd, payload_env, write_prompts
 
+# A child forked from this pytest process starts with the parent's RSS in its ru_maxrss
+# (the kernel keeps the pre-exec high-water mark), and the parent may hold torch by now.
+# A tiny trampoline forks the payload instead, so only the payload's own peak is counted.
+_TRAMPOLINE = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
 
 def peak_rss_mb(args: list[str]) -> float:
-    proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    assert proc.returncode == 0, err[-2000:]
-    return usage.ru_maxrss / 1024  # KiB on Linux
+    proc = subprocess.run([sys.executable, "-S", "-c", _TRAMPOLINE, *payload_cmd(*args)],
+                          cwd=REPO, env=payload_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    maxrss_kib, rc = (int(v) for v in proc.stdout.split())
+    assert rc == 0, proc.stderr[-2000:]
+    return maxrss_kib / 1024  # KiB on Linux
 
 
 def measure(fake_factory, key_file: Path, tmp_path: Path, small: int, big: int
