@@ -408,8 +408,11 @@ def test_extract_missing_is_a_clear_usage_error(monkeypatch, capsys):
     """A payload built without `extract` (or whose import fails) still runs `generate`."""
     import sys
 
+    import payload
     from payload import cli
     monkeypatch.setitem(sys.modules, "payload.extract", None)  # makes the import fail
+    # An earlier test may have imported it, and `from . import extract` reads the attribute first.
+    monkeypatch.delattr(payload, "extract", raising=False)
     assert cli.main(["extract", "--input", "x"]) == 2
     assert "extract command is not available" in capsys.readouterr().err
     assert cli.main(["generate", "--help"]) == 0
