@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .records import parse_shard
+from .records import parse_shard, sibling_path
 from .redact import RedactingStream, redact
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
@@ -125,12 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _default_status(output: Path) -> Path:
-    name = output.name
-    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
-    return output.with_name(stem + ".status.json")
-
-
 def _generate(args: argparse.Namespace) -> int:
     from .generate.run import Settings, run
     from .keyfile import KeyFileError, load_key
@@ -141,7 +135,7 @@ def _generate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = Settings(
         input=args.input, output=args.output,
-        status_file=args.status_file or _default_status(args.output),
+        status_file=args.status_file or sibling_path(args.output, ".status.json"),
         model=args.model, base_url=args.base_url, api_key=key,
         concurrency=args.concurrency, max_tokens=args.max_tokens,
         temperature=args.temperature, top_p=args.top_p, provider=args.provider,

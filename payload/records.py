@@ -113,13 +113,19 @@ def to_prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def parse_prompt(line: str, line_no: int) -> Prompt:
+def load_object(line: str) -> dict[str, Any]:
+    """One JSONL line as a JSON object, or a BadRecord that says what is wrong with it."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise BadRecord(f"not JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(record, dict):
         raise BadRecord("a record must be a JSON object")
+    return record
+
+
+def parse_prompt(line: str, line_no: int) -> Prompt:
+    record = load_object(line)
     messages = to_prompt_messages(record)
     rid = record.get("id")
     if rid is None:
@@ -137,8 +143,13 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield line_no, line
 
 
-def errors_path(output: Path) -> Path:
-    """`out.jsonl` → `out.errors.jsonl` (DESIGN: replace the `.jsonl` suffix)."""
+def sibling_path(output: Path, suffix: str) -> Path:
+    """`out.jsonl` → `out<suffix>`: the output's companion files replace its `.jsonl`."""
     name = output.name
     stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
-    return output.with_name(stem + ".errors.jsonl")
+    return output.with_name(stem + suffix)
+
+
+def errors_path(output: Path) -> Path:
+    """`out.jsonl` → `out.errors.jsonl` (DESIGN)."""
+    return sibling_path(output, ".errors.jsonl")

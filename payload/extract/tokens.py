@@ -11,13 +11,12 @@ multi-turn prompt were not written by the target, so they are context (mask 0).
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from payload.records import BadRecord, derive_id, to_messages
+from payload.records import BadRecord, derive_id, load_object, to_messages
 
 # Fields chat templates read a thinking trace from (Qwen3/DeepSeek/Kimi: reasoning_content).
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -68,12 +67,7 @@ def parse_record(line: str, line_no: int) -> Conversation:
     one, the trailing assistant turn of messages/conversations is the supervised one.
     The id is the record's, else the sha256 of the prompt (as the generator derives it).
     """
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BadRecord(f"not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(record, dict):
-        raise BadRecord("a record must be a JSON object")
+    record = load_object(line)
     msgs = to_messages(record)
     if "response" in record:
         prompt = msgs
