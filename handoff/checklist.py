@@ -8,8 +8,10 @@ connect + probe and nothing else.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 from handoff import releases, secrets
-from handoff.errors import HandoffError, RemoteError
+from handoff.errors import HandoffError, RemoteError, SecretError
 from handoff.parallel import HostReport
 from handoff.plan import Handler, HostContext, HostPlan, Plan, Skipped, Step, execute
 from handoff.roles import render_value
@@ -50,12 +52,17 @@ def build(
     *,
     verify: bool = True,
     script: bool = True,
-    key: str | None = None,
+    key: str | Future[str] | None = None,
     key_unavailable: str | None = None,
     install: bool = False,
     title: str = "deploy",
 ) -> Plan:
-    """Plan for deploy (all three) or one checklist step alone."""
+    """Plan for deploy (all three) or one checklist step alone.
+
+    `key` may still be on its way from the keyring (a Future, see secrets.read_key_soon):
+    hosts connect and probe meanwhile, and every step that changes a host waits for it
+    first, so a keyring failure still changes nothing anywhere.
+    """
     release = releases.build() if script else None
     plan = Plan(title, [], private={"release": release, "key": key})
     for i, t in enumerate(targets):
@@ -85,7 +92,8 @@ def build(
             folder = path.rsplit("/", 1)[0]
             steps.append(Step(
                 "place-key",
-                f"place API key {secrets.fingerprint(key)} at {path} (0600)" if key is not None
+                f"place API key {secrets.fingerprint(key)} at {path} (0600)" if isinstance(key, str)
+                else f"place API key at {path} (0600)" if key is not None
                 else f"place API key at {path} (0600); NOTE: {key_unavailable}",
                 f"sftp mkdir {folder} (0700); open .tmp-* O_EXCL mode 0600; write; fsync; rename; stat",
                 "unless the host already holds the same key (sha256 compared on the host)"))
@@ -105,6 +113,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
     if not check:
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
     verdict = evaluate(facts, role, s.vars)
+    if not verdict.ok and step.params.get("install"):
+        _key(ctx)  # pip-installing changes the host: not before the key is known readable
     if not verdict.ok and step.params.get("install") and install_missing(s, verdict, ctx.report):
         facts = probe(s, role, files=files, deep=True, shard=shard, preflight=preflight)
         ctx.facts = facts
@@ -117,6 +127,20 @@ def _probe(ctx: HostContext, step: Step) -> str:
     return Skipped(f"verified ({len(verdict.checks)} checks ok)")
 
 
+def _key(ctx: HostContext) -> str | None:
+    """The plan's key, waiting for the keyring read if it is still running; None when the
+    plan places no key."""
+    key = ctx.plan.private.get("key")
+    if isinstance(key, Future):
+        try:
+            return str(key.result())
+        except SecretError:
+            # The message (how to store the key) is printed once by the task, not per host.
+            raise HandoffError(f"{ctx.session.label}: nothing changed: the API key could not "
+                               f"be read from the keyring (see below)") from None
+    return None if key is None else str(key)
+
+
 def _release(ctx: HostContext) -> releases.Release:
     rel = ctx.plan.private.get("release")
     if rel is None:
@@ -125,22 +149,25 @@ def _release(ctx: HostContext) -> releases.Release:
 
 
 def _upload(ctx: HostContext, step: Step) -> str:
+    _key(ctx)  # nothing changes on a host before the key is known to be readable
     return releases.upload(ctx.session, ctx.need_facts(), _release(ctx))
 
 
 def _switch(ctx: HostContext, step: Step) -> str:
+    _key(ctx)
     return releases.switch(ctx.session, ctx.need_facts(), _release(ctx))
 
 
 def _prune(ctx: HostContext, step: Step) -> str:
+    _key(ctx)
     return releases.prune(ctx.session, ctx.need_facts(), _release(ctx))
 
 
 def _place_key(ctx: HostContext, step: Step) -> str:
-    key = ctx.plan.private.get("key")
+    key = _key(ctx)
     if not key:
         raise RemoteError("internal: no key in the plan")
-    return secrets.place(ctx.session, ctx.need_facts(), str(key))
+    return secrets.place(ctx.session, ctx.need_facts(), key)
 
 
 HANDLERS: dict[str, Handler] = {

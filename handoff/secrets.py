@@ -19,7 +19,11 @@ from __future__ import annotations
 import hashlib
 import secrets as pysecrets
 import stat
+import sys
+import threading
 import time
+from concurrent.futures import Future
+from types import ModuleType
 
 import paramiko
 from paramiko.sftp import (
@@ -40,11 +44,27 @@ from handoff.verify import Facts
 from payload.redact import REDACTOR
 
 
-def read_key(service: str = "openrouter", username: str = "api-key") -> str:
-    """The key from the OS keyring, registered for redaction before anything else."""
+def _keyring() -> ModuleType:
+    """The keyring module, without its macOS backend's import cost off macOS.
+
+    keyring imports every backend to ask which is viable; the macOS one's `api` module
+    calls ctypes.util.find_library at import, which spawns ldconfig/gcc on Linux (about
+    0.1 s of every deploy) only for the backend to declare itself unusable there. A None
+    in sys.modules makes that import fail at once, which the backend already handles
+    ("Security API unavailable"); keyring then picks Secret Service / the file backend
+    exactly as before.
+    """
+    if sys.platform != "darwin":
+        sys.modules.setdefault("keyring.backends.macOS.api", None)  # type: ignore[arg-type]
     import keyring
     import keyring.errors
 
+    return keyring
+
+
+def read_key(service: str = "openrouter", username: str = "api-key") -> str:
+    """The key from the OS keyring, registered for redaction before anything else."""
+    keyring = _keyring()
     try:
         value = keyring.get_password(service, username)
     except keyring.errors.NoKeyringError as exc:
@@ -58,10 +78,29 @@ def read_key(service: str = "openrouter", username: str = "api-key") -> str:
     return key
 
 
-def store_key(key: str, service: str = "openrouter", username: str = "api-key") -> None:
-    import keyring
-    import keyring.errors
+def read_key_soon(service: str = "openrouter", username: str = "api-key") -> Future[str]:
+    """`read_key` on a thread: keyring's backend discovery and the Secret Service round trip
+    (0.1-0.3 s) then overlap the SSH connections and probes, and only the first step that
+    changes a host waits for it.
 
+    A daemon thread rather than an executor: a keyring that hangs (a locked collection
+    waiting for an unlock prompt) must not keep the process alive after Ctrl-C.
+    """
+    future: Future[str] = Future()
+    future.set_running_or_notify_cancel()
+
+    def work() -> None:
+        try:
+            future.set_result(read_key(service, username))
+        except BaseException as exc:  # delivered to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=work, name="keyring-read", daemon=True).start()
+    return future
+
+
+def store_key(key: str, service: str = "openrouter", username: str = "api-key") -> None:
+    keyring = _keyring()
     REDACTOR.add(key)
     try:
         keyring.set_password(service, username, key)

@@ -46,10 +46,9 @@ def exit_code(reports: list[HostReport]) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
-def _key_for(targets: list[Target], required: bool) -> str | None:
-    """The key for the targets whose role takes it; None when none does (extractor-only)."""
-    from handoff import secrets
-
+def _key_entry(targets: list[Target], required: bool) -> tuple[str, str] | None:
+    """The keyring (service, username) for the targets whose role takes the key; None when
+    none does (extractor-only)."""
     services = {(str(t.vars["secret_service"]), str(t.vars["secret_username"])) for t in targets
                 if t.role is None or t.role.secret}
     if not services:
@@ -58,8 +57,7 @@ def _key_for(targets: list[Target], required: bool) -> str | None:
         return None
     if len(services) > 1:
         raise UsageError(f"these hosts use different keyring entries {sorted(services)}; deploy them separately")
-    service, username = services.pop()
-    return secrets.read_key(service, username)
+    return services.pop()
 
 
 @guarded
@@ -76,24 +74,29 @@ def deploy(
     remember: bool = True,
 ) -> int:
     """verify → push-script → push-key; each flag set selects one checklist step alone."""
-    from handoff import checklist, state
+    from handoff import checklist, secrets, state
     from handoff import plan as planmod
 
     targets = targets_for(host, role)
-    unavailable = None
-    try:
-        secret = _key_for(targets, required=title == "push-key") if key else None
-    except SecretError as exc:
-        if not dry_run:
-            raise
-        # A dry run still shows the whole plan; the missing key becomes a note in it.
-        secret, unavailable = None, str(exc)
-    plan = checklist.build(targets, verify=verify, script=script, key=secret, install=install,
-                           title=title, key_unavailable=unavailable)
+    entry = _key_entry(targets, required=title == "push-key") if key else None
     if dry_run:
-        planmod.render(plan)
+        unavailable = None
+        try:
+            secret = None if entry is None else secrets.read_key(*entry)
+        except SecretError as exc:
+            # A dry run still shows the whole plan; the missing key becomes a note in it.
+            secret, unavailable = None, str(exc)
+        planmod.render(checklist.build(targets, verify=verify, script=script, key=secret,
+                                       install=install, title=title, key_unavailable=unavailable))
         return 0
+    # Read on a thread while the hosts connect and probe; the plan's changing steps wait.
+    pending = None if entry is None else secrets.read_key_soon(*entry)
+    plan = checklist.build(targets, verify=verify, script=script, key=pending, install=install,
+                           title=title)
     reports = checklist.run(plan)
+    failure = None if pending is None else pending.exception()
+    if isinstance(failure, SecretError):
+        raise failure  # how to store the key: printed once, after the hosts' "nothing changed"
     if remember and host:
         state.save_targets([t.spec for t in targets], role)
     return exit_code(reports)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import secrets as pysecrets
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import keyring
 import keyring.backend
@@ -68,3 +72,33 @@ def test_read_strips_registers_for_redaction_and_fingerprints(memory: MemoryKeyr
     assert key not in REDACTOR.redact(f"x {key} y")
     fp = secrets.fingerprint(key)
     assert len(fp) == 8 and fp == secrets.sha256(key)[:8] and fp not in key
+
+
+def test_read_key_soon_delivers_the_key_or_the_error(memory: MemoryKeyring) -> None:
+    """The threaded read gives the same key (redaction registered) or the same clear error."""
+    missing = secrets.read_key_soon("openrouter", "api-key")
+    with pytest.raises(KeyringEntryMissing):
+        missing.result(timeout=10)
+    key = "sk-or-v1-" + pysecrets.token_hex(32)
+    memory.store[("openrouter", "api-key")] = key
+    assert secrets.read_key_soon().result(timeout=10) == key
+    assert key not in REDACTOR.redact(key)
+
+
+def test_backend_discovery_off_macos_skips_the_macos_api_but_picks_the_same_backend(
+        tmp_path: Path) -> None:
+    """In fresh interpreters (keyring picks its backend once per process), with no keyringrc
+    and no PYTHON_KEYRING_BACKEND so keyring ranks every backend by priority: through handoff
+    the macOS backend's api module (its find_library spawns ldconfig/gcc) is never imported,
+    and the backend chosen is the one plain keyring chooses."""
+    if sys.platform == "darwin":
+        pytest.skip("the guard applies off macOS only")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_KEYRING_BACKEND"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)  # no keyringrc.cfg there
+    name = "type(k).__module__ + '.' + type(k).__name__"
+    via_handoff = ("import sys; from handoff import secrets; k = secrets._keyring().get_keyring(); "
+                   f"print({name}, sys.modules.get('keyring.backends.macOS.api', 'absent'))")
+    plain = f"import keyring; k = keyring.get_keyring(); print({name})"
+    out = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.split() for code in (via_handoff, plain)]
+    assert out[0] == [out[1][0], "None"], out

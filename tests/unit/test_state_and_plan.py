@@ -110,3 +110,40 @@ def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.Captu
     captured = capfd.readouterr()
     assert "NOTE: no API key" in captured.out.replace("\n", " ")  # the missing key is a note
     assert "keyring set openrouter api-key" in captured.err.replace("\n", " ")
+
+
+class _NoHost:
+    """A session stand-in that fails the test if a step touches the host."""
+
+    label = "a"
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the host was touched ({name}) before the key was known")
+
+
+def test_a_key_still_being_read_holds_back_every_change(env: Path) -> None:
+    """deploy reads the keyring on a thread while hosts connect and probe; a failed read
+    must stop each host before its first change (nothing uploaded, switched, placed)."""
+    from concurrent.futures import Future
+
+    from handoff.errors import HandoffError, KeyringEntryMissing
+    from handoff.parallel import HostReport
+
+    targets = resolve("a", load_inventory())
+    pending: Future[str] = Future()
+    p = checklist.build(targets, key=pending)
+    steps = p.hosts[0].steps
+    assert [s.action for s in steps] == ["probe", "upload-release", "switch-current",
+                                         "prune-releases", "place-key"]
+    assert steps[0].params["key"] is True  # the probe still hashes the remote key file
+    pending.set_exception(KeyringEntryMissing("openrouter", "api-key"))
+    ctx = plan.HostContext(_NoHost(), HostReport(targets[0]), p)  # type: ignore[arg-type]
+    for step in steps[1:]:
+        with pytest.raises(HandoffError, match="nothing changed: the API key could not be read"):
+            checklist.HANDLERS[step.action](ctx, step)
+
+    key = fake_key()
+    ready: Future[str] = Future()
+    ready.set_result(key)
+    assert checklist._key(plan.HostContext(_NoHost(), HostReport(targets[0]),  # type: ignore[arg-type]
+                                           checklist.build(targets, key=ready))) == key
