@@ -30,6 +30,7 @@ import re
 import shlex
 import string
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,15 @@ def get_role(name: str, directory: Path | None = None) -> Role:
     if not path.is_file():
         known = ", ".join(known_roles(directory)) or "none"
         raise RoleError(f"unknown role {name!r}; known roles: {known} (a role is a file in {directory}/)")
+    st = path.stat()
+    return _load_role_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=32)
+def _load_role_cached(path: Path, mtime_ns: int, size: int) -> Role:
+    """Each host's target resolves its role: parse a file once per run, not once per host.
+    Keyed by mtime and size so an edited role file is read again (Role is frozen: sharing
+    one instance among targets is safe)."""
     return load_role(path)
 
 

@@ -27,11 +27,7 @@ class YamlError(ValueError):
         self.line = line
 
 
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> LineDict:
     loader.flatten_mapping(node)
     mapping = LineDict()
     mapping.line = node.start_mark.line + 1
@@ -48,7 +44,17 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
     return mapping
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+def loader_class(base: type[Any]) -> type[Any]:
+    """`base` (yaml.SafeLoader or yaml.CSafeLoader) building LineDicts and refusing
+    duplicate keys."""
+    cls: type[Any] = type("_Loader", (base,), {})
+    cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    return cls
+
+
+# libyaml's parser when PyYAML was built with it: several times faster than the pure-Python
+# one, with the same nodes and marks (line numbers), so errors still name file:line.
+_Loader = loader_class(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load(path: Path) -> Any:
