@@ -32,8 +32,10 @@ from handoff.parallel import HostReport
 from handoff.remote import Session, sh_path
 from handoff.roles import Preflight, Role, render_argv, render_value, unset_vars
 
+# Eight of these run at once on small hosts, so the probe's own CPU shows in every deploy:
+# modules only some requests need (hashlib, shutil, subprocess) are imported where used.
 PROBE = r"""
-import hashlib, importlib.util, json, os, shutil, subprocess, sys
+import importlib.util, json, os, sys
 a = json.loads(sys.argv[1])
 home = os.path.expanduser("~")
 def ab(p):
@@ -47,6 +49,7 @@ def info(p):
     d = {"path": p, "exists": True, "size": st.st_size, "mode": st.st_mode & 0o7777,
          "uid": st.st_uid, "mtime": st.st_mtime}
     if a.get("hash") and os.path.isfile(p):
+        import hashlib
         h = hashlib.sha256()
         try:
             with open(p, "rb") as f:
@@ -65,11 +68,16 @@ rd = ab(a["remote_dir"])
 r = {"python": list(sys.version_info[:3]), "executable": sys.executable, "home": home,
      "uid": os.getuid(), "venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
      "modules": dict((m, found(m)) for m in a.get("modules", [])),
-     "commands": dict((c, shutil.which(c)) for c in a.get("commands", [])),
      "remote_dir": rd}
+if a.get("commands") or a.get("gpus"):
+    import shutil
+    r["commands"] = dict((c, shutil.which(c)) for c in a.get("commands", []))
+else:
+    r["commands"] = {}
 if a.get("gpus"):
     smi = shutil.which("nvidia-smi")
     if smi:
+        import subprocess
         try:
             out = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  timeout=20).stdout.decode()
@@ -104,6 +112,7 @@ except OSError:
 r["dirs"] = dict((d, os.path.isdir(ab(d))) for d in a.get("dirs", []))
 r["files"] = dict((k, info(v)) for k, v in a.get("files", {}).items())
 def run(argv, timeout):
+    import subprocess
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=timeout, cwd=home)
