@@ -22,7 +22,7 @@ KEY_FILE = "key"
 
 
 def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: str | None,
-                preflight: bool) -> Step:
+                preflight: bool, dirs: list[str]) -> Step:
     role = target.role.name if target.role else "no role"
     req = target.role.requires if target.role else None
     wants = []
@@ -44,7 +44,7 @@ def _probe_step(target: Target, check: bool, install: bool, key: bool, shard: st
         detail += f"; pip-install missing modules into {target.vars['remote_dir']}/venv"
     return Step("probe", desc, detail, "always",
                 {"check": check, "install": install, "key": key, "shard": shard,
-                 "preflight": check and preflight})
+                 "preflight": check and preflight, "dirs": dirs})
 
 
 def build(
@@ -72,8 +72,14 @@ def build(
         # A role's preflight may tokenize the whole input (minutes): `fab verify` runs it,
         # deploy does not, so a no-op redeploy stays one cheap round trip; the job itself
         # runs the same check at launch.
-        steps = [_probe_step(t, verify, install, key is not None, shard, title == "verify")]
         rd = str(t.vars["remote_dir"]).rstrip("/")
+        # The folders later steps may create: the probe reports which exist, so creating
+        # them costs no stat round trips.
+        dirs = releases.parents(f"{rd}/releases/{release.sha12}") if release is not None else []
+        if key is not None and (t.role is None or t.role.secret):
+            dirs += releases.parents(str(t.vars["key_path"]).rsplit("/", 1)[0])
+        steps = [_probe_step(t, verify, install, key is not None, shard, title == "verify",
+                             sorted(set(dirs)))]
         if release is not None:
             folder = f"{rd}/releases/{release.sha12}"
             steps.append(Step(
@@ -108,7 +114,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
     check = bool(step.params.get("check"))
     shard = step.params.get("shard")
     preflight = bool(step.params.get("preflight"))
-    facts = probe(s, role, files=files, deep=check, shard=shard, preflight=preflight)
+    dirs = list(step.params.get("dirs") or [])
+    facts = probe(s, role, files=files, dirs=dirs, deep=check, shard=shard, preflight=preflight)
     ctx.facts = facts
     if not check:
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
@@ -116,7 +123,7 @@ def _probe(ctx: HostContext, step: Step) -> str:
     if not verdict.ok and step.params.get("install"):
         _key(ctx)  # pip-installing changes the host: not before the key is known readable
     if not verdict.ok and step.params.get("install") and install_missing(s, verdict, ctx.report):
-        facts = probe(s, role, files=files, deep=True, shard=shard, preflight=preflight)
+        facts = probe(s, role, files=files, dirs=dirs, deep=True, shard=shard, preflight=preflight)
         ctx.facts = facts
         verdict = evaluate(facts, role, s.vars)
     report_verdict(ctx.report, verdict, show_all=ctx.plan.title == "verify")

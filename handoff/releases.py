@@ -16,6 +16,7 @@ import secrets as pysecrets
 import shlex
 import stat
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -99,22 +100,44 @@ def current_is(facts: Facts, release: Release) -> bool:
     return bool(cur) and cur.rstrip("/").endswith(f"releases/{release.sha12}")  # type: ignore[union-attr]
 
 
-def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o755) -> None:
-    """mkdir -p over SFTP (one round trip per missing level; existing levels cost one stat)."""
+def parents(path: str) -> list[str]:
+    """`path` and each folder above it (`~/a/b` -> `~/a/b`, `~/a`, `~`): what a deploy asks
+    the probe about, so creating folders later needs no stat round trips."""
+    out = []
+    while path not in ("", "/", "~"):
+        out.append(path)
+        path = path.rsplit("/", 1)[0] if "/" in path else ""
+    return out + (["~"] if path == "~" else [])
+
+
+def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o755,
+           known: Mapping[str, bool] | None = None) -> bool:
+    """mkdir -p over SFTP; True when it created `path` itself.
+
+    `known` (absolute path -> is a directory, from the probe) saves the stat of each level
+    it covers; other levels cost one stat. A level created meanwhile by a concurrent run
+    is fine (its mkdir fails, a stat confirms it).
+    """
+    known = known or {}
     missing = []
     p = path
     while p not in ("", "/"):
-        try:
-            sftp.stat(p)
+        if known.get(p) is True:
             break
-        except FileNotFoundError:
-            missing.append(p)
-            p = p.rsplit("/", 1)[0]
+        if known.get(p) is None:
+            try:
+                sftp.stat(p)
+                break
+            except FileNotFoundError:
+                pass
+        missing.append(p)
+        p = p.rsplit("/", 1)[0]
     for d in reversed(missing):
         try:
             sftp.mkdir(d, mode)
         except OSError:
             sftp.stat(d)  # created meanwhile by a concurrent run: fine; else this raises
+    return bool(missing)
 
 
 def upload_atomic(sftp: paramiko.SFTPClient, data: bytes, final: str, mode: int = 0o644) -> None:
@@ -151,9 +174,10 @@ def upload(session: Session, facts: Facts, release: Release) -> str:
         return Skipped(f"release {release.sha12} already on the host")
     folder = release_dir(session, release)
     try:
-        mkdirs(session.sftp, folder)
+        created = mkdirs(session.sftp, folder, known=facts.dirs)
         upload_atomic(session.sftp, release.data, f"{folder}/payload.pyz")
-        _remove_leftovers(session.sftp, folder, ".payload.pyz.tmp-")
+        if not created:  # a folder made just now holds no earlier run's temp files
+            _remove_leftovers(session.sftp, folder, ".payload.pyz.tmp-")
     except OSError as exc:
         raise RemoteError(f"{session.label}: uploading release {release.sha12} to {folder} failed: {exc}") from None
     return f"uploaded release {release.sha12} ({release.size / 1024:.0f} KiB)"

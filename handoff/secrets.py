@@ -174,8 +174,8 @@ def place(session: Session, facts: Facts, key: str) -> str:
     tmp = f"{folder}/.{name}.tmp-{pysecrets.token_hex(6)}"
     created = False
     try:
-        mkdirs(sftp, folder, 0o700)
-        sftp.chmod(folder, 0o700)
+        mkdirs(sftp, folder, 0o700, known=facts.dirs)
+        sftp.chmod(folder, 0o700)  # also when it existed: the folder is private either way
         f = _open_private(sftp, tmp)
         created = True
         try:

@@ -109,7 +109,7 @@ try:
     r["current"] = os.readlink(os.path.join(rd, "current"))
 except OSError:
     r["current"] = None
-r["dirs"] = dict((d, os.path.isdir(ab(d))) for d in a.get("dirs", []))
+r["dirs"] = dict((ab(d), os.path.isdir(ab(d))) for d in a.get("dirs", []))
 r["files"] = dict((k, info(v)) for k, v in a.get("files", {}).items())
 def run(argv, timeout):
     import subprocess
@@ -173,6 +173,11 @@ class Facts:
 
     def file(self, name: str) -> dict[str, Any]:
         return dict(self.raw.get("files", {}).get(name) or {"exists": False})
+
+    @property
+    def dirs(self) -> dict[str, bool]:
+        """Absolute path -> is a directory, for the folders the probe was asked about."""
+        return {str(k): bool(v) for k, v in (self.raw.get("dirs") or {}).items()}
 
     @property
     def releases(self) -> list[dict[str, Any]]:
