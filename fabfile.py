@@ -15,6 +15,14 @@ DRY = "print the plan (what would run on which host) and change nothing; connect
 
 
 def _done(code: int) -> None:
+    """End a task: `fab` exits right after it, so first move every object allocated so far
+    out of the cyclic collector's reach. Interpreter shutdown otherwise walks the whole heap
+    that paramiko, cryptography, rich and keyring built (about 80 ms of every command, 7% of
+    a deploy). Nothing depends on collection at exit: handoff closes and fsyncs its files and
+    connections explicitly, stdio is flushed by the interpreter, atexit handlers still run."""
+    import gc
+
+    gc.freeze()
     if code:
         raise Exit(code=code)
 

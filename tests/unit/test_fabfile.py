@@ -50,3 +50,14 @@ def test_help_explains_host_flag() -> None:
                          timeout=60).stdout
     assert "--host=STRING" in out and "ssh_config alias" in out and "--dry-run" in out
     assert "-h" not in out.split("Options:")[1].replace("--host", "")
+
+
+def test_a_finished_task_spares_the_exit_a_full_collection() -> None:
+    """`_done` freezes the heap (shutdown then skips collecting it) and still maps a non-zero
+    code to invoke's Exit; a fresh interpreter, as the frozen heap outlives the call."""
+    code = ("import gc, fabfile, invoke\n"
+            "fabfile._done(0); assert gc.get_freeze_count() > 0\n"
+            "try:\n    fabfile._done(3)\nexcept invoke.Exit as exc:\n    print(exc.code)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "3"
