@@ -176,7 +176,14 @@ def open_connection(ep: Endpoint, label: str) -> SafeConnection:
         conn.open()
     except ConnectError:
         raise
-    except paramiko.AuthenticationException:
+    except paramiko.AuthenticationException as exc:
+        if "timeout" in str(exc).lower():
+            # paramiko reports a slow server (overloaded host) with the same exception class
+            # as a refused key; saying "refused" would send the user after the wrong fix.
+            raise ConnectError(
+                f"{where}: the login did not finish within {CONNECT_TIMEOUT:.0f} s (host "
+                f"overloaded?); try again"
+            ) from None
         keys = ", ".join(ep.identity) or "the default ~/.ssh/id_* keys and the agent"
         raise ConnectError(
             f"{where}: login refused for user {ep.user!r} with {keys}; check `user`/`identity` "
