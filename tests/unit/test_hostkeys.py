@@ -150,10 +150,10 @@ def test_known_key_proceeds_to_login(where: str, server: tuple[int, list[str]], 
 
 def test_pin_replaces_previous_pin(home: Path, host_key: paramiko.PKey, other_key: paramiko.PKey) -> None:
     old = other_key
-    hostkeys.pin("10.0.0.1", 22, old)
-    hostkeys.pin("10.0.0.2", 2222, old)
-    path = hostkeys.pin("10.0.0.1", 22, host_key)
+    hostkeys.pin("127.0.0.41", 22, old)
+    hostkeys.pin("127.0.0.42", 2222, old)
+    path = hostkeys.pin("127.0.0.41", 22, host_key)
     text = path.read_text()
-    assert old.get_base64() in text and text.count("10.0.0.1 ") == 1
-    assert hostkeys.lookup("10.0.0.1", 22) == [host_key]
+    assert old.get_base64() in text and text.count("127.0.0.41 ") == 1
+    assert hostkeys.lookup("127.0.0.41", 22) == [host_key]
     assert (path.stat().st_mode & 0o777) == 0o600
