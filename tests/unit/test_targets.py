@@ -38,8 +38,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_parse_spec() -> None:
-    assert parse_spec("root@10.0.0.1:2222") == ("root", "10.0.0.1", 2222)
-    assert parse_spec("10.0.0.1") == (None, "10.0.0.1", None)
+    assert parse_spec("root@127.0.0.9:2222") == ("root", "127.0.0.9", 2222)
+    assert parse_spec("127.0.0.9") == (None, "127.0.0.9", None)
     assert parse_spec("u@[::1]:22") == ("u", "::1", 22)
     assert parse_spec("host.example") == (None, "host.example", None)
 
