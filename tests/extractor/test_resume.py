@@ -72,10 +72,16 @@ def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path) -> None:
     assert not final.exists()
     written = list(out.rglob("*.safetensors"))
     assert len(written) == 5
+    # Two writer threads: the one that wrote the marker and, at times, the other one are
+    # both stalled half-way when the kill lands, so one or two half files exist.
+    halves = [p for p in out.rglob("*") if ".tmp-" in p.name]
+    assert half in halves and 1 <= len(halves) <= 2
 
     assert run_extract(inp, model_dir, out) == 0
     s = stats(out)
-    assert (s["already_done"], s["written"], s["temp_files_removed"]) == (5, 7, 1)
+    assert (s["already_done"], s["written"]) == (5, 7)
+    assert s["temp_files_removed"] == len(halves)
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert_complete(out, records)
     # a third run finds everything done and still lists each id once
     assert run_extract(inp, model_dir, out) == 0
