@@ -140,6 +140,14 @@ def _fail(path: Path, node: Any, key: Any, message: str) -> RoleError:
     return RoleError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
 
 
+def _reject_unknown(path: Path, node: dict[Any, Any], known: frozenset[str] | set[str],
+                    what: str) -> None:
+    """A misspelt key would otherwise be ignored silently; name it and list the known ones."""
+    for key in node:
+        if key not in known:
+            raise _fail(path, node, key, f"unknown {what} {key!r} (known: {', '.join(sorted(known))})")
+
+
 def _modules(path: Path, req: dict[str, Any]) -> tuple[list[str], list[Module], dict[str, str]]:
     plain: list[str] = []
     conditional: list[Module] = []
@@ -173,9 +181,7 @@ def _preflight(path: Path, data: dict[str, Any]) -> Preflight | None:
         return None
     if not isinstance(raw, dict):
         raise _fail(path, data, "preflight", "preflight must be a mapping with `run` (argv tokens) and `needs`")
-    for key in raw:
-        if key not in _PREFLIGHT_KEYS:
-            raise _fail(path, raw, key, f"unknown preflight key {key!r} (known: {', '.join(sorted(_PREFLIGHT_KEYS))})")
+    _reject_unknown(path, raw, _PREFLIGHT_KEYS, "preflight key")
     needs = raw.get("needs") or {}
     if not isinstance(needs, dict):
         raise _fail(path, raw, "needs", "preflight.needs must map paths to the fix when they are missing")
@@ -216,15 +222,11 @@ def load_role(path: Path) -> Role:
         raise RoleError(str(exc)) from None
     if not isinstance(data, dict):
         raise RoleError(f"{path}: a role file must be a mapping")
-    for key in data:
-        if key not in _ROLE_KEYS:
-            raise _fail(path, data, key, f"unknown key {key!r} (known: {', '.join(sorted(_ROLE_KEYS))})")
+    _reject_unknown(path, data, _ROLE_KEYS, "key")
     req = data.get("requires") or {}
     if not isinstance(req, dict):
         raise _fail(path, data, "requires", "requires must be a mapping")
-    for key in req:
-        if key not in _REQ_KEYS:
-            raise _fail(path, req, key, f"unknown requirement {key!r} (known: {', '.join(sorted(_REQ_KEYS))})")
+    _reject_unknown(path, req, _REQ_KEYS, "requirement")
     for key in ("modules", "commands"):
         if not isinstance(req.get(key, []), list):
             raise _fail(path, req, key, f"{key} must be a list")

@@ -125,13 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from .generate.run import Settings, run
+def _load_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key-file or $OPENROUTER_API_KEY; None (after saying why) if refused."""
     from .keyfile import KeyFileError, load_key
     try:
-        key = load_key(args.api_key_file, consume=args.consume_key)
+        return load_key(args.api_key_file, consume=args.consume_key)
     except KeyFileError as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return None
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .generate.run import Settings, run
+    key = _load_key(args)
+    if key is None:
         return EXIT_USAGE
     settings = Settings(
         input=args.input, output=args.output,
@@ -147,12 +154,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    from .keyfile import KeyFileError, load_key
     from .smoke import run_smoke
-    try:
-        key = load_key(args.api_key_file, consume=args.consume_key)
-    except KeyFileError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+    key = _load_key(args)
+    if key is None:
         return EXIT_USAGE
     return run_smoke(base_url=args.base_url, api_key=key, model=args.model,
                      provider=args.provider, max_tokens=args.max_tokens,
