@@ -17,8 +17,9 @@ from handoff.errors import InventoryError, RoleError
 from handoff.roles import Role, known_roles
 from handoff.state import REPO_ROOT
 from handoff.yamlfile import YamlError, line_of, load
+from payload import defaults
 
-DEFAULT_PROVIDER = {"quantizations": ["int4"], "ignore": ["fireworks", "baseten"]}
+DEFAULT_PROVIDER = defaults.PROVIDER
 
 # The standard vars of DESIGN, with their defaults. `key_path` follows `remote_dir`
 # unless set: moving remote_dir moves everything handoff places.
@@ -28,10 +29,10 @@ BUILTIN_VARS: dict[str, Any] = {
     "key_path": None,  # -> {remote_dir}/secrets/openrouter.key
     "secret_service": "openrouter",
     "secret_username": "api-key",
-    "base_url": "https://openrouter.ai/api/v1",
-    "model": "moonshotai/kimi-k2.5",
+    "base_url": defaults.BASE_URL,
+    "model": defaults.MODEL,
     "provider": DEFAULT_PROVIDER,
-    "concurrency": 2000,
+    "concurrency": defaults.CONCURRENCY,
     "max_cost": None,
     "gpus": None,
 }

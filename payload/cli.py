@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import defaults
+from .errors import ExitCode, PayloadError
 from .records import parse_shard, sibling_path
 from .redact import RedactingStream, redact
 
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
-DEFAULT_MODEL = "moonshotai/kimi-k2.5"
-DEFAULT_PROVIDER: dict[str, Any] = {"quantizations": ["int4"],
-                                    "ignore": ["fireworks", "baseten"]}
-EXIT_USAGE = 2
+EXIT_USAGE = ExitCode.USAGE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,12 +65,12 @@ def _add_key_args(p: argparse.ArgumentParser) -> None:
                    "(default: $OPENROUTER_API_KEY)")
     p.add_argument("--consume-key", action="store_true",
                    help="delete the key file once read")
-    p.add_argument("--base-url", default=DEFAULT_BASE_URL)
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--base-url", default=defaults.BASE_URL)
+    p.add_argument("--model", default=defaults.MODEL)
     p.add_argument("--provider", type=_json_object("--provider", allow_null=True),
-                   default=DEFAULT_PROVIDER,
+                   default=defaults.PROVIDER,
                    help="provider routing JSON, sent as given; 'null' sends none "
-                        f"(default: {json.dumps(DEFAULT_PROVIDER)})")
+                        f"(default: {json.dumps(defaults.PROVIDER)})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input", required=True, type=Path)
     g.add_argument("--output", required=True, type=Path)
     _add_key_args(g)
-    g.add_argument("--concurrency", type=_positive(int), default=2000)
+    g.add_argument("--concurrency", type=_positive(int), default=defaults.CONCURRENCY)
     g.add_argument("--max-tokens", type=_positive(int))
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
@@ -185,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except PayloadError as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         return 3
     except Exception:  # an unexpected failure: a redacted traceback, never the raw one

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from payload.errors import UsageError
 from payload.records import ALL, Shard, parse_shard
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -18,10 +19,6 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32
                  "float": "float32"}
 DEFAULT_MAX_LENGTH = 8192
 DEFAULT_BATCH_TOKENS = 16384
-
-
-class UsageError(ValueError):
-    """Bad flags or input: exit 2, with a message that names the fix."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

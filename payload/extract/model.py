@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from payload.errors import UsageError
 from payload.extract.batching import Batch
-from payload.extract.config import ExtractConfig, Rank, UsageError, resolve_layers
+from payload.extract.config import ExtractConfig, Rank, resolve_layers
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")

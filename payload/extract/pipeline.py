@@ -24,10 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from payload.extract.config import ExtractConfig, Rank, UsageError, from_args
+from payload.errors import ExitCode, UsageError
+from payload.extract.config import ExtractConfig, Rank, from_args
 from payload.records import BadRecord, iter_lines, shard_of
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = (ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE,
+                                                  ExitCode.STOPPED)
 CHUNK = 512  # records rendered and tokenized together
 MAX_PENDING_BATCHES = 3  # batches whose writes may lag behind the GPU (bounds host memory)
 

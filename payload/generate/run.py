@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from ..errors import ExitCode, UsageError
 from ..records import ALL, BadRecord, Prompt, Shard, errors_path, iter_lines, parse_prompt
 from ..redact import redact
 from . import client
@@ -37,13 +38,9 @@ from .limiter import Limiter, backoff_delay
 from .preflight import PreflightRefused, check_endpoints
 from .progress import Counters, Display, write_status
 
-EXIT_OK, EXIT_USAGE, EXIT_STOPPED = 0, 2, 3
+EXIT_OK, EXIT_USAGE, EXIT_STOPPED = ExitCode.OK, ExitCode.USAGE, ExitCode.STOPPED
 STATUS_EVERY_S = 2.0
 MAX_BAD_LINE_REPORTS = 1000
-
-
-class UsageError(Exception):
-    """Bad usage or input: the message names the fix (exit 2)."""
 
 
 @dataclass

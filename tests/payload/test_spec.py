@@ -61,7 +61,7 @@ def test_request_bodies_validate_against_chat_request(spec, fake_factory, key_fi
 
 
 def test_default_provider_validates_and_unknown_fields_are_rejected(spec):
-    from payload.cli import DEFAULT_PROVIDER
+    from payload.defaults import PROVIDER as DEFAULT_PROVIDER
     from payload.generate.client import build_body
     check = validator(spec, "ChatRequest")
     body = build_body([{"role": "user", "content": "x"}], model="moonshotai/kimi-k2.5",
