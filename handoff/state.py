@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from payload import atomic
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
@@ -36,17 +38,7 @@ def ensure_state_dir() -> Path:
 
 def _write_private(path: Path, text: str) -> None:
     """Atomically replace `path` with `text`, 0600 from creation."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic.write_text(path, text, mode=0o600)
 
 
 # --- current targets --------------------------------------------------------------------

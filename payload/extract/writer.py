@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from payload import atomic
+
 SAMPLES_DIR = "samples"
 PARTS_DIR = "manifest.parts"
 MANIFEST = "manifest.jsonl"
@@ -31,7 +33,7 @@ KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_state")
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 ID_DTYPE, MASK_DTYPE = "I64", "U8"
 ID_BYTES, MASK_BYTES = 8, 1
-TMP_MARK = ".tmp-"
+TMP_MARK = atomic.TMP_MARK
 
 
 def sample_relpath(key: str) -> str:
@@ -45,7 +47,7 @@ def sample_relpath(key: str) -> str:
 
 
 def temp_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}{TMP_MARK}{os.getpid()}")
+    return atomic.temp_name(final)
 
 
 def write_sample(final: Path, tensors: dict[str, Any]) -> int:
@@ -253,17 +255,11 @@ def merge_manifest(out_dir: Path) -> int:
             for e in iter_entries(src):
                 merged[str(e["id"])] = e
         final = {k: e for k, e in merged.items() if (out_dir / str(e["file"])).is_file()}
-        tmp = out_dir / f".{MANIFEST}{TMP_MARK}{os.getpid()}"
-        with tmp.open("w", encoding="utf-8") as fh:
+        with atomic.atomic_file(out_dir / MANIFEST) as fh:
             for e in final.values():
-                fh.write(json.dumps(e, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out_dir / MANIFEST)
+                fh.write((json.dumps(e, ensure_ascii=False) + "\n").encode("utf-8"))
         return len(final)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_json(path, data, indent=2)

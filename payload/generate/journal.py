@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .. import atomic
+
 _DECODER = json.JSONDecoder()
 _PREFIX = b'{"id":'
 _CHUNK = 8 * 1024 * 1024
@@ -243,9 +245,8 @@ def drop_failures(errors: Path, should_drop: Any) -> int:
     """
     if not errors.exists():
         return 0
-    tmp = errors.with_name(errors.name + ".tmp")
     dropped = 0
-    with tmp.open("wb") as out:
+    with atomic.atomic_file(errors) as out:
         for line in _iter_lines(errors):
             if not line.strip():
                 continue
@@ -260,9 +261,6 @@ def drop_failures(errors: Path, should_drop: Any) -> int:
                 dropped += 1
                 continue
             out.write(line + b"\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, errors)
     return dropped
 
 

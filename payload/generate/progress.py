@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .. import atomic
 from ..redact import REDACTOR
 
 
@@ -67,12 +67,10 @@ class Counters:
 def write_status(path: Path | None, counters: Counters) -> None:
     if path is None:
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            json.dump(counters.snapshot(), fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
+        # Rewritten every few seconds: atomic for readers, not fsync'ed (the final one is
+        # rewritten at exit anyway, and a lost update costs nothing).
+        atomic.write_json(path, counters.snapshot(), durable=False)
     except OSError as exc:
         print(f"warning: cannot write status file {path}: {exc.strerror}", file=sys.stderr)
 
