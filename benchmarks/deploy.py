@@ -1,7 +1,7 @@
 """Deploy benchmark: `fab deploy` against Ansible and pyinfra on 8 loopback containers.
 
 All three do the same work on every host of a handoff Sandbox (real sshd, unprivileged
-users, see handoff.sandbox):
+users, see handoff.testing.sandbox):
   1. copy the payload (the very `payload.pyz` that `fab push-script` uploads),
   2. place the API key with mode 0600,
   3. check that aiohttp is importable with the container's python (find_spec, as fab's
@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from handoff.sandbox import Container, Sandbox  # noqa: E402
+from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 BENCH = REPO / ".bench"
 FAB = REPO / ".venv" / "bin" / "fab"
@@ -320,7 +320,7 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
         f"themselves (every sshd session and remote python runs on the same CPUs); load average "
         f"(1 min) at start / end: {load} (the end figure includes the benchmark's own load).",
         "",
-        f"{hosts} loopback sshd containers (handoff.sandbox), medians of {reps} runs, "
+        f"{hosts} loopback sshd containers (handoff.testing.sandbox), medians of {reps} runs, "
         "wall time including each tool's own startup; ratios are medians of the per-rep "
         "ratios (tools run back to back in each rep). Command:",
         "", "```", command, "```", "", *rows, "", *verdicts])

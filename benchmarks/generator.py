@@ -102,7 +102,7 @@ def write_prompts(path: Path, n: int) -> None:
 
 
 def start_fake(key_file: Path, latency: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "handoff.fakeapi", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "handoff.testing.fakeapi", "--port", "0",
                              "--key-file", str(key_file), "--latency", str(latency)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, text=True)

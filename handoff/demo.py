@@ -2,7 +2,7 @@
 
 Two sshd "containers" on 127.0.0.x (throwaway users, client key, known_hosts, all in
 a temp dir), the fake OpenRouter on loopback and a throwaway keyring entry come from
-`handoff.sandbox.Sandbox`. For the demo's duration this process's HOME, XDG dirs,
+`handoff.testing.sandbox.Sandbox`. For the demo's duration this process's HOME, XDG dirs,
 keyring selection, inventory and state dir point into the sandbox (and
 SSH_AUTH_SOCK is unset), so the user's real ~/.ssh and keyring are never read or
 written; everything is restored afterwards. The sandbox is torn down on success,
@@ -67,7 +67,7 @@ def _step(title: str) -> None:
 
 def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> int:
     from handoff import jobs, tasks
-    from handoff.sandbox import Sandbox, SandboxError
+    from handoff.testing.sandbox import Sandbox, SandboxError
 
     results_dir = Path(results).expanduser().resolve()
     root = Path(tempfile.mkdtemp(prefix="handoff-demo-"))

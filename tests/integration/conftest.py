@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from handoff.sandbox import Sandbox
+    from handoff.testing.sandbox import Sandbox
 
     with Sandbox(tmp_path_factory.mktemp("sandbox"), hosts=3) as sbx:
         yield sbx
@@ -67,7 +67,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     """Factory for private sandboxes (destructive tests); all are closed after the test."""
-    from handoff.sandbox import Sandbox
+    from handoff.testing.sandbox import Sandbox
 
     opened: list[Sandbox] = []
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.sandbox import Sandbox
+from handoff.testing.sandbox import Sandbox
 from tests.integration.conftest import REPO, clean_env
 
 
@@ -135,7 +135,7 @@ def test_ctrl_c_on_the_cli_tears_everything_down(tmp_path: Path, inherited: str)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "handoff.sandbox", "up", "--hosts", "1", "--no-api",
+        [sys.executable, "-m", "handoff.testing.sandbox", "up", "--hosts", "1", "--no-api",
          "--keyring", "file", "--root", str(root)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -158,7 +158,7 @@ def test_ctrl_c_on_the_cli_tears_everything_down(tmp_path: Path, inherited: str)
 
 
 def test_not_root_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from handoff.sandbox import SandboxError
+    from handoff.testing.sandbox import SandboxError
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SandboxError, match="must run as root"):
@@ -168,7 +168,7 @@ def test_not_root_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_leftovers_of_a_killed_sandbox_are_cleaned(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "handoff.sandbox", "up", "--hosts", "1", "--no-api",
+        [sys.executable, "-m", "handoff.testing.sandbox", "up", "--hosts", "1", "--no-api",
          "--keyring", "file", "--root", str(tmp_path / "crashed")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
@@ -181,7 +181,7 @@ def test_leftovers_of_a_killed_sandbox_are_cleaned(tmp_path: Path) -> None:
     proc.kill()  # no teardown at all: the user and its sshd stay behind
     proc.wait(10)
     pwd.getpwnam(user)
-    clean = subprocess.run([sys.executable, "-m", "handoff.sandbox", "clean"], cwd=REPO,
+    clean = subprocess.run([sys.executable, "-m", "handoff.testing.sandbox", "clean"], cwd=REPO,
                            capture_output=True, text=True, check=True, timeout=60)
     assert f"user {user}" in clean.stdout and "sshd pid" in clean.stdout
     with pytest.raises(KeyError):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from handoff.fakeapi import FakeOpenRouter
+from handoff.testing.fakeapi import FakeOpenRouter
 from tests.payload.helpers import make_key, write_private
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handoff.fakeapi import FakeOpenRouter
+from handoff.testing.fakeapi import FakeOpenRouter
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.fakeapi import RETRYABLE_FAULTS, FaultPlan, answer_digest
+from handoff.testing.fakeapi import RETRYABLE_FAULTS, FaultPlan, answer_digest
 from payload.records import derive_id, errors_path
 from tests.payload.helpers import (
     REPO,

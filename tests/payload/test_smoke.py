@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from handoff.fakeapi import FaultPlan
+from handoff.testing.fakeapi import FaultPlan
 from tests.payload.helpers import run_payload
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from handoff.fakeapi import FaultPlan
+from handoff.testing.fakeapi import FaultPlan
 from tests.payload.helpers import REPO, gen_args, run_payload, write_prompts
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -12,7 +12,7 @@ payload uses for records without an id. Every answer embeds a digest of the prom
 user message (`answer_digest`), so a test can check each response is paired with its own
 prompt.
 
-Run alone: `python -m handoff.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
+Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
 `base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
 `$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
 """
@@ -406,7 +406,7 @@ def _read_key(path: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m handoff.fakeapi", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m handoff.testing.fakeapi", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

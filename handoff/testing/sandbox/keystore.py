@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from handoff.sandbox._system import SandboxError
+from handoff.testing.sandbox._system import SandboxError
 
 SECRET_SERVICE = "SecretService"
 PLAINTEXT = "PlaintextKeyring"

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from handoff.sandbox._system import SandboxError, run
+from handoff.testing.sandbox._system import SandboxError, run
 
 BASE_PYTHON = "/usr/bin/python3"
 REQUIREMENTS = ("aiohttp>=3.9,<4",)

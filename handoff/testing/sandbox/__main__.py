@@ -1,8 +1,8 @@
-"""`python -m handoff.sandbox up --hosts N [--root DIR]`: a sandbox for humans and hacking.
+"""`python -m handoff.testing.sandbox up --hosts N [--root DIR]`: a sandbox for humans and hacking.
 
 Prints the environment to export in another shell (then `fab deploy`, `fab status`, …
 act on the sandbox), and keeps everything up until Ctrl-C or SIGTERM, then tears it down.
-`python -m handoff.sandbox clean` removes leftovers of crashed sandboxes.
+`python -m handoff.testing.sandbox clean` removes leftovers of crashed sandboxes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from handoff.sandbox import Sandbox, SandboxError, _system
+from handoff.testing.sandbox import Sandbox, SandboxError, _system
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -24,7 +24,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m handoff.sandbox",
+    parser = argparse.ArgumentParser(prog="python -m handoff.testing.sandbox",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a sandbox and wait until Ctrl-C")

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from handoff.sandbox._system import (
+from handoff.testing.sandbox._system import (
     OWNER_MARK,
     SandboxError,
     children_of,

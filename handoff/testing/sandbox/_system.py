@@ -34,7 +34,7 @@ def require_root() -> None:
     if os.geteuid() != 0:
         raise SandboxError(
             "the sandbox must run as root: it creates throwaway unix users (useradd) and "
-            "starts sshd; run it as root (e.g. `sudo .venv/bin/python -m handoff.sandbox up`)"
+            "starts sshd; run it as root (e.g. `sudo .venv/bin/python -m handoff.testing.sandbox up`)"
         )
 
 

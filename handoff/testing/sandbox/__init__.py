@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from handoff.sandbox import _system
-from handoff.sandbox._system import SandboxError
-from handoff.sandbox.keystore import ThrowawayKeyring
-from handoff.sandbox.pyenv import remote_python
-from handoff.sandbox.sshd import SshdServer, generate_key, require_sshd
+from handoff.testing.sandbox import _system
+from handoff.testing.sandbox._system import SandboxError
+from handoff.testing.sandbox.keystore import ThrowawayKeyring
+from handoff.testing.sandbox.pyenv import remote_python
+from handoff.testing.sandbox.sshd import SshdServer, generate_key, require_sshd
 
 if TYPE_CHECKING:
-    from handoff.fakeapi import FakeOpenRouter
+    from handoff.testing.fakeapi import FakeOpenRouter
 
 __all__ = ["Container", "Sandbox", "SandboxError"]
 
@@ -156,7 +156,7 @@ class Sandbox:
         self.keyring_backend = self._keyring.backend
 
         if self.use_api:
-            from handoff.fakeapi import FakeOpenRouter
+            from handoff.testing.fakeapi import FakeOpenRouter
 
             self.api = FakeOpenRouter(api_key=self.api_key, latency_s=self.api_latency_s)
             self.api_url = self.api.start_in_thread()
