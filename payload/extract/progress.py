@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+from payload import units
+
 
 class Progress:
     def __init__(self, total: int, total_tokens: int, mode: str, label: str,
@@ -40,7 +42,7 @@ class Progress:
         el = max(time.monotonic() - self.start, 1e-9)
         sps, tps = self.done / el, self.tokens / el
         left = self.total_tokens - self.tokens
-        eta = f"{left / tps:.0f}s" if tps > 0 and left > 0 else "-"
+        eta = units.eta(left, tps)
         return (f"{self.done}/{self.total} samples  {sps:.2f} samples/s  {tps:.0f} tok/s  "
                 f"{self.bytes / 1e9:.2f} GB written  ETA {eta}  "
                 f"skipped {self.skipped}  failed {self.failed}")

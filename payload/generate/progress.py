@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
+from .. import atomic, units
 from ..redact import REDACTOR
 
 
@@ -77,11 +77,8 @@ def write_status(path: Path | None, counters: Counters) -> None:
 
 def _eta(c: Counters) -> str:
     rps, _ = c.rates()
-    if c.total is None or rps <= 0:
-        return "?"
-    left = max(0, c.total - c.done - c.failed)
-    secs = int(left / rps)
-    return f"{secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
+    left = None if c.total is None else max(0, c.total - c.done - c.failed)
+    return units.eta(left, rps)
 
 
 def describe(c: Counters) -> str:
