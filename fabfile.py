@@ -1,17 +1,27 @@
-"""handoff's checklist as Fabric tasks (thin: parse flags, pick targets, call handoff/).
+"""handoff's checklist as Fabric tasks (thin: parse flags, call handoff.commands).
 
 Every task takes `--host` (inventory name, ssh_config alias or [user@]address[:port],
 comma-separated) and `--role`. Without `--host`: the hosts of the last deploy, else
 the inventory's hosts. Heavy modules are imported inside the tasks so `fab -l` is quick.
+
+This file's folder is the project directory: `inventory/hosts.yml`, `roles/` and the
+state dir `.handoff/` are looked up here (docs/configuration.md).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke import Context, Exit, task
+
+from handoff import defaults, paths
+
+paths.use_project(Path(__file__).resolve().parent)
 
 HOST = "inventory name, ssh_config alias or [user@]address[:port]; comma-separated for several (default: the last deploy's hosts, else the inventory's)"
 ROLE = "role to act as (a file in roles/); default: each host's first inventory role"
 DRY = "print the plan (what would run on which host) and change nothing; connects to no host"
+JOB = "job name (default: the role's job var, e.g. generator)"
 
 
 def _done(code: int) -> None:
@@ -32,90 +42,92 @@ def _done(code: int) -> None:
 def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False,
            install: bool = False) -> None:
     """verify → push-script → push-key; remembers the hosts."""
-    from handoff import tasks
+    from handoff import commands
 
-    _done(tasks.deploy(host, role, install=install, dry_run=dry_run))
+    _done(commands.deploy(host, role, install=install, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
                                    "install": "pip-install missing pure-Python modules into <remote_dir>/venv and use its python"})
 def verify(c: Context, host: str | None = None, role: str | None = None, install: bool = False) -> None:
     """Check each host has what its role needs, with fixes."""
-    from handoff import tasks
+    from handoff import commands
 
-    _done(tasks.verify(host, role, install=install))
+    _done(commands.verify(host, role, install=install))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_script(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
     """Upload the payload release and switch `current` to it."""
-    from handoff import tasks
+    from handoff import commands
 
-    _done(tasks.push_script(host, role, dry_run=dry_run))
+    _done(commands.push_script(host, role, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_key(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
     """Place the keyring's API key on the hosts, 0600 from birth."""
-    from handoff import tasks
+    from handoff import commands
 
-    _done(tasks.push_key(host, role, dry_run=dry_run))
+    _done(commands.push_key(host, role, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
                                    "yes": "pin without asking (only after checking the fingerprint on the host)"})
 def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False) -> None:
     """Show a host's SSH key fingerprint; pin it once confirmed."""
-    from handoff import tasks
+    from handoff import commands
 
-    _done(tasks.trust_host(host, role, yes=yes))
+    _done(commands.trust_host(host, role, yes=yes))
 
 
-@task(auto_shortflags=False, help={"service": "keyring service (default openrouter)",
-                                   "username": "keyring username (default api-key)"})
-def set_key(c: Context, service: str = "openrouter", username: str = "api-key") -> None:
+@task(auto_shortflags=False, help={"service": f"keyring service (default {defaults.SECRET_SERVICE})",
+                                   "username": f"keyring username (default {defaults.API_KEY_USERNAME})"})
+def set_key(c: Context, service: str = defaults.SECRET_SERVICE,
+            username: str = defaults.API_KEY_USERNAME) -> None:
     """Store the API key in the OS keyring (hidden prompt)."""
-    from handoff import tasks
+    from handoff import commands
 
-    _done(tasks.set_key(service, username))
+    _done(commands.set_key(service, username))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
                                    "model": "model slug to test (default: the model var)"})
 def smoke_test(c: Context, host: str | None = None, role: str | None = None, model: str | None = None) -> None:
     """One real request per host: provider, latency, cost, credit."""
-    from handoff import jobs
+    from handoff import commands
 
-    _done(jobs.smoke_test(host, role, model=model))
+    _done(commands.smoke_test(host, role, model=model))
 
 
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE,
     "input": "local prompts file (JSONL) to push to <remote_dir>/data/ (skipped if unchanged)",
     "remote_input": "prompts file already on the hosts (instead of --input)",
-    "job": "job name (default: the role's job var, e.g. generator)",
+    "job": JOB,
     "model": "model slug (overrides the model var)",
     "base_url": "API base URL (overrides the base_url var)",
     "concurrency": "in-flight requests per host (overrides the concurrency var)",
     "max_cost": "USD budget per host (overrides the max_cost var)",
     "max_tokens": "max tokens per response",
     "no_shard": "run the whole input on every host instead of sharding it i/n",
+    "dry_run": DRY,
 })
 def launch(c: Context, host: str | None = None, role: str | None = None, input: str | None = None,
            remote_input: str | None = None, job: str | None = None, model: str | None = None,
            base_url: str | None = None, concurrency: int | None = None, max_cost: float | None = None,
-           max_tokens: int | None = None, no_shard: bool = False) -> None:
+           max_tokens: int | None = None, no_shard: bool = False, dry_run: bool = False) -> None:
     """Start the job detached on each host, sharded i/n."""
-    from handoff import jobs
+    from handoff import commands
 
     flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
              "max_cost": max_cost, "max_tokens": max_tokens, "job": job}
-    _done(jobs.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
-                      shard=not no_shard))
+    _done(commands.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
+                          shard=not no_shard, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={
-    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "host": HOST, "role": ROLE, "job": JOB,
     "json": "print one JSON object per host instead of the table",
     "wait": "keep watching until no job is running",
     "interval": "seconds between refreshes with --wait (default 2)",
@@ -123,53 +135,55 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
 def status(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
            json: bool = False, wait: bool = False, interval: float = 2.0) -> None:
     """Per-host job state, progress, tok/s, cost, ETA, secrets."""
-    from handoff import jobs
+    from handoff import commands
 
-    _done(jobs.status(host, role, job=job, as_json=json, wait=wait, interval=interval))
+    _done(commands.status(host, role, job=job, as_json=json, wait=wait, interval=interval))
 
 
 @task(auto_shortflags=False, help={
-    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "host": HOST, "role": ROLE, "job": JOB,
     "follow": "keep streaming new lines until Ctrl-C", "lines": "how many last lines (default 40)",
 })
 def logs(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          follow: bool = False, lines: int = 40) -> None:
     """Print the job's log; --follow streams until Ctrl-C."""
-    from handoff import jobs
+    from handoff import commands
 
-    _done(jobs.logs(host, role, job=job, follow=follow, lines=lines))
+    _done(commands.logs(host, role, job=job, follow=follow, lines=lines))
 
 
 @task(auto_shortflags=False, help={
-    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "host": HOST, "role": ROLE, "job": JOB,
     "timeout": "seconds to wait for the graceful drain (default 60; 0 = do not wait)",
+    "dry_run": DRY,
 })
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
-         timeout: float = 60.0) -> None:
+         timeout: float = 60.0, dry_run: bool = False) -> None:
     """SIGTERM the job: graceful drain, stays resumable."""
-    from handoff import jobs
+    from handoff import commands
 
-    _done(jobs.stop(host, role, job=job, timeout=timeout))
+    _done(commands.stop(host, role, job=job, timeout=timeout, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={
-    "host": HOST, "role": ROLE, "job": "job name (default: the role's job)",
+    "host": HOST, "role": ROLE, "job": JOB,
     "dest": "local folder; files go to DEST/<host>/<job>/ (default results)",
 })
 def fetch(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
           dest: str = "results") -> None:
     """Pull the job's outputs back (resumes partial files)."""
-    from handoff import jobs
+    from handoff import commands
 
-    _done(jobs.fetch(host, role, job=job, dest=dest))
+    _done(commands.fetch(host, role, job=job, dest=dest))
 
 
-@task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists)"})
-def cleanup_secrets(c: Context, host: str | None = None) -> None:
+@task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists)",
+                                   "dry_run": DRY})
+def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) -> None:
     """Remove every key the ledger lists, and verify it is gone."""
-    from handoff import jobs
+    from handoff import commands
 
-    _done(jobs.cleanup_secrets(host))
+    _done(commands.cleanup_secrets(host, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={

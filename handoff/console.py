@@ -10,8 +10,10 @@ masked too.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from typing import IO, Any, cast
 
 from rich.console import Console
@@ -79,3 +81,22 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     for row in rows:
         t.add_row(*(REDACTOR.redact(str(c)) if c is not None else "" for c in row))
     return t
+
+
+@contextlib.contextmanager
+def live(renderable: Any, *, enabled: bool = True) -> Iterator[Callable[[Any], None]]:
+    """The control plane's one progress display: `renderable` drawn once and redrawn in
+    place with each update (`with live(t) as show: … show(new_t)`), its last frame left on
+    screen. Not `enabled` (not a terminal, or JSON output): updates are dropped and the
+    caller prints the final state itself."""
+    if not enabled:
+        yield lambda _update: None
+        return
+    from rich.live import Live
+
+    display = Live(renderable, console=console(), refresh_per_second=4)
+    display.start()
+    try:
+        yield display.update
+    finally:
+        display.stop()

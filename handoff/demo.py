@@ -7,6 +7,9 @@ keyring selection, inventory and state dir point into the sandbox (and
 SSH_AUTH_SOCK is unset), so the user's real ~/.ssh and keyring are never read or
 written; everything is restored afterwards. The sandbox is torn down on success,
 failure and Ctrl-C alike; the fetched results are kept in `--results`.
+
+This is the one module of the control plane that imports handoff.testing (test support):
+the demo IS a run against the test sandbox.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from handoff import console
-from handoff.state import REPO_ROOT
+from handoff import console, paths
 
-PROMPTS = REPO_ROOT / "examples" / "prompts.jsonl"
+PROMPTS = paths.demo_prompts()
 _SCRUB = ("SSH_AUTH_SOCK", "PYTHON_KEYRING_BACKEND", "DBUS_SESSION_BUS_ADDRESS",
           "HANDOFF_INVENTORY", "HANDOFF_STATE_DIR", "XDG_RUNTIME_DIR")
 
@@ -66,7 +68,7 @@ def _step(title: str) -> None:
 
 
 def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> int:
-    from handoff import jobs, tasks
+    from handoff import commands
     from handoff.testing.sandbox import Sandbox, SandboxError
 
     results_dir = Path(results).expanduser().resolve()
@@ -84,15 +86,15 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
             names = ",".join(c.name for c in sbx.containers)
             with sandbox_env(sbx.env()):
                 steps = [
-                    ("deploy: verify → push-script → push-key", lambda: tasks.deploy(names)),
-                    ("smoke-test: one real request per container", lambda: jobs.smoke_test(None, None)),
+                    ("deploy: verify → push-script → push-key", lambda: commands.deploy(names)),
+                    ("smoke-test: one real request per container", lambda: commands.smoke_test(None, None)),
                     (f"launch: {PROMPTS.name} sharded over {hosts} hosts",
-                     lambda: jobs.launch(None, None, local_input=str(PROMPTS), remote_input=None,
+                     lambda: commands.launch(None, None, local_input=str(PROMPTS), remote_input=None,
                                         flags={"concurrency": 4})),
                     ("status --wait: until every shard is done",
-                     lambda: jobs.status(None, None, wait=True, interval=1.0)),
-                    (f"fetch → {results_dir}", lambda: jobs.fetch(None, None, dest=str(results_dir))),
-                    ("cleanup-secrets: remove every placed key, verify", lambda: jobs.cleanup_secrets()),
+                     lambda: commands.status(None, None, wait=True, interval=1.0)),
+                    (f"fetch → {results_dir}", lambda: commands.fetch(None, None, dest=str(results_dir))),
+                    ("cleanup-secrets: remove every placed key, verify", lambda: commands.cleanup_secrets()),
                 ]
                 for title, step in steps:
                     _step(title)

@@ -1,6 +1,7 @@
 """The inventory: which hosts exist, how to reach them, and their vars.
 
-`$HANDOFF_INVENTORY`, default `inventory/hosts.yml`. Validated on load: every
+`$HANDOFF_INVENTORY`, default `inventory/hosts.yml` in the project directory
+(handoff.paths). Validated on load: every
 error names the file and line, an unknown host or role lists the known ones.
 Var precedence (lowest first): built-in defaults < inventory `defaults` < role
 vars < group vars < host vars < task flags.
@@ -8,34 +9,19 @@ vars < group vars < host vars < task flags.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from handoff.defaults import BUILTIN_VARS
 from handoff.errors import InventoryError, RoleError
+from handoff.layout import RemoteLayout
+from handoff.paths import inventory_path
 from handoff.roles import Role, known_roles
-from handoff.state import REPO_ROOT
 from handoff.yamlfile import YamlError, line_of, load
-from payload import defaults
 
-DEFAULT_PROVIDER = defaults.PROVIDER
-
-# The standard vars of DESIGN, with their defaults. `key_path` follows `remote_dir`
-# unless set: moving remote_dir moves everything handoff places.
-BUILTIN_VARS: dict[str, Any] = {
-    "python": "python3",
-    "remote_dir": "~/.handoff",
-    "key_path": None,  # -> {remote_dir}/secrets/openrouter.key
-    "secret_service": "openrouter",
-    "secret_username": "api-key",
-    "base_url": defaults.BASE_URL,
-    "model": defaults.MODEL,
-    "provider": DEFAULT_PROVIDER,
-    "concurrency": defaults.CONCURRENCY,
-    "max_cost": None,
-    "gpus": None,
-}
+__all__ = ["BUILTIN_VARS", "Group", "Host", "Inventory", "check_role_name", "inventory_path",
+           "load_inventory"]
 
 _TOP_KEYS = {"defaults", "hosts", "groups"}
 _HOST_KEYS = {"address", "port", "user", "identity", "roles", "vars"}
@@ -111,15 +97,8 @@ class Inventory:
             if value is not None:
                 merged[key] = value
         if not merged.get("key_path"):
-            merged["key_path"] = f"{str(merged['remote_dir']).rstrip('/')}/secrets/openrouter.key"
+            merged["key_path"] = RemoteLayout.of(merged).key_path
         return merged
-
-
-def inventory_path() -> Path:
-    env = os.environ.get("HANDOFF_INVENTORY")
-    if env:
-        return Path(env).expanduser().resolve()
-    return REPO_ROOT / "inventory" / "hosts.yml"
 
 
 def _err(path: Path, node: Any, key: Any, message: str) -> InventoryError:

@@ -20,6 +20,7 @@ from rich.rule import Rule
 
 from handoff import console
 from handoff.errors import HandoffError
+from handoff.session import Connector, Session
 from handoff.targets import Target
 
 MAX_WORKERS = 32
@@ -97,6 +98,24 @@ def run_parallel(
     if summary and (len(reports) > 1 or not reports[0].ok):
         print_summary(title, reports)
     return reports
+
+
+def run_on_hosts(
+    targets: list[Target],
+    fn: Callable[[Session, HostReport], None],
+    *,
+    connect: Connector,
+    title: str,
+    grouped: bool = True,
+    summary: bool = True,
+) -> list[HostReport]:
+    """`run_parallel` with each host's session opened (from `connect`) and closed around `fn`."""
+
+    def one(target: Target, report: HostReport) -> None:
+        with connect(target) as session:
+            fn(session, report)
+
+    return run_parallel(targets, one, title=title, grouped=grouped, summary=summary)
 
 
 def print_summary(title: str, reports: list[HostReport]) -> None:

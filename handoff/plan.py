@@ -1,34 +1,55 @@
-"""Operations as data: a Plan is built without touching a host, then executed.
+"""Operations as data: every command that changes a host is a Plan, built without a host,
+then executed by the one executor here.
 
-Building a plan needs only the inventory, the role, the local release and the key's
-fingerprint; no connection. `--dry-run` prints it and stops, so a dry run cannot
-change anything (it does not even connect). Execution connects to every host in
-parallel and runs each host's steps in order; a step whose work is already done
-(same release, same key) reports "skipped" instead of acting. A failing step ends
-that host's plan; other hosts go on.
+A Plan holds, per host, the Steps to run in order. A Step is data for people (what it
+does, what it runs, when it acts: `--dry-run` prints exactly that and connects to no host)
+plus the function that performs it on a Session. Building a plan needs only the inventory,
+the role, the local release, the key's fingerprint and the command's flags, so a dry run
+cannot change anything and plans are unit-tested without a host.
+
+Execution connects to every host in parallel (handoff.parallel) and runs each host's
+steps in order; a step whose work is already done (same release, same key, job not
+running) returns `Skipped` instead of acting. A failing step ends that host's plan; other
+hosts go on. Values the steps need but the plan must never print (the API key) ride in
+`Plan.private`; one still being fetched (the keyring read, a Future) is awaited before
+the host's first step that changes it, so a failed read changes nothing anywhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import console
 from handoff.errors import HandoffError
+from handoff.facts import Facts
 from handoff.parallel import HostReport, run_parallel
-from handoff.remote import Session
+from handoff.session import Connector, Session, SSHSession
 from handoff.targets import Target
-from handoff.verify import Facts
+
+
+class Skipped(str):
+    """A step's outcome meaning "already so, nothing done" (a plain str means it acted)."""
+
+
+Handler = Callable[["HostContext", "Step"], str]
+
+
+def _unset(ctx: HostContext, step: Step) -> str:
+    raise RuntimeError(f"step {step.action!r} has no function to run")
 
 
 @dataclass(frozen=True)
 class Step:
-    action: str  # handler name: probe, upload-release, switch-current, ...
+    action: str  # what kind of step: probe, upload-release, place-key, start-job, ...
     description: str  # one line for humans
     detail: str = ""  # the commands/transfers it performs, for --dry-run
     when: str = "always"  # the condition under which it acts
     params: dict[str, Any] = field(default_factory=dict, compare=False)
+    run: Handler = field(default=_unset, compare=False, repr=False)
+    changes: bool = True  # may change the host: waits for the plan's pending private values
 
 
 @dataclass
@@ -41,8 +62,11 @@ class HostPlan:
 class Plan:
     title: str
     hosts: list[HostPlan]
-    # Values the handlers need but the plan must never print (the key itself).
+    # Values the steps need but the plan must never print (the key itself); a Future is
+    # awaited before the first changing step. `pending` says, per name, what failed if it
+    # does not arrive ("the API key could not be read from the keyring").
     private: dict[str, Any] = field(default_factory=dict, repr=False)
+    pending: dict[str, str] = field(default_factory=dict)
 
     def for_host(self, label: str) -> list[Step]:
         for hp in self.hosts:
@@ -53,6 +77,9 @@ class Plan:
 
 @dataclass
 class HostContext:
+    """What a step gets besides its own Step: the host, its report, the whole plan, and
+    what earlier steps learnt (the probe's facts)."""
+
     session: Session
     report: HostReport
     plan: Plan
@@ -61,15 +88,27 @@ class HostContext:
 
     def need_facts(self) -> Facts:
         if self.facts is None:
-            raise HandoffError(f"{self.session.label}: internal: step needs the probe first")
+            raise RuntimeError(f"{self.session.label}: a step needs the probe's facts first")
         return self.facts
 
+    def private(self, name: str) -> Any:
+        """A private value of the plan, waiting for it if it is still being fetched."""
+        value = self.plan.private.get(name)
+        if isinstance(value, Future):
+            try:
+                return value.result()
+            except HandoffError:
+                # The message (how to fix it) is printed once by the command, not per host.
+                what = self.plan.pending.get(name, f"{name} is unavailable")
+                raise HandoffError(f"{self.session.label}: nothing changed: {what} "
+                                   f"(see below)") from None
+        return value
 
-class Skipped(str):
-    """A handler outcome meaning "already so, nothing done" (plain str means it acted)."""
-
-
-Handler = Callable[[HostContext, Step], str]
+    def ready(self) -> None:
+        """Wait for every pending private value: nothing changes on a host before all are
+        known to be there."""
+        for name in self.plan.private:
+            self.private(name)
 
 
 def render(plan: Plan) -> None:
@@ -85,20 +124,29 @@ def render(plan: Plan) -> None:
         ))
 
 
-def execute(plan: Plan, handlers: dict[str, Handler], *, title: str | None = None) -> list[HostReport]:
+def run_steps(ctx: HostContext, steps: list[Step]) -> None:
+    """One host's steps in order; the report logs each outcome and ends with a summary."""
+    changed = []
+    for step in steps:
+        if step.changes:
+            ctx.ready()
+        outcome = step.run(ctx, step)
+        ctx.results[step.action] = outcome
+        mark = "[dim]=[/]" if isinstance(outcome, Skipped) else "[green]✓[/]"
+        ctx.report.log(f"  {mark} {console.r(outcome)}")
+        if step.changes and not isinstance(outcome, Skipped):
+            changed.append(step.action)
+    if not ctx.report.summary:  # a step may have set a more telling one
+        ctx.report.summary = ("changed: " + ", ".join(changed)) if changed else "no change needed"
+
+
+def execute(plan: Plan, *, connect: Connector = SSHSession,
+            title: str | None = None) -> list[HostReport]:
+    """Run `plan` on its hosts in parallel, each through a session from `connect`."""
     steps_by_label = {hp.target.label: hp.steps for hp in plan.hosts}
 
     def run_host(target: Target, report: HostReport) -> None:
-        with Session(target) as session:
-            ctx = HostContext(session, report, plan)
-            changed = []
-            for step in steps_by_label[target.label]:
-                outcome = handlers[step.action](ctx, step)
-                ctx.results[step.action] = outcome
-                mark = "[dim]=[/]" if isinstance(outcome, Skipped) else "[green]✓[/]"
-                report.log(f"  {mark} {console.r(outcome)}")
-                if not isinstance(outcome, Skipped) and step.action != "probe":
-                    changed.append(step.action)
-            report.summary = ("changed: " + ", ".join(changed)) if changed else "no change needed"
+        with connect(target) as session:
+            run_steps(HostContext(session, report, plan), steps_by_label[target.label])
 
     return run_parallel([hp.target for hp in plan.hosts], run_host, title=title or plan.title)

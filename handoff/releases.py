@@ -12,25 +12,26 @@ from __future__ import annotations
 
 import hashlib
 import io
-import secrets as pysecrets
 import shlex
 import stat
 import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import paramiko
-
+import payload
+from handoff import defaults
 from handoff.errors import RemoteError
-from handoff.plan import Skipped
-from handoff.remote import Session
-from handoff.state import REPO_ROOT
-from handoff.verify import Facts
+from handoff.facts import Facts
+from handoff.layout import RemoteLayout, parents
+from handoff.plan import HostContext, Skipped, Step
+from handoff.targets import Target
+from handoff.transfer import mkdirs, remove_leftovers, temp_name, temp_prefix, upload_atomic
 
-PAYLOAD_DIR = REPO_ROOT / "payload"
-KEEP_RELEASES = 3
+# The payload package as installed (a checkout's payload/ when installed editable): the
+# release is built from what `import payload` finds, never from a path in a checkout.
+PAYLOAD_DIR = Path(payload.__file__).resolve().parent
+KEEP_RELEASES = defaults.KEEP_RELEASES
 MAIN = "from payload.cli import main\nraise SystemExit(main())\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -87,128 +88,99 @@ def build(payload_dir: Path = PAYLOAD_DIR) -> Release:
     return _cached(payload_dir, stamp)
 
 
-def release_dir(session: Session, release: Release) -> str:
-    return f"{session.remote_dir}/releases/{release.sha12}"
-
-
 def has_release(facts: Facts, release: Release) -> bool:
-    return any(r["name"] == release.sha12 and r["size"] == release.size for r in facts.releases)
+    return any(r.name == release.sha12 and r.size == release.size for r in facts.releases)
 
 
 def current_is(facts: Facts, release: Release) -> bool:
-    cur = facts.current
-    return bool(cur) and cur.rstrip("/").endswith(f"releases/{release.sha12}")  # type: ignore[union-attr]
+    return bool(facts.current) and str(facts.current).rstrip("/").endswith(f"releases/{release.sha12}")
 
 
-def parents(path: str) -> list[str]:
-    """`path` and each folder above it (`~/a/b` -> `~/a/b`, `~/a`, `~`): what a deploy asks
-    the probe about, so creating folders later needs no stat round trips."""
-    out = []
-    while path not in ("", "/", "~"):
-        out.append(path)
-        path = path.rsplit("/", 1)[0] if "/" in path else ""
-    return out + (["~"] if path == "~" else [])
+# --- the steps of push-script ------------------------------------------------------------
 
 
-def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o755,
-           known: Mapping[str, bool] | None = None) -> bool:
-    """mkdir -p over SFTP; True when it created `path` itself.
-
-    `known` (absolute path -> is a directory, from the probe) saves the stat of each level
-    it covers; other levels cost one stat. A level created meanwhile by a concurrent run
-    is fine (its mkdir fails, a stat confirms it).
-    """
-    known = known or {}
-    missing = []
-    p = path
-    while p not in ("", "/"):
-        if known.get(p) is True:
-            break
-        if known.get(p) is None:
-            try:
-                sftp.stat(p)
-                break
-            except FileNotFoundError:
-                pass
-        missing.append(p)
-        p = p.rsplit("/", 1)[0]
-    for d in reversed(missing):
-        try:
-            sftp.mkdir(d, mode)
-        except OSError:
-            sftp.stat(d)  # created meanwhile by a concurrent run: fine; else this raises
-    return bool(missing)
+def steps(target: Target, release: Release) -> list[Step]:
+    """upload → switch current → prune, each skipped when already so."""
+    lay = target.layout
+    folder = lay.release(release.sha12)
+    return [
+        Step("upload-release", f"upload payload.pyz ({release.size / 1024:.0f} KiB, sha256 {release.sha12})",
+             f"sftp put {folder}/{temp_prefix('payload.pyz')}* then rename to {folder}/payload.pyz",
+             "unless that release is already there", run=_upload),
+        Step("switch-current", f"point {lay.current} at releases/{release.sha12}",
+             f"sftp symlink {lay.root}/{temp_prefix('current')}* then rename over {lay.current} (atomic)",
+             "unless current already points there", run=_switch),
+        Step("prune-releases", f"prune old releases, keeping the last {KEEP_RELEASES}",
+             f"rm -rf {lay.releases}/<old>", f"when more than {KEEP_RELEASES} exist", run=_prune),
+    ]
 
 
-def upload_atomic(sftp: paramiko.SFTPClient, data: bytes, final: str, mode: int = 0o644) -> None:
-    """Write to a temp name in the same folder, then rename: readers never see a partial file."""
-    folder, name = final.rsplit("/", 1)
-    tmp = f"{folder}/.{name}.tmp-{pysecrets.token_hex(6)}"
-    try:
-        with sftp.open(tmp, "wbx") as f:
-            f.set_pipelined(True)
-            f.chmod(mode)
-            for i in range(0, len(data), 32768):
-                f.write(data[i : i + 32768])
-        sftp.posix_rename(tmp, final)
-    except BaseException:
-        try:
-            sftp.remove(tmp)
-        except Exception:
-            pass
-        raise
+def folders(layout: RemoteLayout, release: Release) -> list[str]:
+    """The folders an upload of `release` may create (the probe reports which exist)."""
+    return parents(layout.release(release.sha12))
 
 
-def _remove_leftovers(sftp: paramiko.SFTPClient, folder: str, prefix: str) -> None:
-    """Temp names left by an earlier run whose connection dropped mid-step."""
-    for name in sftp.listdir(folder):
-        if name.startswith(prefix):
-            try:
-                sftp.remove(f"{folder}/{name}")
-            except OSError:
-                pass
+def _release(ctx: HostContext) -> Release:
+    rel = ctx.private("release")
+    if not isinstance(rel, Release):
+        raise RuntimeError("the plan carries no release")
+    return rel
 
 
-def upload(session: Session, facts: Facts, release: Release) -> str:
+def _upload(ctx: HostContext, step: Step) -> str:
+    return upload(ctx, _release(ctx))
+
+
+def _switch(ctx: HostContext, step: Step) -> str:
+    return switch(ctx, _release(ctx))
+
+
+def _prune(ctx: HostContext, step: Step) -> str:
+    return prune(ctx, _release(ctx))
+
+
+def upload(ctx: HostContext, release: Release) -> str:
+    facts, s = ctx.need_facts(), ctx.session
     if has_release(facts, release):
         return Skipped(f"release {release.sha12} already on the host")
-    folder = release_dir(session, release)
+    folder = s.layout.release(release.sha12)
     try:
-        created = mkdirs(session.sftp, folder, known=facts.dirs)
-        upload_atomic(session.sftp, release.data, f"{folder}/payload.pyz")
+        created = mkdirs(s.files, folder, known=facts.dirs)
+        upload_atomic(s.files, release.data, f"{folder}/payload.pyz")
         if not created:  # a folder made just now holds no earlier run's temp files
-            _remove_leftovers(session.sftp, folder, ".payload.pyz.tmp-")
+            remove_leftovers(s.files, folder, temp_prefix("payload.pyz"))
     except OSError as exc:
-        raise RemoteError(f"{session.label}: uploading release {release.sha12} to {folder} failed: {exc}") from None
+        raise RemoteError(f"{s.label}: uploading release {release.sha12} to {folder} failed: {exc}") from None
     return f"uploaded release {release.sha12} ({release.size / 1024:.0f} KiB)"
 
 
-def switch(session: Session, facts: Facts, release: Release) -> str:
+def switch(ctx: HostContext, release: Release) -> str:
+    facts, s = ctx.need_facts(), ctx.session
     if current_is(facts, release):
         return Skipped(f"current already → {release.sha12}")
-    rd = session.remote_dir
-    tmp = f"{rd}/.current.tmp-{pysecrets.token_hex(6)}"
+    lay = s.layout
+    tmp = temp_name(lay.current)
     try:
-        # OpenSSH's sftp-server takes SYMLINK args as (target, link), which is the order
-        # paramiko sends. rename(2) over the old link swaps it in one step (`mv -T`).
-        session.sftp.symlink(f"releases/{release.sha12}", tmp)
-        session.sftp.posix_rename(tmp, f"{rd}/current")
-        _remove_leftovers(session.sftp, rd, ".current.tmp-")
+        # rename(2) over the old link swaps it in one step (`mv -T`).
+        s.files.symlink(f"releases/{release.sha12}", tmp)
+        s.files.rename(tmp, lay.current)
+        remove_leftovers(s.files, lay.root, temp_prefix("current"))
     except OSError as exc:
         try:
-            session.sftp.remove(tmp)
+            s.files.remove(tmp)
         except Exception:
             pass
-        raise RemoteError(f"{session.label}: switching {rd}/current failed: {exc}") from None
+        raise RemoteError(f"{s.label}: switching {lay.current} failed: {exc}") from None
     return f"current → releases/{release.sha12}"
 
 
-def prune(session: Session, facts: Facts, release: Release, keep: int = KEEP_RELEASES) -> str:
-    names = [r["name"] for r in facts.releases if r["name"] != release.sha12]
+def prune(ctx: HostContext, release: Release, keep: int = KEEP_RELEASES) -> str:
+    facts, s = ctx.need_facts(), ctx.session
+    names = [r.name for r in facts.releases if r.name != release.sha12]
     keep_old = keep - 1  # the new release is one of the `keep`; releases are oldest first
     doomed = names[: max(0, len(names) - keep_old)]
     if not doomed:
         return Skipped("nothing to prune")
-    paths = " ".join(shlex.quote(f"{session.remote_dir}/releases/{n}") for n in doomed)
-    session.check(f"rm -rf -- {paths}", "pruning old releases")
+    paths = " ".join(shlex.quote(s.layout.release(n)) for n in doomed)
+    s.check(f"rm -rf -- {paths}", "pruning old releases")
     return f"pruned {len(doomed)} old release(s)"

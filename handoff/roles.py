@@ -1,5 +1,8 @@
 """Roles: one YAML file per kind of container (`roles/<name>.yml`).
 
+The defaults ship with the package (`handoff/data/roles/`); a `roles/` folder in the
+project directory overrides them file by file and may add more (handoff.paths).
+
 A role says declaratively what the container needs (python version, importable
 modules, commands, CUDA GPUs, free disk), whether it gets the API key, what
 `launch` runs and with which default vars. Adding a kind of container is adding a
@@ -34,11 +37,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from handoff import paths
 from handoff.errors import RoleError
-from handoff.state import REPO_ROOT
 from handoff.yamlfile import YamlError, line_of, load
 
-ROLES_DIR = REPO_ROOT / "roles"
 _ROLE_KEYS = {"description", "requires", "install", "secret", "vars", "launch", "smoke", "preflight"}
 _REQ_KEYS = {"python", "modules", "commands", "gpus", "disk_gb", "cuda_torch", "files"}
 _MODULE_KEYS = {"module", "when", "fix"}
@@ -269,21 +271,29 @@ def load_role(path: Path) -> Role:
     )
 
 
-def roles_dir() -> Path:
-    return ROLES_DIR
+def _dirs(directory: Path | None) -> list[Path]:
+    return [directory] if directory is not None else paths.roles_dirs()
 
 
 def known_roles(directory: Path | None = None) -> list[str]:
-    directory = directory or roles_dir()
-    return sorted(p.stem for p in directory.glob("*.yml"))
+    """Role names in `directory`, else in the project's roles/ and the shipped defaults."""
+    return sorted({p.stem for d in _dirs(directory) for p in d.glob("*.yml")})
+
+
+def role_path(name: str, directory: Path | None = None) -> Path:
+    """The file that defines role `name`: the first of the role folders that has it."""
+    folders = _dirs(directory)
+    for folder in folders:
+        path = folder / f"{name}.yml"
+        if path.is_file():
+            return path
+    known = ", ".join(known_roles(directory)) or "none"
+    raise RoleError(f"unknown role {name!r}; known roles: {known} (a role is a file in "
+                    f"{folders[0]}/)")
 
 
 def get_role(name: str, directory: Path | None = None) -> Role:
-    directory = directory or roles_dir()
-    path = directory / f"{name}.yml"
-    if not path.is_file():
-        known = ", ".join(known_roles(directory)) or "none"
-        raise RoleError(f"unknown role {name!r}; known roles: {known} (a role is a file in {directory}/)")
+    path = role_path(name, directory)
     st = path.stat()
     return _load_role_cached(path, st.st_mtime_ns, st.st_size)
 

@@ -1,23 +1,28 @@
-"""The API key: read from the OS keyring, placed 0600 from creation, removed on cleanup.
+"""The API key, from the keyring to the host and back out: read, placed, removed.
 
-Placement over SFTP, never via a command line or `env=`:
-1. the key's folder is created / forced to 0700;
-2. a temp name in that folder is opened with O_CREAT|O_EXCL and mode 0600 given IN
-   the open request itself, so the file is 0600 from the instant it exists (an
-   fchmod 0600 follows in case a server ignored the attrs; no byte is written yet);
-3. the key is written, flushed and fsync'ed (`fsync@openssh.com`);
-4. the temp name is renamed over the final path (`posix-rename@openssh.com`);
-5. `stat` checks mode 0600 and owner = the login user; anything else is removed and
-   reported.
-Idempotence is checked on the host: the probe returns the sha256 of the remote file,
-compared with the local key's sha256; the key itself never travels for that.
-The ledger records host, path, time and the first 8 hex of sha256(key).
+This is the one home of the secret's life cycle:
+- read from the OS keyring (`read_key`, `read_key_soon`), registered for redaction at once;
+- placed on a host by deploy/push-key (`place_step`, `place`), over SFTP, never through a
+  command line or `env=`:
+  1. the key's folder is created / forced to 0700;
+  2. a temp name in that folder is created exclusively with mode 0600 given IN the create
+     request itself, so the file is 0600 from the instant it exists;
+  3. the key is written and fsync'ed;
+  4. the temp name is renamed over the final path (POSIX rename);
+  5. `stat` checks mode 0600 and owner = the login user; anything else is removed and
+     reported.
+  Idempotence is checked on the host: the probe returns the sha256 of the remote file,
+  compared with the local key's sha256; the key itself never travels for that.
+- removed by cleanup-secrets (`cleanup_plan`, `remove`): every key the ledger lists as
+  placed (also on hosts that left the inventory) and every `key_path` named with --host,
+  temp leftovers included, then proven gone by a stat.
+
+The ledger (handoff.state) records host, path, time and the first 8 hex of sha256(key).
 """
 
 from __future__ import annotations
 
 import hashlib
-import secrets as pysecrets
 import stat
 import sys
 import threading
@@ -25,22 +30,21 @@ import time
 from concurrent.futures import Future
 from types import ModuleType
 
-import paramiko
-from paramiko.sftp import (
-    CMD_EXTENDED,
-    CMD_HANDLE,
-    CMD_OPEN,
-    SFTP_FLAG_CREATE,
-    SFTP_FLAG_EXCL,
-    SFTP_FLAG_WRITE,
-)
-
 from handoff import state
-from handoff.errors import KeyringEntryMissing, NoKeyringBackend, RemoteError, SecretError
-from handoff.plan import Skipped
-from handoff.releases import mkdirs
-from handoff.remote import Session
-from handoff.verify import Facts
+from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
+from handoff.errors import (
+    KeyringEntryMissing,
+    NoKeyringBackend,
+    RemoteError,
+    UsageError,
+)
+from handoff.facts import KEY_FILE, Facts
+from handoff.layout import parents
+from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
+from handoff.session import Session
+from handoff.ssh import endpoint, is_alias
+from handoff.targets import Target
+from handoff.transfer import mkdirs, remove_leftovers, temp_name, temp_prefix
 from payload.redact import REDACTOR
 
 
@@ -62,7 +66,7 @@ def _keyring() -> ModuleType:
     return keyring
 
 
-def read_key(service: str = "openrouter", username: str = "api-key") -> str:
+def read_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> str:
     """The key from the OS keyring, registered for redaction before anything else."""
     keyring = _keyring()
     try:
@@ -78,7 +82,7 @@ def read_key(service: str = "openrouter", username: str = "api-key") -> str:
     return key
 
 
-def read_key_soon(service: str = "openrouter", username: str = "api-key") -> Future[str]:
+def read_key_soon(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> Future[str]:
     """`read_key` on a thread: keyring's backend discovery and the Secret Service round trip
     (0.1-0.3 s) then overlap the SSH connections and probes, and only the first step that
     changes a host waits for it.
@@ -99,7 +103,7 @@ def read_key_soon(service: str = "openrouter", username: str = "api-key") -> Fut
     return future
 
 
-def store_key(key: str, service: str = "openrouter", username: str = "api-key") -> None:
+def store_key(key: str, service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> None:
     keyring = _keyring()
     REDACTOR.add(key)
     try:
@@ -117,29 +121,54 @@ def fingerprint(key: str) -> str:
     return sha256(key)[:8]
 
 
-def key_path(session: Session) -> str:
-    return session.abs(str(session.vars["key_path"]))
+def keyring_entry(targets: list[Target], required: bool) -> tuple[str, str] | None:
+    """The keyring (service, username) for the targets whose role takes the key; None when
+    none does (extractor-only)."""
+    services = {(str(t.vars["secret_service"]), str(t.vars["secret_username"])) for t in targets
+                if takes_key(t)}
+    if not services:
+        if required:
+            raise UsageError("none of these hosts' roles takes the API key (role `secret:` is none)")
+        return None
+    if len(services) > 1:
+        raise UsageError(f"these hosts use different keyring entries {sorted(services)}; deploy them separately")
+    return services.pop()
 
 
-def _open_private(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPFile:
-    """Exclusive create with mode 0600 set in the OPEN request (not a chmod afterwards).
-
-    paramiko's `open()` sends empty attrs, so the server would create the file with
-    0666 & ~umask first; this sends the permissions with the create.
-    """
-    attrs = paramiko.SFTPAttributes()
-    attrs.st_mode = 0o600
-    t, msg = sftp._request(CMD_OPEN, path, SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL, attrs)
-    if t != CMD_HANDLE:
-        raise SecretError("SFTP server did not return a file handle")
-    return paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
+def takes_key(target: Target) -> bool:
+    return target.role is None or target.role.secret
 
 
-def _fsync(sftp: paramiko.SFTPClient, f: paramiko.SFTPFile) -> None:
-    try:
-        sftp._request(CMD_EXTENDED, "fsync@openssh.com", f.handle)
-    except (OSError, paramiko.SFTPError):
-        pass  # a server without the extension: rename still gives atomicity, not durability
+# --- placement -----------------------------------------------------------------------------
+
+
+def key_folders(target: Target) -> list[str]:
+    """The folders placing the key may create (the probe reports which exist)."""
+    return parents(str(target.vars["key_path"]).rsplit("/", 1)[0])
+
+
+def place_step(target: Target, key: str | Future[str] | None, unavailable: str | None = None) -> Step:
+    """Place the plan's key (private "key") at the host's key_path, 0600 from birth."""
+    path = str(target.vars["key_path"])
+    folder, name = path.rsplit("/", 1)
+    if isinstance(key, str):
+        what = f"place API key {fingerprint(key)} at {path} (0600)"
+    elif key is not None:
+        what = f"place API key at {path} (0600)"
+    else:
+        what = f"place API key at {path} (0600); NOTE: {unavailable}"
+    return Step("place-key", what,
+                f"sftp mkdir {folder} (0700); create {folder}/{temp_prefix(name)}* O_EXCL mode 0600; "
+                f"write; fsync; rename; stat",
+                "unless the host already holds the same key (sha256 compared on the host)",
+                run=_place_key)
+
+
+def _place_key(ctx: HostContext, step: Step) -> str:
+    key = ctx.private("key")
+    if not key:
+        raise RuntimeError("the plan carries no key")
+    return place(ctx.session, ctx.need_facts(), str(key))
 
 
 def ledger_entry(session: Session, path: str, fp: str, event: str) -> state.LedgerEntry:
@@ -156,82 +185,125 @@ def _in_ledger(entry: state.LedgerEntry) -> bool:
 
 def place(session: Session, facts: Facts, key: str) -> str:
     """Place `key` at the host's key_path unless the same key is already there."""
-    path = key_path(session)
+    path = session.abs(str(session.vars["key_path"]))
     fp = fingerprint(key)
-    remote = facts.file("key")
+    remote = facts.file(KEY_FILE)
     entry = ledger_entry(session, path, fp, "placed")
-    if (
-        remote.get("exists")
-        and remote.get("sha256") == sha256(key)
-        and remote.get("mode") == 0o600
-        and remote.get("uid") == facts.uid
-    ):
+    if remote.exists and remote.sha256 == sha256(key) and remote.mode == 0o600 and remote.uid == facts.uid:
         if not _in_ledger(entry):
             state.record(entry)
         return Skipped(f"key {fp} already at {path} (0600), nothing written")
-    folder, name = path.rsplit("/", 1)
-    sftp = session.sftp
-    tmp = f"{folder}/.{name}.tmp-{pysecrets.token_hex(6)}"
+    folder = path.rsplit("/", 1)[0]
+    files = session.files
+    tmp = temp_name(path)
     created = False
     try:
-        mkdirs(sftp, folder, 0o700, known=facts.dirs)
-        sftp.chmod(folder, 0o700)  # also when it existed: the folder is private either way
-        f = _open_private(sftp, tmp)
-        created = True
-        try:
-            f.chmod(0o600)  # no-op normally; guards against a server that ignored the attrs
-            f.write(key.encode("utf-8"))
-            f.flush()
-            _fsync(sftp, f)
-        finally:
-            f.close()
-        sftp.posix_rename(tmp, path)
+        mkdirs(files, folder, 0o700, known=facts.dirs)
+        files.chmod(folder, 0o700)  # also when it existed: the folder is private either way
+        with files.create(tmp, 0o600) as fh:
+            created = True
+            fh.write(key.encode("utf-8"))
+            fh.fsync()
+        files.rename(tmp, path)
         created = False
-        st = sftp.stat(path)
+        st = files.stat(path)
     except OSError as exc:
         raise RemoteError(f"{session.label}: placing the key at {path} failed: {exc}") from None
     finally:
         if created:
             try:
-                sftp.remove(tmp)
+                files.remove(tmp)
             except OSError:
                 pass
-    mode = stat.S_IMODE(st.st_mode or 0)
-    if mode != 0o600 or st.st_uid != facts.uid:
+    mode = stat.S_IMODE(st.mode)
+    if mode != 0o600 or st.uid != facts.uid:
         try:
-            sftp.remove(path)
+            files.remove(path)
         except OSError:
             pass
         raise RemoteError(
-            f"{session.label}: {path} came out with mode {mode:o} owner uid {st.st_uid} "
+            f"{session.label}: {path} came out with mode {mode:o} owner uid {st.uid} "
             f"(want 600, uid {facts.uid}); removed it. Check the folder's ACLs / filesystem."
         )
     state.record(entry)
-    return f"placed key {fp} at {path} (0600, uid {st.st_uid})"
+    return f"placed key {fp} at {path} (0600, uid {st.uid})"
+
+
+# --- cleanup ---------------------------------------------------------------------------------
 
 
 def remove(session: Session, path: str, fp: str) -> str:
     """Delete the key file (and any temp leftovers), then prove it is gone."""
-    sftp = session.sftp
+    files = session.files
     folder, name = path.rsplit("/", 1)
     removed = False
     try:
-        sftp.remove(path)
+        files.remove(path)
         removed = True
     except FileNotFoundError:
         pass
     except OSError as exc:
         raise RemoteError(f"{session.label}: cannot remove {path}: {exc}") from None
     try:
-        for leftover in sftp.listdir(folder):
-            if leftover.startswith(f".{name}.tmp-"):
-                sftp.remove(f"{folder}/{leftover}")
-                removed = True
+        removed = remove_leftovers(files, folder, temp_prefix(name)) or removed
     except FileNotFoundError:
         pass
     try:
-        sftp.stat(path)
+        files.stat(path)
     except FileNotFoundError:
         state.record(ledger_entry(session, path, fp, "removed"))
-        return f"removed {path}, verified gone" if removed else f"{path} already absent"
+        return f"removed {path}, verified gone" if removed else Skipped(f"{path} already absent")
     raise RemoteError(f"{session.label}: {path} still exists after removal")
+
+
+def _ledger_target(entry: state.LedgerEntry) -> Target:
+    """Reach a host from its ledger entry, even if it left the inventory."""
+    ep = None
+    if is_alias(entry.host):
+        ep = endpoint(entry.host)
+        if (ep.hostname, ep.port, ep.user) != (entry.hostname, entry.port, entry.user):
+            ep = None
+    if ep is None:
+        ep = endpoint(entry.hostname, entry.port, entry.user, entry.identity[0] if entry.identity else None)
+    return Target(entry.host, entry.host, ep, None, None, {})
+
+
+def cleanup_entries(named: list[Target] | None, wanted: set[str] | None) -> list[state.LedgerEntry]:
+    """What cleanup removes: the ledger's placed keys (only those of `wanted` hosts when
+    given), plus, for each `named` target the ledger lost track of (a wiped state dir), its
+    key_path."""
+    entries = state.placed()
+    if wanted is None:
+        return entries
+    entries = [e for e in entries if e.host in wanted or e.hostname in wanted]
+    for t in named or []:
+        ep = t.endpoint
+        if any((e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) for e in entries):
+            continue
+        rel = str(t.vars["key_path"])
+        path = rel[2:] if rel.startswith("~/") else rel  # SFTP resolves relative paths from home
+        entries.append(state.LedgerEntry(
+            host=t.label, hostname=ep.hostname, port=ep.port, user=ep.user,
+            identity=list(ep.identity), path=path, fingerprint="", time=time.time()))
+    return entries
+
+
+def cleanup_plan(entries: list[state.LedgerEntry]) -> Plan:
+    """One host per (address, port, user), one remove-key step per key file placed there."""
+    by_host: dict[tuple[str, int, str], list[state.LedgerEntry]] = {}
+    for e in entries:
+        by_host.setdefault((e.hostname, e.port, e.user), []).append(e)
+    plan = Plan("cleanup-secrets", [])
+    for group in by_host.values():
+        steps = [Step("remove-key",
+                      f"remove the key file {e.path}" + (f" (key {e.fingerprint})" if e.fingerprint else ""),
+                      f"sftp remove {e.path} and {temp_prefix(e.path.rsplit('/', 1)[-1])}* beside it; "
+                      f"stat to prove it gone; ledger: removed",
+                      "if present", {"path": e.path, "fingerprint": e.fingerprint}, run=_remove_key)
+                 for e in group]
+        plan.hosts.append(HostPlan(_ledger_target(group[0]), steps))
+    return plan
+
+
+def _remove_key(ctx: HostContext, step: Step) -> str:
+    return remove(ctx.session, str(step.params["path"]), str(step.params["fingerprint"]))

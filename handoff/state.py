@@ -1,9 +1,10 @@
 """The local state dir: current targets, the secrets ledger, pinned host keys.
 
-`$HANDOFF_STATE_DIR`, default `.handoff/` at the repo root (git-ignored). The dir
-is 0700 and every file in it 0600: it holds no secret, but the ledger maps hosts
-to where keys lie, which is nobody else's business. The ledger stores host, path,
-time and an 8-hex fingerprint of the key, never the key.
+`$HANDOFF_STATE_DIR`, default `.handoff/` in the project directory (handoff.paths;
+git-ignored). The dir is 0700 and every file in it 0600: it holds no secret, but the
+ledger maps hosts to where keys lie, which is nobody else's business. The ledger stores
+host, path, time and an 8-hex fingerprint of the key, never the key. Files are replaced
+through payload.atomic (temp name, fsync, rename); the ledger is append-only.
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from handoff.paths import state_dir
 from payload import atomic
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "load_targets",
+           "pinned_keys_path", "placed", "record", "save_targets", "state_dir", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
-
-
-def state_dir() -> Path:
-    env = os.environ.get("HANDOFF_STATE_DIR")
-    path = Path(env).expanduser() if env else REPO_ROOT / ".handoff"
-    return path.resolve()
 
 
 def ensure_state_dir() -> Path:

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import state
+from handoff.defaults import DEFAULT_ROLE
 from handoff.errors import TargetError
 from handoff.inventory import Host, Inventory
+from handoff.layout import RemoteLayout
 from handoff.roles import Role, get_role, known_roles
 from handoff.ssh import Endpoint, endpoint, is_alias, parse_spec
-
-DEFAULT_ROLE = "generator"
 
 
 @dataclass
@@ -30,6 +30,11 @@ class Target:
     host: Host | None
     role: Role | None
     vars: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layout(self) -> RemoteLayout:
+        """The host's folders as configured (`~` not yet resolved: see Session.layout)."""
+        return RemoteLayout.of(self.vars)
 
     @property
     def safe_label(self) -> str:

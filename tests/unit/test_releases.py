@@ -1,4 +1,5 @@
-"""The payload zipapp: reproducible bytes, only payload/**/*.py, runnable."""
+"""The payload zipapp: reproducible bytes, only payload/**/*.py, runnable, built from the
+installed payload package; and the release steps on a host (a local fake session)."""
 
 from __future__ import annotations
 
@@ -54,42 +55,3 @@ def test_pyz_runs_the_payload_cli(tmp_path: Path) -> None:
                           timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "generate" in proc.stdout and "smoke" in proc.stdout
-
-
-class _RecordingSftp:
-    """Just enough SFTP to see which round trips mkdirs makes."""
-
-    def __init__(self, existing: set[str]) -> None:
-        self.existing = set(existing)
-        self.calls: list[tuple[str, str]] = []
-
-    def stat(self, path: str) -> object:
-        self.calls.append(("stat", path))
-        if path not in self.existing:
-            raise FileNotFoundError(path)
-        return object()
-
-    def mkdir(self, path: str, mode: int = 0o777) -> None:
-        self.calls.append(("mkdir", path))
-        self.existing.add(path)
-
-
-def test_mkdirs_uses_what_the_probe_saw_and_stats_only_the_rest() -> None:
-    from handoff.releases import mkdirs, parents
-
-    assert parents("~/.handoff/releases/abc") == [
-        "~/.handoff/releases/abc", "~/.handoff/releases", "~/.handoff", "~"]
-    folder = "/home/u/.handoff/releases/abc"
-    known = {"/home/u": True, "/home/u/.handoff": False, "/home/u/.handoff/releases": False,
-             folder: False}
-    fresh = _RecordingSftp({"/home/u"})
-    assert mkdirs(fresh, folder, known=known) is True
-    assert fresh.calls == [("mkdir", "/home/u/.handoff"), ("mkdir", "/home/u/.handoff/releases"),
-                           ("mkdir", folder)]  # no stat at all
-    unprobed = _RecordingSftp({"/home/u", "/home/u/.handoff"})
-    assert mkdirs(unprobed, "/home/u/.handoff/secrets") is True
-    assert unprobed.calls == [("stat", "/home/u/.handoff/secrets"), ("stat", "/home/u/.handoff"),
-                              ("mkdir", "/home/u/.handoff/secrets")]
-    there = _RecordingSftp({"/home/u", "/home/u/.handoff"})
-    assert mkdirs(there, "/home/u/.handoff", known={"/home/u/.handoff": True}) is False
-    assert there.calls == []

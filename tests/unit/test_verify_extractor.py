@@ -1,7 +1,8 @@
 """verify's verdict for the extractor role from probe facts, without a host.
 
-The probe's JSON is what these facts imitate; each failing check must carry the
-numbers it saw and a fix a person can act on.
+The probe's JSON answer (handoff.remote_code.probe) is what these facts imitate, typed by
+Facts.from_json as the real answer is; each failing check must carry the numbers it saw
+and a fix a person can act on.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from handoff.facts import SELF_PYTHON, Facts, deep_args
 from handoff.roles import get_role
-from handoff.verify import SELF_PYTHON, Check, Facts, Verdict, deep_args, evaluate
+from handoff.verify import Check, Verdict, evaluate
 
 ROLE = get_role("extractor")
 GIB = 1 << 30
@@ -38,7 +40,7 @@ def facts(**extra: Any) -> Facts:
         "preflight_wanted": True,
     }
     raw.update(extra)
-    return Facts(raw)
+    return Facts.from_json(raw)
 
 
 def preflight_result(fits: bool, rc: int | None = None) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""verify's deep probe run for real, locally: the probe snippet, the torch/CUDA child and
+"""verify's deep probe run for real, locally: the probe module, the torch/CUDA child and
 the extractor's disk preflight (the built payload.pyz) against a tiny model folder.
 
-No host and no sshd: the probe is what `Session.py` would run over SSH, here run by this
-python (which has torch, CPU build). Skipped where transformers is not installed.
+No host and no sshd: the probe's source is what `Session.run_code` ships over SSH, here
+run by this python (which has torch, CPU build). Skipped where transformers is not installed.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from handoff import releases
+from handoff import releases, remote_code
+from handoff.facts import Facts, deep_args
 from handoff.roles import get_role
-from handoff.verify import PROBE, Facts, deep_args, evaluate
+from handoff.verify import evaluate
 from payload.records import Shard
 
 pytest.importorskip("transformers")
@@ -44,9 +45,9 @@ def run_probe(tmp_path: Path, variables: dict[str, Any], shard: str | None) -> F
                             "commands": list(role.requires.commands), "gpus": True,
                             "files": {}, "dirs": [], "hash": False}
     args.update(deep_args(role, variables, shard))
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True,
-                         text=True, timeout=300, cwd=tmp_path, check=True)
-    return Facts(json.loads(out.stdout.strip().splitlines()[-1]))
+    out = subprocess.run([sys.executable, "-c", remote_code.source(remote_code.PROBE), json.dumps(args)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, check=True)
+    return Facts.from_json(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def test_probe_runs_torch_check_and_preflight(tmp_path: Path) -> None:
@@ -64,10 +65,11 @@ def test_probe_runs_torch_check_and_preflight(tmp_path: Path) -> None:
     v.update(python="python3", remote_dir=str(rd), gpus=1, model_dir=str(model), input=str(inp))
 
     facts = run_probe(tmp_path, v, "0/2")
-    torch_facts = facts.raw["torch"]
-    assert set(torch_facts) == {"torch", "cuda", "available", "gpus"}
-    pre = json.loads(facts.raw["preflight"]["out"].strip().splitlines()[-1])
-    assert facts.raw["preflight"]["rc"] == 0 and pre["fits"] is True
+    torch_facts = facts.torch
+    assert torch_facts is not None and torch_facts.error is None and torch_facts.version
+    assert facts.preflight is not None
+    pre = json.loads(facts.preflight.out.strip().splitlines()[-1])
+    assert facts.preflight.rc == 0 and pre["fits"] is True
     owned = sum(Shard(0, 2).owns(str(r["id"])) for r in make_records(12))
     assert pre["samples"] == owned < 12  # shard 0/2: this host's share only
     assert pre["estimate_bytes"] > 0 and pre["tokens"] > 0
@@ -77,5 +79,5 @@ def test_probe_runs_torch_check_and_preflight(tmp_path: Path) -> None:
     disk = next(c for c in verdict.checks if c.name == "disk for the features")
     assert disk.ok and f"for {owned} samples" in disk.have, disk
     cuda = next(c for c in verdict.checks if c.name == "CUDA via torch")
-    assert cuda.ok == bool(torch_facts["available"])  # CPU here: fails, with the CPU-build fix
+    assert cuda.ok == torch_facts.available  # CPU here: fails, with the CPU-build fix
     assert next(c for c in verdict.checks if c.name.startswith("file ")).ok

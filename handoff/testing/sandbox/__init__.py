@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from handoff import defaults
 from handoff.testing.sandbox import _system
 from handoff.testing.sandbox._system import SandboxError
 from handoff.testing.sandbox.keystore import ThrowawayKeyring
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Container", "Sandbox", "SandboxError"]
 
-SECRET_SERVICE_NAME = "openrouter"
-SECRET_USERNAME = "api-key"
+SECRET_SERVICE_NAME = defaults.SECRET_SERVICE  # where handoff reads the key by default
+SECRET_USERNAME = defaults.API_KEY_USERNAME
 # api=False still needs a base_url that can never leave loopback (the inventory default is
 # the real OpenRouter): port 9 is "discard", nothing listens there.
 DEAD_API_URL = "http://127.0.0.1:9/api/v1"

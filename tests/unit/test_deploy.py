@@ -1,4 +1,5 @@
-"""The ledger (never the key, 0600, placed/removed folding) and plans built without a host."""
+"""The ledger (never the key, 0600, placed/removed folding); deploy plans built without a
+host; deploy executed on fake hosts (handoff.testing.local), the key gate included."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from handoff import checklist, console, plan, state
+from handoff import console, deploy, plan, state
 from handoff.inventory import load_inventory
 from handoff.targets import resolve
 from payload.redact import REDACTOR
+from tests.unit.conftest import Workstation
 
 
 @pytest.fixture
@@ -57,7 +59,7 @@ def fake_key() -> str:
 def test_deploy_plan_is_data_without_a_host(env: Path) -> None:
     targets = resolve("a,b,g", load_inventory())
     key = fake_key()
-    p = checklist.build(targets, key=key)
+    p = deploy.build(targets, key=key)
     actions = {hp.target.label: [s.action for s in hp.steps] for hp in p.hosts}
     assert actions["a"] == ["probe", "upload-release", "switch-current", "prune-releases", "place-key"]
     assert actions["g"] == ["probe", "upload-release", "switch-current", "prune-releases"]  # no secret role
@@ -68,9 +70,9 @@ def test_deploy_plan_is_data_without_a_host(env: Path) -> None:
 
 def test_single_step_plans(env: Path) -> None:
     targets = resolve("a", load_inventory())
-    assert [s.action for s in checklist.build(targets, verify=False, key=None).hosts[0].steps] == \
+    assert [s.action for s in deploy.build(targets, verify=False, key=None).hosts[0].steps] == \
         ["probe", "upload-release", "switch-current", "prune-releases"]
-    only_key = checklist.build(targets, verify=False, script=False, key=fake_key())
+    only_key = deploy.build(targets, verify=False, script=False, key=fake_key())
     assert [s.action for s in only_key.hosts[0].steps] == ["probe", "place-key"]
     assert only_key.hosts[0].steps[0].params["check"] is False
 
@@ -78,7 +80,7 @@ def test_single_step_plans(env: Path) -> None:
 def test_dry_run_render_shows_fingerprint_never_key(env: Path, capfd: pytest.CaptureFixture[str]) -> None:
     key = fake_key()
     REDACTOR.add(key)
-    p = checklist.build(resolve("a,b", load_inventory()), key=key)
+    p = deploy.build(resolve("a,b", load_inventory()), key=key)
     console._console = None  # a fresh console bound to the captured stdout
     plan.render(p)
     out = capfd.readouterr().out
@@ -94,15 +96,15 @@ def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.Captu
     import keyring
     from keyring.backends import null
 
-    from handoff import tasks
+    from handoff import commands
 
     previous = keyring.get_keyring()
     keyring.set_keyring(null.Keyring())
     console._console = None
     monkeypatch.setenv("COLUMNS", "300")  # one line per table row: nothing wrapped mid-phrase
     try:
-        assert tasks.deploy("a", dry_run=True) == 0  # contacts no host, needs no key
-        assert tasks.deploy("a") == 1  # the real run refuses, naming the fix
+        assert commands.deploy("a", dry_run=True) == 0  # contacts no host, needs no key
+        assert commands.deploy("a") == 1  # the real run refuses, naming the fix
     finally:
         keyring.set_keyring(previous)
         console._console = None
@@ -112,38 +114,54 @@ def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.Captu
     assert "keyring set openrouter api-key" in captured.err.replace("\n", " ")
 
 
-class _NoHost:
-    """A session stand-in that fails the test if a step touches the host."""
+def test_deploy_on_fake_hosts_places_release_and_key_then_is_a_no_op(ws: Workstation) -> None:
+    """The deploy plan's steps on two fake hosts: the real payload.pyz lands under
+    releases/<sha12>, `current` points at it, the key is 0600 in a 0700 folder and in the
+    ledger; a second run changes nothing."""
+    from handoff import releases
 
-    label = "a"
+    key = fake_key()
+    targets = ws.targets("a,b")
+    reports = plan.execute(deploy.build(targets, key=key), connect=ws.connect)
+    assert all(r.ok for r in reports), [r.error for r in reports]
+    release = releases.build()
+    for label in ("a", "b"):
+        rd = ws.remote_dir(label)
+        assert (rd / "current").readlink() == Path(f"releases/{release.sha12}")
+        assert (rd / "current" / "payload.pyz").read_bytes() == release.data
+        keyfile = rd / "secrets" / "openrouter.key"
+        assert keyfile.read_text() == key and keyfile.stat().st_mode & 0o777 == 0o600
+        assert keyfile.parent.stat().st_mode & 0o777 == 0o700
+        assert not [p for p in keyfile.parent.iterdir() if p.name != "openrouter.key"]
+    assert {e.host for e in state.placed()} == {"a", "b"}
+    again = plan.execute(deploy.build(targets, key=key), connect=ws.connect)
+    assert [r.summary for r in again] == ["no change needed"] * 2
+    assert any("nothing written" in str(line) for line in again[0].lines)
 
-    def __getattr__(self, name: str) -> object:
-        raise AssertionError(f"the host was touched ({name}) before the key was known")
 
-
-def test_a_key_still_being_read_holds_back_every_change(env: Path) -> None:
+def test_a_key_still_being_read_holds_back_every_change(ws: Workstation) -> None:
     """deploy reads the keyring on a thread while hosts connect and probe; a failed read
     must stop each host before its first change (nothing uploaded, switched, placed)."""
     from concurrent.futures import Future
 
-    from handoff.errors import HandoffError, KeyringEntryMissing
-    from handoff.parallel import HostReport
+    from handoff.errors import KeyringEntryMissing
 
-    targets = resolve("a", load_inventory())
+    targets = ws.targets("a")
     pending: Future[str] = Future()
-    p = checklist.build(targets, key=pending)
+    p = deploy.build(targets, key=pending)
     steps = p.hosts[0].steps
     assert [s.action for s in steps] == ["probe", "upload-release", "switch-current",
                                          "prune-releases", "place-key"]
     assert steps[0].params["key"] is True  # the probe still hashes the remote key file
+    assert [s.changes for s in steps] == [False, True, True, True, True]
     pending.set_exception(KeyringEntryMissing("openrouter", "api-key"))
-    ctx = plan.HostContext(_NoHost(), HostReport(targets[0]), p)  # type: ignore[arg-type]
-    for step in steps[1:]:
-        with pytest.raises(HandoffError, match="nothing changed: the API key could not be read"):
-            checklist.HANDLERS[step.action](ctx, step)
+    [report] = plan.execute(p, connect=ws.connect)
+    assert not report.ok and "nothing changed: the API key could not be read" in str(report.error)
+    rd = ws.remote_dir("a")
+    assert not (rd / "releases").exists() and not (rd / "current").exists()
+    assert not (rd / "secrets").exists() and state.placed() == []
 
-    key = fake_key()
     ready: Future[str] = Future()
-    ready.set_result(key)
-    assert checklist._key(plan.HostContext(_NoHost(), HostReport(targets[0]),  # type: ignore[arg-type]
-                                           checklist.build(targets, key=ready))) == key
+    ready.set_result(key := fake_key())
+    [report] = plan.execute(deploy.build(targets, key=ready), connect=ws.connect)
+    assert report.ok and (rd / "secrets" / "openrouter.key").read_text() == key

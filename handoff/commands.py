@@ -1,0 +1,300 @@
+"""The `fab` tasks as plain functions returning an exit code: the command layer.
+
+Each command does only what every command does: pick its targets, build its plan (or call
+its read-only operation), run it on the hosts, print the summary and return the exit code.
+What happens ON a host lives with the thing it acts on:
+
+| concern | module |
+|---|---|
+| verify (probe, checks, `--install`) | handoff.verify, handoff.facts |
+| the release (build, upload, switch, prune) | handoff.releases, handoff.transfer |
+| the key (keyring, placement, cleanup) | handoff.secrets |
+| deploy = verify + release + key | handoff.deploy |
+| jobs: launch, status, logs, stop, smoke-test | handoff.jobs.* |
+| fetch | handoff.fetch |
+| host keys (trust-host) | handoff.trust, handoff.hostkeys |
+
+fabfile.py parses flags and calls these; `fab demo` and tests call them directly. Every
+command catches HandoffError at the top and prints its message (which names the fix),
+so no traceback is ever the user interface. Exit codes: 0 done everywhere, 1 a host
+failed (or a job is not running / finished, for `status`), 2 bad usage (flags, inventory,
+roles, hosts), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from handoff import console, plan
+from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
+from handoff.errors import HandoffError, SecretError, UsageError
+from handoff.inventory import load_inventory
+from handoff.parallel import HostReport, run_on_hosts
+from handoff.session import Connector, SSHSession
+from handoff.targets import Target, resolve
+
+# How commands reach a host. Tests may point it at handoff.testing.local.LocalSession.
+CONNECT: Connector = SSHSession
+
+
+def guarded(fn: Callable[..., int]) -> Callable[..., int]:
+    """Turn expected failures into a message and an exit code."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        console.install()
+        try:
+            return fn(*args, **kwargs)
+        except HandoffError as exc:
+            console.error(str(exc))
+            return exc.exit_code
+        except KeyboardInterrupt:
+            console.error("interrupted")
+            return 130
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def targets_for(host: str | None, role: str | None, flags: dict[str, Any] | None = None) -> list[Target]:
+    """The hosts a command acts on (see handoff.targets)."""
+    return resolve(host, load_inventory(), role, flags)
+
+
+def exit_code(reports: list[HostReport]) -> int:
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def run_plan(p: plan.Plan, dry_run: bool) -> int:
+    """Print the plan (`--dry-run`), or execute it; the exit code either way."""
+    if dry_run:
+        plan.render(p)
+        return 0
+    return exit_code(plan.execute(p, connect=CONNECT))
+
+
+# --- the first half: verify, push-script, push-key, deploy ---------------------------------
+
+
+@guarded
+def deploy(
+    host: str | None = None,
+    role: str | None = None,
+    *,
+    verify: bool = True,
+    script: bool = True,
+    key: bool = True,
+    install: bool = False,
+    dry_run: bool = False,
+    title: str = "deploy",
+    remember: bool = True,
+) -> int:
+    """verify → push-script → push-key; each flag set selects one checklist step alone."""
+    from handoff import deploy as deploy_plan
+    from handoff import secrets, state
+
+    targets = targets_for(host, role)
+    entry = secrets.keyring_entry(targets, required=title == "push-key") if key else None
+    if dry_run:
+        unavailable = None
+        try:
+            secret = None if entry is None else secrets.read_key(*entry)
+        except SecretError as exc:
+            # A dry run still shows the whole plan; the missing key becomes a note in it.
+            secret, unavailable = None, str(exc)
+        return run_plan(deploy_plan.build(targets, verify=verify, script=script, key=secret,
+                                          install=install, title=title, key_unavailable=unavailable),
+                        dry_run=True)
+    # Read on a thread while the hosts connect and probe; the plan's changing steps wait.
+    pending = None if entry is None else secrets.read_key_soon(*entry)
+    p = deploy_plan.build(targets, verify=verify, script=script, key=pending, install=install,
+                          title=title)
+    reports = plan.execute(p, connect=CONNECT)
+    failure = None if pending is None else pending.exception()
+    if isinstance(failure, SecretError):
+        raise failure  # how to store the key: printed once, after the hosts' "nothing changed"
+    if remember and host:
+        state.save_targets([t.spec for t in targets], role)
+    return exit_code(reports)
+
+
+def verify(host: str | None = None, role: str | None = None, install: bool = False) -> int:
+    return deploy(host, role, verify=True, script=False, key=False, install=install,
+                  title="verify", remember=False)
+
+
+def push_script(host: str | None = None, role: str | None = None, dry_run: bool = False) -> int:
+    return deploy(host, role, verify=False, script=True, key=False, dry_run=dry_run,
+                  title="push-script", remember=False)
+
+
+def push_key(host: str | None = None, role: str | None = None, dry_run: bool = False) -> int:
+    return deploy(host, role, verify=False, script=False, key=True, dry_run=dry_run,
+                  title="push-key", remember=False)
+
+
+@guarded
+def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> int:
+    """Store the key in the OS keyring from a hidden prompt (or stdin when piped)."""
+    import getpass
+
+    from handoff import secrets
+
+    if sys.stdin.isatty():
+        key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
+    else:
+        key = sys.stdin.readline()
+    key = key.strip()
+    if not key:
+        raise UsageError("empty key; nothing stored")
+    if not key.startswith("sk-"):
+        console.warn("that does not look like an OpenRouter key (sk-or-…); storing it anyway")
+    secrets.store_key(key, service, username)
+    console.say(f"stored key {secrets.fingerprint(key)} in the OS keyring as {service}/{username}")
+    return 0
+
+
+@guarded
+def trust_host(host: str | None = None, role: str | None = None, yes: bool = False) -> int:
+    """Show each target's host key fingerprint and pin it after confirmation."""
+    from handoff import trust
+
+    failed = 0
+    for t in targets_for(host, role):
+        try:
+            trusted = trust.trust(t, yes)
+        except HandoffError as exc:
+            console.error(str(exc))
+            trusted = False
+        failed += not trusted
+    return 1 if failed else 0
+
+
+# --- the second half: smoke-test, launch, status, logs, stop, fetch, cleanup ---------------
+
+
+@guarded
+def smoke_test(host: str | None, role: str | None, model: str | None = None) -> int:
+    """One real request per host with the placed key."""
+    from handoff.jobs import smoke
+
+    reports = smoke.run(targets_for(host, role, {"model": model}), CONNECT)
+    console.say(smoke.table(reports))
+    return exit_code(reports)
+
+
+@guarded
+def launch(
+    host: str | None,
+    role: str | None,
+    *,
+    local_input: str | None,
+    remote_input: str | None,
+    flags: dict[str, Any],
+    shard: bool = True,
+    dry_run: bool = False,
+) -> int:
+    """Start the role's job detached on each host, sharded i/n."""
+    from handoff.jobs import launch as launch_plan
+
+    flags = dict(flags)
+    job_flag = flags.pop("job", None)
+    for key in ("concurrency", "max_tokens"):
+        if flags.get(key) is not None:
+            flags[key] = int(flags[key])
+    if flags.get("max_cost") is not None:
+        flags["max_cost"] = float(flags["max_cost"])
+    p = launch_plan.plan(targets_for(host, role, flags), local_input=local_input,
+                         remote_input=remote_input, job_flag=job_flag, shard=shard)
+    return run_plan(p, dry_run)
+
+
+@guarded
+def status(host: str | None, role: str | None, *, job: str | None = None, as_json: bool = False,
+           wait: bool = False, interval: float = 2.0) -> int:
+    """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
+    import json
+
+    from handoff.jobs import status as st
+
+    watcher = st.Watcher(targets_for(host, role), job, CONNECT)
+    live = wait and console.console().is_terminal and not as_json
+    try:
+        views = watcher.collect()
+        if wait:
+            views = st.watch(watcher, views, interval, live)
+    finally:
+        watcher.close()
+    if as_json:
+        for v in views:
+            print(json.dumps(v.record(), sort_keys=True))
+    elif not live:  # the live display leaves its last frame on screen: no second table
+        console.say(st.table(views))
+    bad = [v.host for v in views if not v.ok]
+    if bad and not as_json:
+        console.say(f"not running or finished: {', '.join(bad)}")
+    return 1 if bad else 0
+
+
+@guarded
+def logs(host: str | None, role: str | None, *, job: str | None = None, follow: bool = False,
+         lines: int = 40) -> int:
+    """The job's last log lines; `follow` streams from every host until Ctrl-C."""
+    from handoff.jobs import logs as job_logs
+
+    targets = targets_for(host, role)
+    if follow:
+        return job_logs.follow(targets, job, int(lines), CONNECT)
+    return exit_code(job_logs.tail(targets, job, int(lines), CONNECT))
+
+
+@guarded
+def stop(host: str | None, role: str | None, *, job: str | None = None, timeout: float = 60.0,
+         dry_run: bool = False) -> int:
+    """SIGTERM the job: graceful drain, stays resumable."""
+    from handoff.jobs import stop as stop_plan
+
+    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=timeout), dry_run)
+
+
+@guarded
+def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: str = "results") -> int:
+    """Pull each host's job folder to DEST/<host>/<job>/ (resumes partial files)."""
+    from functools import partial
+
+    from handoff import fetch as fetching
+
+    targets = targets_for(host, role)
+    one = partial(fetching.fetch, job_flag=job, dest=Path(dest).expanduser())
+    return exit_code(run_on_hosts(targets, one, connect=CONNECT, title="fetch"))
+
+
+@guarded
+def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
+    """Remove every key the ledger lists (and the key_path of hosts named with --host),
+    and verify each is gone."""
+    from handoff import secrets
+
+    wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
+    named = None
+    if wanted:
+        # Named hosts are checked even if the ledger lost track of them (e.g. a wiped
+        # state dir): their key_path is removed too, or reported already absent.
+        listed = {name for e in secrets.cleanup_entries(None, wanted) for name in (e.host, e.hostname)}
+        unlisted = [h for h in wanted if h not in listed]
+        named = targets_for(",".join(unlisted), None) if unlisted else []
+    entries = secrets.cleanup_entries(named, wanted)
+    if not entries:
+        console.say("the ledger lists no placed keys: nothing to clean (already absent)")
+        return 0
+    p = secrets.cleanup_plan(entries)
+    if dry_run:
+        return run_plan(p, dry_run=True)
+    reports = plan.execute(p, connect=CONNECT)
+    failed = [r.target.label for r in reports if not r.ok]
+    if failed:
+        console.error(f"could not clean: {', '.join(failed)} (the ledger keeps them; rerun when reachable)")
+    return 1 if failed else 0

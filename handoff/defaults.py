@@ -1,0 +1,42 @@
+"""The control plane's defaults, defined once: keyring names, the remote layout's names,
+and the standard inventory vars with their default values.
+
+What the payload shares (base URL, model, provider, concurrency) comes from
+`payload.defaults`, so a default means the same on the workstation and on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from payload import defaults as payload_defaults
+
+# The OS keyring entry the API key is read from (`keyring.get_password(service, username)`).
+SECRET_SERVICE = "openrouter"
+API_KEY_USERNAME = "api-key"
+
+# Where handoff keeps everything it places on a host, unless the `remote_dir` var moves it.
+REMOTE_DIR = "~/.handoff"
+# The key's file under remote_dir, unless the `key_path` var places it elsewhere.
+KEY_FILE = "secrets/openrouter.key"
+# Release folders kept on a host after a push (the new one included).
+KEEP_RELEASES = 3
+# The role a target gets when neither `--role`, the inventory nor the last deploy names one.
+DEFAULT_ROLE = "generator"
+
+# The standard vars, with their defaults (lowest precedence: the inventory's `defaults`,
+# role vars, group vars, host vars and task flags all override them). `key_path` follows
+# `remote_dir` unless set: moving remote_dir moves everything handoff places.
+BUILTIN_VARS: dict[str, Any] = {
+    "python": "python3",
+    "remote_dir": REMOTE_DIR,
+    "key_path": None,  # -> {remote_dir}/secrets/openrouter.key (layout.RemoteLayout.key_path)
+    "secret_service": SECRET_SERVICE,
+    "secret_username": API_KEY_USERNAME,
+    "base_url": payload_defaults.BASE_URL,
+    "model": payload_defaults.MODEL,
+    "provider": payload_defaults.PROVIDER,
+    "concurrency": payload_defaults.CONCURRENCY,
+    "max_cost": None,
+    "gpus": None,
+}

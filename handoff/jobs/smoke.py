@@ -1,0 +1,70 @@
+"""`fab smoke-test`: one real request from each host with the placed key (the role's
+`smoke` command, `payload smoke`), and a table of provider, latency, tokens, cost and the
+key's credit left."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handoff import console
+from handoff.errors import RemoteError, UsageError
+from handoff.facts import KEY_FILE, gather
+from handoff.jobs.state import job_vars, require_deployed
+from handoff.parallel import HostReport, run_on_hosts
+from handoff.roles import render_command
+from handoff.session import Connector, Session
+from handoff.targets import Target
+
+FIELDS = ("model", "served by", "latency", "tokens", "cost", "key", "smoke")
+
+
+def parse(text: str) -> dict[str, str]:
+    """`payload smoke` prints `label: value` lines; keep the ones the table shows."""
+    fields = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in FIELDS:
+            fields[name.strip()] = value.strip()
+    return fields
+
+
+def credit(key_line: str) -> str:
+    """`usage $x, limit $y, left $z` -> `$z left (used $x)`: the credit is what matters."""
+    parts = dict(p.strip().split(" ", 1) for p in key_line.split(",") if " " in p.strip())
+    if "left" in parts:
+        return f"{parts['left']} left (used {parts.get('usage', '?')})"
+    return key_line
+
+
+def smoke(s: Session, report: HostReport) -> None:
+    """Run the role's smoke command on one host; its fields go to `report.data`."""
+    role = s.target.role
+    if role is None or not role.smoke:
+        raise UsageError(f"{s.label}: role {role.name if role else None!r} has no smoke command")
+    facts = gather(s, None, files={KEY_FILE: str(s.vars["key_path"])}, hash_files=False)
+    require_deployed(s, facts, role)
+    res = s.exec(render_command(role.smoke, job_vars(s, facts, "smoke", {}), "smoke"), timeout=300)
+    fields = parse(res.out)
+    report.data.update(fields, rc=res.rc)
+    for line in (res.out + res.err).strip().splitlines():
+        report.log(f"  {console.r(line)}")
+    if res.rc != 0:
+        tail = (res.err.strip().splitlines() or res.out.strip().splitlines() or ["no output"])[-1]
+        raise RemoteError(f"{s.label}: smoke test failed (exit {res.rc}): {tail}")
+    report.summary = f"{fields.get('served by', '?')}, {fields.get('latency', '?')}"
+
+
+def run(targets: list[Target], connect: Connector) -> list[HostReport]:
+    return run_on_hosts(targets, smoke, connect=connect, title="smoke-test", summary=False)
+
+
+def table(reports: list[HostReport]) -> Any:
+    rows = []
+    for rep in reports:
+        d = rep.data
+        rows.append([console.r(rep.target.label), "[green]ok[/]" if rep.ok else "[red]FAILED[/]",
+                     console.r(d.get("served by", "-")), console.r(d.get("latency", "-")),
+                     console.r(d.get("tokens", "-")), console.r(d.get("cost", "-")),
+                     console.r(credit(d.get("key", "-"))) if rep.ok else console.r(rep.error or "")])
+    return console.table("smoke-test", ["host", "result", "provider (model)", "latency",
+                                        "tokens", "cost", "key credit / error"], rows)

@@ -1,0 +1,112 @@
+"""A job as read from its host: name, folder, process, status file, and the state derived
+from them (running, stopping, finished, stopped, aborted, dead, none)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from handoff import remote_code, state
+from handoff.errors import NotDeployed, UsageError
+from handoff.facts import KEY_FILE, Facts
+from handoff.layout import RemoteLayout
+from handoff.roles import Role
+from handoff.session import Session
+from handoff.targets import Target
+
+# `fab status` exits 0 only when every job is in one of these.
+OK_STATES = frozenset({"running", "starting", "finished"})
+# States in which the job's process still runs (`status --wait` keeps watching).
+ACTIVE_STATES = frozenset({"running", "starting", "stopping"})
+
+
+def job_name(target: Target, flag: str | None) -> str:
+    """`--job`, else the role's `job` var, else the role's name; a plain folder name."""
+    name = flag or target.vars.get("job") or (target.role.name if target.role else None)
+    if not name:
+        raise UsageError(f"{target.label}: no job name; pass --job NAME or --role ROLE")
+    if "/" in str(name) or str(name).startswith("."):
+        raise UsageError(f"job name {name!r} must be a plain folder name")
+    return str(name)
+
+
+@dataclass(frozen=True)
+class JobState:
+    """handoff.remote_code.jobs' answer, typed."""
+
+    job_dir: str
+    status: dict[str, Any] | None = None  # status.json as the payload wrote it
+    meta: dict[str, Any] | None = None  # job.json as launch wrote it
+    pid: int | None = None
+    alive: bool = False
+    keys: dict[str, bool] = field(default_factory=dict)  # key file -> still present
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> JobState:
+        status, meta = raw.get("status"), raw.get("meta")
+        return cls(str(raw.get("job_dir") or ""), status if isinstance(status, dict) else None,
+                   meta if isinstance(meta, dict) else None,
+                   int(raw["pid"]) if raw.get("pid") else None, bool(raw.get("alive")),
+                   {str(k): bool(v) for k, v in (raw.get("keys") or {}).items()})
+
+    @property
+    def state(self) -> str:
+        file_state = (self.status or {}).get("state")
+        if self.alive:
+            # Alive after writing stopped/aborted: draining in-flight requests after SIGTERM/402.
+            return "stopping" if file_state in ("stopped", "aborted") else "running"
+        if file_state == "running":
+            return "dead"  # the status says running but no process: killed or crashed
+        if file_state:
+            return str(file_state)
+        return "dead" if self.pid else "none"
+
+    @property
+    def keys_placed(self) -> list[str]:
+        return [path for path, present in self.keys.items() if present]
+
+
+def placed_keys(target: Target) -> list[str]:
+    """The key files the ledger says are placed on this host."""
+    ep = target.endpoint
+    return [e.path for e in state.placed()
+            if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user)]
+
+
+def read(session: Session, job: str) -> JobState:
+    """The job's state on the host (one round trip), with the placed keys' presence."""
+    args = {"op": "state", "job_dir": session.target.layout.job(job),
+            "keys": placed_keys(session.target)}
+    return JobState.from_json(session.run_code(remote_code.JOBS, args, "reading the job state"))
+
+
+def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:
+    """The host has a release and, when the role takes it, the key."""
+    if not facts.current:
+        raise NotDeployed(f"{session.label}: no release on the host; run `fab deploy --host {session.label}` first")
+    if role is not None and role.secret and not facts.file(KEY_FILE).exists:
+        raise NotDeployed(f"{session.label}: no API key at {session.vars['key_path']}; run "
+                          f"`fab push-key --host {session.label}` (or deploy) first")
+
+
+def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The vars a role's launch/smoke command renders with on this host: absolute paths, the
+    venv's python when `verify --install` made one, and the command's own values."""
+    return command_vars(session.target, session.layout.root, effective_python(session, facts),
+                        session.abs(str(session.vars["key_path"])), job, extra)
+
+
+def command_vars(target: Target, remote_dir: str, python: str, key_path: str, job: str,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    v = dict(target.vars)
+    v.update(python=python, remote_dir=remote_dir, key_path=key_path,
+             job_dir=RemoteLayout(remote_dir).job(job))
+    v.update({k: val for k, val in extra.items() if val is not None})
+    return v
+
+
+def effective_python(session: Session, facts: Facts) -> str:
+    """The venv's python when the probe ran under it, else the `python` var as written."""
+    venv = session.layout.venv_python
+    return shlex.quote(facts.executable) if facts.executable == venv else str(session.vars["python"])

@@ -1,0 +1,65 @@
+"""The files of a job folder, for `fab fetch` (runs ON the host; stdlib only).
+
+Lists every regular file under `job_dir` (sorted, relative paths) except the pid and
+temp files being written. For each file the workstation already holds part of (`local`:
+relative path -> local size), it returns the sha256 of the host file's first that many
+bytes: equal means the local copy is a true prefix, so an append-only file resumes from
+there and a complete one is skipped, without moving a byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+TMP_MARK = ".tmp"  # payload.atomic's temp names (`.NAME.tmp-…`) and upload temps
+
+
+def prefix_sha256(path: str, length: int) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    left = length
+    with open(path, "rb") as fh:
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
+
+
+def listing(a: dict[str, Any]) -> dict[str, Any]:
+    job_dir = a["job_dir"]
+    job_dir = os.path.expanduser(job_dir) if job_dir.startswith("~") else job_dir
+    local: dict[str, int] = a.get("local", {})
+    files = []
+    for root, dirs, names in os.walk(job_dir):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, job_dir)
+            if rel == "pid" or TMP_MARK in name or not os.path.isfile(path):
+                continue
+            st = os.stat(path)
+            entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime}
+            have = local.get(rel)
+            if have is not None and 0 < have <= st.st_size:
+                entry["prefix_sha256"] = prefix_sha256(path, have)
+            files.append(entry)
+    return {"job_dir": job_dir, "exists": os.path.isdir(job_dir), "files": files}
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(listing(json.loads(argv[1]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

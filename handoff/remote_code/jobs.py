@@ -1,0 +1,149 @@
+"""One job on the host: its state, its detached start, its graceful stop (runs ON the host).
+
+A job lives in its folder `<remote_dir>/jobs/<job>/`: `job.json` (what was launched),
+`pid`, `log`, `status.json` (written by the payload) and its outputs. `op` picks what to
+do; every op answers with the job's state as `state` reads it, so a start or a stop costs
+one round trip including the check that follows it.
+
+- `state`: status.json, job.json, the pid and whether it is alive: alive means the pid
+  exists, is not a zombie and its command line names the job folder (a pid reused by an
+  unrelated process is not the job). `keys` lists files whose presence to report (the
+  placed API key).
+- `start`: `mkdir -p`, job.json, then the command under `sh -c 'exec nohup …'` in a new
+  session (setsid), stdin from /dev/null and stdout/stderr appended to `log`, so it
+  survives the SSH session and never waits on input; its pid goes to `pid`. It then
+  watches ~1 s to catch a command that dies at once (a bad flag, a missing file).
+- `stop`: SIGTERM to the job's pid when alive, then waits up to `timeout` s for it to
+  exit: the payload drains its in-flight requests and stays resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+START_WATCH_S = 1.0  # how long a fresh start is watched for an instant crash
+LOG_TAIL_LINES = 15
+
+
+def expand(path: str) -> str:
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def load_json(path: str) -> Any:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except Exception:
+        return None
+
+
+def read_pid(job_dir: str) -> int | None:
+    try:
+        with open(os.path.join(job_dir, "pid")) as fh:
+            return int(fh.read().strip())
+    except Exception:
+        return None
+
+
+def is_alive(pid: int, job_dir: str) -> bool:
+    """The job's process still runs: not gone, not a zombie, not a reused pid."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else: cannot look closer
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if job_dir.encode() not in fh.read():
+                return False  # the pid was reused by an unrelated process
+    except OSError:
+        pass  # no /proc: kill -0 is all we know
+    return True
+
+
+def state(a: dict[str, Any]) -> dict[str, Any]:
+    job_dir = expand(a["job_dir"])
+    pid = read_pid(job_dir)
+    return {
+        "job_dir": job_dir,
+        "status": load_json(os.path.join(job_dir, "status.json")),
+        "meta": load_json(os.path.join(job_dir, "job.json")),
+        "pid": pid,
+        "alive": bool(pid) and is_alive(pid, job_dir),  # type: ignore[arg-type]
+        "keys": {p: os.path.exists(expand(p)) for p in a.get("keys", [])},
+    }
+
+
+def log_tail(job_dir: str, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(os.path.join(job_dir, "log"), "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def start(a: dict[str, Any]) -> dict[str, Any]:
+    import subprocess
+
+    job_dir = expand(a["job_dir"])
+    os.makedirs(job_dir, exist_ok=True)
+    with open(os.path.join(job_dir, "job.json"), "w") as fh:
+        fh.write(json.dumps(a["meta"]) + "\n")
+    with open(os.path.join(job_dir, "log"), "ab") as log, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(["sh", "-c", "exec nohup " + a["command"]], cwd=job_dir,
+                                stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    with open(os.path.join(job_dir, "pid"), "w") as fh:
+        fh.write(f"{proc.pid}\n")
+    deadline = time.monotonic() + float(a.get("watch_s", START_WATCH_S))
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    result = {"pid": proc.pid, "started": proc.poll() is None, "exit": proc.returncode}
+    if not result["started"]:
+        result["log_tail"] = log_tail(job_dir)
+    result["state"] = state(a)
+    return result
+
+
+def stop(a: dict[str, Any]) -> dict[str, Any]:
+    before = state(a)
+    if not before["alive"]:
+        return {"was_alive": False, "drained": True, "state": before}
+    pid, job_dir = int(before["pid"]), before["job_dir"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + float(a.get("timeout", 60))
+    while is_alive(pid, job_dir) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return {"was_alive": True, "pid": pid, "drained": not is_alive(pid, job_dir),
+            "state": state(a)}
+
+
+OPS = {"state": state, "start": start, "stop": stop}
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[1])
+    print(json.dumps(OPS[args["op"]](args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

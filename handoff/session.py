@@ -1,0 +1,414 @@
+"""One host to act on: the seam between handoff's per-host logic and SSH.
+
+`Session` is the small surface every operation uses: run a shell command, run one of the
+remote modules (handoff.remote_code) in one round trip, stream a command's output, and
+SFTP-like file operations (`Session.files`). `SSHSession` is the real thing (paramiko,
+host keys checked); `handoff.testing.local.LocalSession` acts on a temp dir standing for
+the host's home, so per-host logic is unit-tested without sshd. The integration tests run
+the same operations over real sshd.
+
+Commands run on a raw exec channel (no pty, stdin closed at once): cheaper than Fabric's
+runner threads, and nothing can hang waiting for input. Remote code runs with the host's
+effective python: `<remote_dir>/venv/bin/python` when `verify --install` made one, else
+the `python` var. It gets its arguments as JSON in argv (never a secret) and prints one
+JSON object.
+
+Remote paths: a session knows the host's home once the probe has run (`home`); from then
+on `abs()` and `layout` give absolute paths, which shell commands and SFTP (which starts in
+the home dir) read the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import shlex
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import paramiko
+from paramiko.sftp import (
+    CMD_EXTENDED,
+    CMD_HANDLE,
+    CMD_OPEN,
+    SFTP_FLAG_CREATE,
+    SFTP_FLAG_EXCL,
+    SFTP_FLAG_WRITE,
+)
+
+from handoff import console, remote_code
+from handoff.errors import ConnectError, RemoteError
+from handoff.layout import RemoteLayout, expand_home
+from handoff.ssh import SafeConnection, open_connection
+from handoff.targets import Target
+
+CHUNK = 1 << 20  # bytes per read when downloading
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass(frozen=True)
+class FileStat:
+    size: int
+    mode: int  # st_mode, type bits included
+    uid: int
+    mtime: float
+
+
+def sh_path(path: str) -> str:
+    """Quote a remote path for sh, keeping a leading `~/` expandable."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+class RemoteWriter(ABC):
+    """A file being written on the host (see RemoteFiles.create)."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def fsync(self) -> None:
+        """Flush to the host's disk where the server can (best effort)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> RemoteWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RemoteFiles(ABC):
+    """SFTP-like file operations on the host. Relative paths start in the login user's home,
+    as SFTP's do; a missing file raises FileNotFoundError, other failures OSError."""
+
+    @abstractmethod
+    def stat(self, path: str) -> FileStat: ...
+
+    @abstractmethod
+    def mkdir(self, path: str, mode: int = 0o755) -> None: ...
+
+    @abstractmethod
+    def chmod(self, path: str, mode: int) -> None: ...
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[str]: ...
+
+    @abstractmethod
+    def remove(self, path: str) -> None: ...
+
+    @abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """POSIX rename: replaces `dst` in one step."""
+
+    @abstractmethod
+    def symlink(self, target: str, link: str) -> None:
+        """Create `link` pointing at `target` (as `ln -s target link`)."""
+
+    @abstractmethod
+    def create(self, path: str, mode: int, *, pipelined: bool = False) -> RemoteWriter:
+        """Create `path` exclusively (it must not exist) with `mode` from its first instant:
+        the mode travels in the create request itself, not in a chmod afterwards.
+        `pipelined` writes without waiting for each acknowledgement (bulk uploads)."""
+
+    @abstractmethod
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes]:
+        """The bytes of `path` from `offset` up to `end`, in chunks."""
+
+
+class Session(ABC):
+    """A target and the means to act on it. Use as a context manager (connects, closes)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.home: str | None = None  # the remote home, once the probe reported it
+
+    def __enter__(self) -> Session:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    @property
+    def vars(self) -> dict[str, Any]:
+        return self.target.vars
+
+    # --- what an implementation provides ---------------------------------------------
+
+    @abstractmethod
+    def connect(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool: ...
+
+    @abstractmethod
+    def exec(self, command: str, timeout: float | None = 120.0) -> Result:
+        """Run `command` with sh on the host, no pty, stdin closed; collect both streams."""
+
+    @abstractmethod
+    def stream(self, command: str, stop: threading.Event) -> Iterator[str]:
+        """The output lines of a long-running `command` as they come, until it ends or
+        `stop` is set (`fab logs --follow`)."""
+
+    @property
+    @abstractmethod
+    def files(self) -> RemoteFiles: ...
+
+    # --- built on those -----------------------------------------------------------------
+
+    def check(self, command: str, what: str, timeout: float | None = 120.0) -> str:
+        res = self.exec(command, timeout)
+        if not res.ok:
+            detail = (res.err or res.out).strip().splitlines()[-3:]
+            raise RemoteError(f"{self.label}: {what} failed (exit {res.rc}): {' / '.join(detail)}")
+        return res.out
+
+    def python_command(self, argv: list[str]) -> str:
+        """`<python> ARGV…`, preferring the venv `verify --install` made under remote_dir."""
+        venv = sh_path(self.target.layout.venv_python)
+        args = " ".join(shlex.quote(a) for a in argv)
+        py = str(self.vars["python"])
+        return f"if [ -x {venv} ]; then exec {venv} {args}; else exec {py} {args}; fi"
+
+    def run_code(self, module: str, args: dict[str, Any], what: str,
+                 timeout: float = 120.0) -> Any:
+        """Run remote module `module` (handoff.remote_code) with `args`; its JSON answer."""
+        source = remote_code.source(module)
+        res = self.exec(self.python_command(["-c", source, json.dumps(args)]), timeout)
+        if res.rc == 127:
+            raise RemoteError(
+                f"{self.label}: python {self.vars['python']!r} not found on the host; install "
+                f"python3 >= 3.10 there or set the `python` var in the inventory"
+            )
+        if not res.ok:
+            tail = " / ".join(res.err.strip().splitlines()[-3:])
+            raise RemoteError(f"{self.label}: {what} failed (exit {res.rc}): {tail}")
+        try:
+            return json.loads(res.out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RemoteError(f"{self.label}: {what}: unexpected output "
+                              f"{console.r(res.out[-200:])!r}") from None
+
+    def abs(self, path: str) -> str:
+        """Absolute remote path (`~` from the home the probe reported)."""
+        if self.home is None:
+            raise RuntimeError(f"{self.label}: remote home unknown before the probe")
+        return expand_home(path, self.home)
+
+    @property
+    def layout(self) -> RemoteLayout:
+        """The host's folders with absolute paths (after the probe)."""
+        if self.home is None:
+            raise RuntimeError(f"{self.label}: remote home unknown before the probe")
+        return self.target.layout.under(self.home)
+
+
+Connector = Callable[[Target], Session]
+
+
+# --- the real thing: paramiko over SSH ------------------------------------------------------
+
+
+class _SFTPWriter(RemoteWriter):
+    def __init__(self, sftp: paramiko.SFTPClient, handle: paramiko.SFTPFile) -> None:
+        self._sftp = sftp
+        self._file = handle
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def fsync(self) -> None:
+        self._file.flush()
+        try:
+            self._sftp._request(CMD_EXTENDED, "fsync@openssh.com", self._file.handle)
+        except (OSError, paramiko.SFTPError):
+            pass  # a server without the extension: rename still gives atomicity, not durability
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _SFTPFiles(RemoteFiles):
+    def __init__(self, sftp: paramiko.SFTPClient) -> None:
+        self.sftp = sftp
+
+    def stat(self, path: str) -> FileStat:
+        st = self.sftp.stat(path)
+        return FileStat(int(st.st_size or 0), int(st.st_mode or 0), int(st.st_uid or 0),
+                        float(st.st_mtime or 0))
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        self.sftp.mkdir(path, mode)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.sftp.chmod(path, mode)
+
+    def listdir(self, path: str) -> list[str]:
+        return list(self.sftp.listdir(path))
+
+    def remove(self, path: str) -> None:
+        self.sftp.remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.sftp.posix_rename(src, dst)
+
+    def symlink(self, target: str, link: str) -> None:
+        # OpenSSH's sftp-server takes SYMLINK args as (target, link), which is the order
+        # paramiko sends.
+        self.sftp.symlink(target, link)
+
+    def create(self, path: str, mode: int, *, pipelined: bool = False) -> RemoteWriter:
+        # paramiko's open() sends empty attrs, so the server would create the file with
+        # 0666 & ~umask first; this sends the permissions with the exclusive create.
+        attrs = paramiko.SFTPAttributes()
+        attrs.st_mode = mode
+        kind, msg = self.sftp._request(
+            CMD_OPEN, path, SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL, attrs)
+        if kind != CMD_HANDLE or msg is None:
+            raise OSError(f"SFTP server did not return a file handle for {path}")
+        handle = paramiko.SFTPFile(self.sftp, msg.get_binary(), "wb")
+        try:
+            handle.chmod(mode)  # no-op normally; guards against a server that ignored the attrs
+        except BaseException:
+            handle.close()
+            raise
+        handle.set_pipelined(pipelined)
+        return _SFTPWriter(self.sftp, handle)
+
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes]:
+        with self.sftp.open(path, "rb") as fh:
+            fh.seek(offset)
+            fh.prefetch(end)  # paramiko reads ahead from the current position up to `end`
+            left = end - offset
+            while left > 0:
+                chunk = fh.read(min(left, CHUNK))
+                if not chunk:
+                    break
+                left -= len(chunk)
+                yield chunk
+
+
+class SSHSession(Session):
+    """A target over SSH: host keys checked (handoff.hostkeys), ssh_config honoured."""
+
+    def __init__(self, target: Target) -> None:
+        super().__init__(target)
+        self.conn: SafeConnection | None = None
+        self._files: _SFTPFiles | None = None
+
+    def connect(self) -> None:
+        if self.conn is None:
+            self.conn = open_connection(self.target.endpoint, self.target.label)
+
+    def close(self) -> None:
+        if self._files is not None:
+            try:
+                self._files.sftp.close()
+            except Exception:
+                pass
+            self._files = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        self.connect()
+        assert self.conn is not None
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(f"{self.label}: the connection dropped")
+        return transport
+
+    def _channel(self, command: str) -> paramiko.Channel:
+        try:
+            chan = self.transport.open_session(timeout=10)
+            chan.settimeout(None)
+            chan.exec_command(command)
+            chan.shutdown_write()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError(f"{self.label}: cannot start a command: "
+                               f"{exc or type(exc).__name__}") from None
+        return chan
+
+    def exec(self, command: str, timeout: float | None = 120.0) -> Result:
+        chan = self._channel(command)
+        out, err = bytearray(), bytearray()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RemoteError(f"{self.label}: command timed out after {timeout:.0f} s")
+                select.select([chan], [], [], 0.05)
+            rc = chan.recv_exit_status()
+        finally:
+            chan.close()
+        return Result(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def stream(self, command: str, stop: threading.Event) -> Iterator[str]:
+        chan = self._channel(command)
+        buf = b""
+        try:
+            while not stop.is_set() and not chan.exit_status_ready():
+                select.select([chan], [], [], 0.2)
+                while chan.recv_ready():
+                    buf += chan.recv(65536)
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    yield raw.decode("utf-8", "replace")
+        finally:
+            chan.close()
+
+    @property
+    def files(self) -> RemoteFiles:
+        if self._files is None:
+            try:
+                sftp = paramiko.SFTPClient.from_transport(self.transport)
+            except (paramiko.SSHException, OSError) as exc:
+                raise RemoteError(
+                    f"{self.label}: SFTP unavailable ({exc}); enable the sftp Subsystem in sshd_config"
+                ) from None
+            if sftp is None:
+                raise RemoteError(f"{self.label}: SFTP unavailable; enable the sftp Subsystem in sshd_config")
+            self._files = _SFTPFiles(sftp)
+        return self._files

@@ -1,0 +1,100 @@
+"""A workstation and fake hosts for unit tests of per-host logic, without sshd.
+
+`ws` (a `Workstation`) isolates HOME, the state dir, the inventory and the project dir in
+a temp dir, and points `handoff.commands.CONNECT` at `LocalSession`s: each inventory host
+is a folder standing for its login user's home, where commands run with the local sh and
+remote modules with this python. The project's `roles/` adds a test role, `sleeper`,
+whose job is tests/unit/sleeper.py (runs until SIGTERM, or crashes, or finishes at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from handoff import commands, console, paths
+from handoff.inventory import load_inventory
+from handoff.targets import Target, resolve
+from handoff.testing.local import LocalSession
+
+SLEEPER = Path(__file__).with_name("sleeper.py")
+DEAD_API = "http://127.0.0.1:9/api/v1"  # nothing listens there; no test leaves loopback
+
+SLEEPER_ROLE = f"""\
+description: a job that runs until SIGTERM (tests only)
+secret: openrouter
+vars:
+  job: sleeper
+  mode: run
+launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}"]
+"""
+
+
+@dataclass
+class Workstation:
+    root: Path
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.root / "hosts"
+
+    def home(self, label: str) -> Path:
+        return self.hosts_dir / label
+
+    def remote_dir(self, label: str) -> Path:
+        return self.home(label) / ".handoff"
+
+    def kill_jobs(self) -> None:
+        """End every job a test left running on the fake hosts (a failed assertion must not
+        leave processes behind)."""
+        from handoff.remote_code.jobs import is_alive
+
+        for pid_file in self.hosts_dir.glob("*/.handoff/jobs/*/pid"):
+            with contextlib.suppress(ValueError, OSError):
+                pid = int(pid_file.read_text())
+                if is_alive(pid, str(pid_file.parent)):  # still that job, not a reused pid
+                    os.kill(pid, signal.SIGKILL)
+
+    def connect(self, target: Target) -> LocalSession:
+        return LocalSession(target, self.home(target.label))
+
+    def targets(self, spec: str | None = "a,b", role: str | None = None,
+                flags: dict[str, object] | None = None) -> list[Target]:
+        return resolve(spec, load_inventory(), role, flags)
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANDOFF_STATE_DIR", str(tmp_path / "state"))
+    project = tmp_path / "project"
+    (project / "roles").mkdir(parents=True)
+    (project / "roles" / "sleeper.yml").write_text(SLEEPER_ROLE)
+    inventory = project / "inventory" / "hosts.yml"
+    inventory.parent.mkdir()
+    inventory.write_text(
+        f"defaults: {{python: {sys.executable}, base_url: '{DEAD_API}'}}\n"
+        "hosts:\n"
+        "  a: {address: 127.0.0.2, port: 2201, user: u1, roles: [generator]}\n"
+        "  b: {address: 127.0.0.3, port: 2202, user: u2, roles: [generator]}\n"
+        "  s: {address: 127.0.0.4, port: 2203, user: u3, roles: [sleeper]}\n"
+        "  t: {address: 127.0.0.5, port: 2204, user: u4, roles: [sleeper]}\n"
+    )
+    monkeypatch.delenv("HANDOFF_INVENTORY", raising=False)
+    monkeypatch.setattr(paths, "_project", project)
+    station = Workstation(tmp_path)
+    monkeypatch.setattr(commands, "CONNECT", station.connect)
+    console._console = None  # fresh consoles bound to the captured stdout/stderr
+    console._err_console = None
+    monkeypatch.setenv("COLUMNS", "300")  # one line per table row: nothing wrapped mid-phrase
+    yield station
+    console._console = None
+    console._err_console = None
+    station.kill_jobs()

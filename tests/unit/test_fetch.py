@@ -1,0 +1,74 @@
+"""`fab fetch` on fake hosts: whole files, complete files skipped, append-only files resumed
+from a verified prefix, a changed prefix fetched whole; the fetch policy itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from handoff import commands
+from handoff.fetch import append_only, fetch_job
+from tests.unit.conftest import Workstation
+
+
+def test_fetch_resumes_only_append_only_files() -> None:
+    assert append_only("output.jsonl") and append_only("output.errors.jsonl")
+    assert append_only("log") and append_only("features/manifest.jsonl")
+    assert not append_only("status.json") and not append_only("features/x.safetensors")
+
+
+def make_job(ws: Workstation, label: str, job: str = "generator") -> Path:
+    jd = ws.remote_dir(label) / "jobs" / job
+    (jd / "features").mkdir(parents=True)
+    (jd / "output.jsonl").write_bytes(b'{"id": 1}\n{"id": 2}\n')
+    (jd / "status.json").write_text('{"state": "running"}')
+    (jd / "features" / "a.bin").write_bytes(os.urandom(3000))
+    (jd / "pid").write_text("123\n")  # never fetched
+    (jd / ".status.json.tmp-1-2").write_text("half")  # a temp file being written: never fetched
+    return jd
+
+
+def test_fetch_whole_then_skip_then_resume(ws: Workstation, tmp_path: Path,
+                                           capfd: pytest.CaptureFixture[str]) -> None:
+    jd = make_job(ws, "a")
+    dest = tmp_path / "results"
+    assert commands.fetch("a", None, dest=str(dest)) == 0
+    local = dest / "a" / "generator"
+    got = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    assert got == ["features/a.bin", "output.jsonl", "status.json"]
+    for rel in got:
+        assert (local / rel).read_bytes() == (jd / rel).read_bytes()
+    assert "3 file(s) fetched (0 resumed" in capfd.readouterr().out
+
+    assert commands.fetch("a", None, dest=str(dest)) == 0  # all complete: nothing moves
+    assert "0 file(s) fetched" in capfd.readouterr().out
+
+    with (jd / "output.jsonl").open("ab") as fh:  # the job went on: only the rest moves
+        fh.write(b'{"id": 3}\n')
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:
+        done = fetch_job(session, "generator", local)
+        reads = [path for op, path in session.files.calls if op == "read"]  # type: ignore[attr-defined]
+    assert (done.fetched, done.resumed, done.skipped) == (1, 1, 2)
+    assert done.nbytes == len(b'{"id": 3}\n') and reads == [f"{jd}/output.jsonl"]
+    assert (local / "output.jsonl").read_bytes() == (jd / "output.jsonl").read_bytes()
+
+
+def test_a_local_copy_that_is_not_a_prefix_is_fetched_whole(ws: Workstation, tmp_path: Path) -> None:
+    jd = make_job(ws, "a")
+    local = tmp_path / "r" / "a" / "generator"
+    local.mkdir(parents=True)
+    (local / "output.jsonl").write_bytes(b'{"id": 9}\n')  # same length prefix, other bytes
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:
+        done = fetch_job(session, "generator", local)
+    assert done.resumed == 0 and (local / "output.jsonl").read_bytes() == (jd / "output.jsonl").read_bytes()
+    assert not [p for p in local.rglob("*") if ".tmp-" in p.name]  # no temp file left behind
+
+
+def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path: Path,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    assert commands.fetch("a", None, dest=str(tmp_path / "r")) == 1
+    assert "no job 'generator'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()

@@ -1,0 +1,137 @@
+"""The code that runs on the hosts (handoff.remote_code), tested here as ordinary modules:
+their functions called directly, and each module's source run the way it is shipped
+(`python -c SOURCE ARGS`, one JSON object out)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from handoff import remote_code
+from handoff.remote_code import fetch_list, jobs, probe
+
+MODULES = [remote_code.PROBE, remote_code.JOBS, remote_code.FETCH_LIST, remote_code.INSTALL]
+
+
+def ship(module: str, args: dict[str, object], home: Path) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", remote_code.source(module), json.dumps(args)],
+                         capture_output=True, text=True, check=True, cwd=home,
+                         env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_every_remote_module_is_stdlib_only_and_self_contained() -> None:
+    """A host has no handoff and gets one module's source: no import of handoff, of a
+    sibling, or of anything outside the standard library."""
+    for name in MODULES:
+        tree = ast.parse(remote_code.source(name))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for imported in names:
+                top = imported.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", (name, imported)
+    with pytest.raises(RuntimeError):
+        remote_code.source("nope")
+
+
+def test_probe_reports_files_dirs_releases_and_current(tmp_path: Path) -> None:
+    rd = tmp_path / ".handoff"
+    (rd / "releases" / "abc").mkdir(parents=True)
+    (rd / "releases" / "abc" / "payload.pyz").write_bytes(b"pyz")
+    (rd / "current").symlink_to("releases/abc")
+    key = rd / "secrets" / "k"
+    key.parent.mkdir()
+    key.write_text("s3cr3t-value")
+    key.chmod(0o600)
+    facts = ship(remote_code.PROBE, {"remote_dir": "~/.handoff", "modules": ["json", "no_such_mod"],
+                                     "files": {"key": "~/.handoff/secrets/k", "gone": "~/x"},
+                                     "dirs": ["~/.handoff", "~/.handoff/data"], "hash": True}, tmp_path)
+    assert facts["home"] == str(tmp_path) and facts["remote_dir"] == str(rd)
+    assert facts["modules"] == {"json": True, "no_such_mod": False}
+    assert facts["current"] == "releases/abc"
+    assert [r["name"] for r in facts["releases"]] == ["abc"]  # type: ignore[index]
+    files = facts["files"]
+    assert files["key"]["mode"] == 0o600 and files["key"]["size"] == 12  # type: ignore[index]
+    import hashlib
+
+    assert files["key"]["sha256"] == hashlib.sha256(b"s3cr3t-value").hexdigest()  # type: ignore[index]
+    assert "s3cr3t" not in json.dumps(facts)  # the hash travels, never the content
+    assert files["gone"] == {"path": str(tmp_path / "x"), "exists": False}  # type: ignore[index]
+    assert facts["dirs"] == {str(rd): True, str(rd / "data"): False}
+
+
+def test_probe_runs_the_preflight_only_when_its_paths_exist(tmp_path: Path) -> None:
+    spec = {"argv": [probe.SELF_PYTHON, "-c", "print('{\"fits\": true}')"],
+            "needs": {"{input}": str(tmp_path / "in.jsonl")}, "timeout": 30}
+    assert probe.preflight(spec, {}, str(tmp_path)) == {"missing": ["{input}"]}
+    (tmp_path / "in.jsonl").write_text("")
+    assert probe.preflight(spec, {"torch": False}, str(tmp_path)) == {"modules": ["torch"]}
+    ran = probe.preflight(spec, {"json": True}, str(tmp_path))
+    assert ran["rc"] == 0 and json.loads(ran["out"]) == {"fits": True}
+
+
+def test_jobs_start_state_stop(tmp_path: Path) -> None:
+    jd = tmp_path / "jobs" / "j"
+    script = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); time.sleep(60)"
+    command = f"{sys.executable} -c '{script}' {jd}"
+    started = ship(remote_code.JOBS, {"op": "start", "job_dir": str(jd), "command": command,
+                                      "meta": {"job": "j"}, "watch_s": 0.3}, tmp_path)
+    assert started["started"] is True and json.loads((jd / "job.json").read_text()) == {"job": "j"}
+    pid = int((jd / "pid").read_text())
+    assert pid == started["pid"]
+    state = jobs.state({"job_dir": str(jd), "keys": [str(jd / "job.json"), str(tmp_path / "no")]})
+    assert state["alive"] is True and state["pid"] == pid
+    assert state["keys"] == {str(jd / "job.json"): True, str(tmp_path / "no"): False}
+    # The job left the starter's session (setsid) and outlived the starter itself.
+    assert os.getsid(pid) == pid != os.getsid(0)
+    stopped = jobs.stop({"job_dir": str(jd), "timeout": 10})
+    assert stopped["was_alive"] is True and stopped["drained"] is True
+    assert stopped["state"]["alive"] is False  # type: ignore[index]
+    assert jobs.stop({"job_dir": str(jd), "timeout": 10})["was_alive"] is False
+
+
+def test_jobs_start_of_a_command_that_dies_at_once_returns_the_log(tmp_path: Path) -> None:
+    jd = tmp_path / "j"
+    answer = jobs.start({"job_dir": str(jd), "command": "sh -c \"echo 'no such input' >&2; exit 2\"",
+                         "meta": {}, "watch_s": 2})
+    assert answer["started"] is False and answer["exit"] == 2
+    assert answer["log_tail"] == ["no such input"]
+
+
+def test_jobs_state_of_a_folder_that_does_not_exist(tmp_path: Path) -> None:
+    state = jobs.state({"job_dir": str(tmp_path / "none")})
+    assert state == {"job_dir": str(tmp_path / "none"), "status": None, "meta": None, "pid": None,
+                     "alive": False, "keys": {}}
+
+
+def test_fetch_list_hashes_the_prefix_the_workstation_holds(tmp_path: Path) -> None:
+    jd = tmp_path / "j"
+    (jd / "sub").mkdir(parents=True)
+    (jd / "output.jsonl").write_bytes(b"abcdef")
+    (jd / "sub" / "x").write_bytes(b"x")
+    (jd / "pid").write_text("1")
+    (jd / ".output.jsonl.tmp-1").write_text("t")
+    listing = fetch_list.listing({"job_dir": str(jd), "local": {"output.jsonl": 3, "sub/x": 5}})
+    files = {f["rel"]: f for f in listing["files"]}
+    assert set(files) == {"output.jsonl", "sub/x"} and listing["exists"] is True
+    import hashlib
+
+    assert files["output.jsonl"]["prefix_sha256"] == hashlib.sha256(b"abc").hexdigest()
+    assert "prefix_sha256" not in files["sub/x"]  # the local copy is longer: no prefix
+    assert fetch_list.listing({"job_dir": str(tmp_path / "none"), "local": {}})["exists"] is False
+
+
+def test_a_remote_module_answers_within_one_process_start(tmp_path: Path) -> None:
+    """Shipping costs one interpreter start: the probe's source runs in well under a second."""
+    start = time.monotonic()
+    ship(remote_code.PROBE, {"remote_dir": "~/.handoff"}, tmp_path)
+    assert time.monotonic() - start < 5
