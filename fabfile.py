@@ -47,13 +47,14 @@ def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run
     _done(commands.deploy(host, role, install=install, dry_run=dry_run))
 
 
-@task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY,
                                    "install": "pip-install missing pure-Python modules into <remote_dir>/venv and use its python"})
-def verify(c: Context, host: str | None = None, role: str | None = None, install: bool = False) -> None:
+def verify(c: Context, host: str | None = None, role: str | None = None, install: bool = False,
+           dry_run: bool = False) -> None:
     """Check each host has what its role needs, with fixes."""
     from handoff import commands
 
-    _done(commands.verify(host, role, install=install))
+    _done(commands.verify(host, role, install=install, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})

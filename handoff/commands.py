@@ -121,9 +121,10 @@ def deploy(
     return exit_code(reports)
 
 
-def verify(host: str | None = None, role: str | None = None, install: bool = False) -> int:
+def verify(host: str | None = None, role: str | None = None, install: bool = False,
+           dry_run: bool = False) -> int:
     return deploy(host, role, verify=True, script=False, key=False, install=install,
-                  title="verify", remember=False)
+                  dry_run=dry_run, title="verify", remember=False)
 
 
 def push_script(host: str | None = None, role: str | None = None, dry_run: bool = False) -> int:

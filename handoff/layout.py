@@ -32,6 +32,14 @@ def expand_home(path: str, home: str) -> str:
     return path
 
 
+def sftp_path(path: str) -> str:
+    """A path as SFTP takes it before the home is known: SFTP starts in the login user's
+    home, so `~/x` is the relative `x`."""
+    if path == "~":
+        return "."
+    return path[2:] if path.startswith("~/") else path
+
+
 def parents(path: str) -> list[str]:
     """`path` and each folder above it (`~/a/b` -> `~/a/b`, `~/a`, `~`): what a deploy asks
     the probe about, so creating folders later needs no stat round trips."""
@@ -63,6 +71,12 @@ class RemoteLayout:
 
     def release(self, name: str) -> str:
         return f"{self.releases}/{name}"
+
+    @staticmethod
+    def current_target(name: str) -> str:
+        """What `current` points at for release `name`: relative, so the link stays right
+        whatever the absolute path of remote_dir."""
+        return f"releases/{name}"
 
     @property
     def current(self) -> str:

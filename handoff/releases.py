@@ -93,7 +93,8 @@ def has_release(facts: Facts, release: Release) -> bool:
 
 
 def current_is(facts: Facts, release: Release) -> bool:
-    return bool(facts.current) and str(facts.current).rstrip("/").endswith(f"releases/{release.sha12}")
+    link = RemoteLayout.current_target(release.sha12)
+    return bool(facts.current) and str(facts.current).rstrip("/").endswith(link)
 
 
 # --- the steps of push-script ------------------------------------------------------------
@@ -107,7 +108,7 @@ def steps(target: Target, release: Release) -> list[Step]:
         Step("upload-release", f"upload payload.pyz ({release.size / 1024:.0f} KiB, sha256 {release.sha12})",
              f"sftp put {folder}/{temp_prefix('payload.pyz')}* then rename to {folder}/payload.pyz",
              "unless that release is already there", run=_upload),
-        Step("switch-current", f"point {lay.current} at releases/{release.sha12}",
+        Step("switch-current", f"point {lay.current} at {lay.current_target(release.sha12)}",
              f"sftp symlink {lay.root}/{temp_prefix('current')}* then rename over {lay.current} (atomic)",
              "unless current already points there", run=_switch),
         Step("prune-releases", f"prune old releases, keeping the last {KEEP_RELEASES}",
@@ -162,7 +163,7 @@ def switch(ctx: HostContext, release: Release) -> str:
     tmp = temp_name(lay.current)
     try:
         # rename(2) over the old link swaps it in one step (`mv -T`).
-        s.files.symlink(f"releases/{release.sha12}", tmp)
+        s.files.symlink(lay.current_target(release.sha12), tmp)
         s.files.rename(tmp, lay.current)
         remove_leftovers(s.files, lay.root, temp_prefix("current"))
     except OSError as exc:
@@ -171,7 +172,7 @@ def switch(ctx: HostContext, release: Release) -> str:
         except Exception:
             pass
         raise RemoteError(f"{s.label}: switching {lay.current} failed: {exc}") from None
-    return f"current → releases/{release.sha12}"
+    return f"current → {lay.current_target(release.sha12)}"
 
 
 def prune(ctx: HostContext, release: Release, keep: int = KEEP_RELEASES) -> str:

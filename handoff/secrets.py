@@ -39,7 +39,7 @@ from handoff.errors import (
     UsageError,
 )
 from handoff.facts import KEY_FILE, Facts
-from handoff.layout import parents
+from handoff.layout import parents, sftp_path
 from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
 from handoff.session import Session
 from handoff.ssh import endpoint, is_alias
@@ -280,8 +280,7 @@ def cleanup_entries(named: list[Target] | None, wanted: set[str] | None) -> list
         ep = t.endpoint
         if any((e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) for e in entries):
             continue
-        rel = str(t.vars["key_path"])
-        path = rel[2:] if rel.startswith("~/") else rel  # SFTP resolves relative paths from home
+        path = sftp_path(str(t.vars["key_path"]))  # the home is not known: no probe at cleanup
         entries.append(state.LedgerEntry(
             host=t.label, hostname=ep.hostname, port=ep.port, user=ep.user,
             identity=list(ep.identity), path=path, fingerprint="", time=time.time()))

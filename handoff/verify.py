@@ -64,11 +64,12 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verd
     ))
     if role is None:
         return v
-    remote_dir = RemoteLayout.of(variables).root
+    layout = RemoteLayout.of(variables)
+    remote_dir = layout.root
     for module, present in facts.modules.items():
         pip_req = role.install.get(module)
         if pip_req:
-            fix = (f"fab verify --install (pip-installs {pip_req} into {remote_dir}/venv), or "
+            fix = (f"fab verify --install (pip-installs {pip_req} into {layout.venv}), or "
                    f"on the host: {python} -m pip install {shlex.quote(pip_req)}")
         elif module in role.requires.fixes:
             fix = _fill(role.requires.fixes[module], variables)

@@ -61,3 +61,30 @@ def test_a_finished_task_spares_the_exit_a_full_collection() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "3"
+
+
+CHANGING = ["deploy", "verify", "push-script", "push-key", "launch", "stop", "cleanup-secrets"]
+
+
+def test_every_task_that_changes_a_host_has_dry_run() -> None:
+    tasks = fab_tasks()
+    for name in CHANGING:
+        assert "dry_run" in tasks[name].help, name  # type: ignore[attr-defined]
+
+
+def test_dry_runs_through_fab_connect_to_nothing(tmp_path: Path) -> None:
+    """`fab launch/stop/cleanup-secrets --dry-run` print their plans for hosts that do not
+    exist (nothing listens at 127.0.0.1:9): no connection is even tried."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("hosts:\n  a: {address: 127.0.0.1, port: 9, roles: [generator]}\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HANDOFF_INVENTORY": str(inv),
+           "HANDOFF_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "250", "NO_COLOR": "1"}
+    for args, expect in ((["launch", "--remote-input", "/in.jsonl"], "start job generator"),
+                         (["stop", "--timeout", "5"], "SIGTERM"),
+                         (["verify", "--install"], "pip-install missing modules")):
+        out = subprocess.run([str(FAB), *args, "--dry-run", "--host", "a"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "dry run" in out.stdout and expect in out.stdout, out
+    out = subprocess.run([str(FAB), "cleanup-secrets", "--dry-run"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "nothing to clean" in out.stdout, out
