@@ -30,6 +30,7 @@ from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
 from handoff.roles import render_command
 from handoff.targets import Target
 from handoff.transfer import mkdirs, temp_prefix, upload_atomic
+from payload import units
 
 INPUT_FILE = "input"  # the name the probe reports the pushed input under
 
@@ -91,7 +92,7 @@ def plan(targets: list[Target], *, local_input: str | None, remote_input: str | 
         if local is not None:
             folder = lay.data
             steps.append(Step(
-                "push-input", f"push {local.path.name} ({local.size / 1024:.0f} KiB, sha256 "
+                "push-input", f"push {local.path.name} ({units.size(local.size)}, sha256 "
                               f"{local.sha256[:12]}) to {input_path}",
                 f"sftp put {folder}/{temp_prefix(local.path.name)}* then rename to {input_path}",
                 "unless the host holds the same file (sha256 compared on the host)", params,
@@ -99,7 +100,8 @@ def plan(targets: list[Target], *, local_input: str | None, remote_input: str | 
         steps.append(Step(
             "start-job", f"start job {job} detached in {lay.job(job)}"
                          + (f", shard {shard_spec}" if shard_spec else ""),
-            f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(job)}/pid)",
+            f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(job)}/pid; "
+            f"~ is the login user's home)",
             "always (the probe refuses a second copy)", params, run=_start))
         result.hosts.append(HostPlan(target, steps))
     return result
