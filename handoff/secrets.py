@@ -44,7 +44,7 @@ from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
 from handoff.session import Session
 from handoff.ssh import endpoint, is_alias
 from handoff.targets import Target
-from handoff.transfer import mkdirs, remove_leftovers, temp_name, temp_prefix
+from handoff.transfer import mkdirs, remove_leftovers, temp_prefix, upload_atomic
 from payload.redact import REDACTOR
 
 
@@ -195,26 +195,13 @@ def place(session: Session, facts: Facts, key: str) -> str:
         return Skipped(f"key {fp} already at {path} (0600), nothing written")
     folder = path.rsplit("/", 1)[0]
     files = session.files
-    tmp = temp_name(path)
-    created = False
     try:
         mkdirs(files, folder, 0o700, known=facts.dirs)
         files.chmod(folder, 0o700)  # also when it existed: the folder is private either way
-        with files.create(tmp, 0o600) as fh:
-            created = True
-            fh.write(key.encode("utf-8"))
-            fh.fsync()
-        files.rename(tmp, path)
-        created = False
+        upload_atomic(files, key.encode("utf-8"), path, 0o600, durable=True)
         st = files.stat(path)
     except OSError as exc:
         raise RemoteError(f"{session.label}: placing the key at {path} failed: {exc}") from None
-    finally:
-        if created:
-            try:
-                files.remove(tmp)
-            except OSError:
-                pass
     mode = stat.S_IMODE(st.mode)
     if mode != 0o600 or st.uid != facts.uid:
         try:

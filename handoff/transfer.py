@@ -63,13 +63,19 @@ def mkdirs(files: RemoteFiles, path: str, mode: int = 0o755,
     return bool(missing)
 
 
-def upload_atomic(files: RemoteFiles, data: bytes, final: str, mode: int = 0o644) -> None:
-    """Write to a temp name in the same folder, then rename: readers never see a partial file."""
+def upload_atomic(files: RemoteFiles, data: bytes, final: str, mode: int = 0o644, *,
+                  durable: bool = False) -> None:
+    """Write to a temp name in the same folder, created exclusively with `mode` from its
+    first instant, then rename: readers never see a partial file, and a failure leaves no
+    temp file behind. `durable` fsyncs before the rename (the key: a power cut must not
+    leave an empty file under the final name); bulk uploads skip that and are pipelined."""
     tmp = temp_name(final)
     try:
-        with files.create(tmp, mode, pipelined=True) as fh:
+        with files.create(tmp, mode, pipelined=not durable) as fh:
             for i in range(0, len(data), UPLOAD_CHUNK):
                 fh.write(data[i : i + UPLOAD_CHUNK])
+            if durable:
+                fh.fsync()
         files.rename(tmp, final)
     except BaseException:
         try:
