@@ -22,18 +22,22 @@ from typing import Any
 from handoff import remote_code
 from handoff.errors import RoleError
 from handoff.layout import RemoteLayout
-from handoff.remote_code.probe import SELF_PYTHON
 from handoff.roles import Role, render_argv, render_value
 from handoff.session import Session
 
 # The name the probe reports the placed API key under (`Facts.file(KEY_FILE)`).
 KEY_FILE = "key"
+# Stands for `{python}` in a preflight argv: the probe runs it with its own interpreter,
+# the one verify just checked (it may be the venv `verify --install` made).
+SELF_PYTHON = "@@probe-python@@"
 
 __all__ = ["KEY_FILE", "SELF_PYTHON", "Facts", "FileFacts", "PreflightFacts", "ReleaseFacts", "TorchFacts",
            "check_vars", "deep_args", "gather"]
 
 
-@dataclass(frozen=True)
+# Plain (not frozen) dataclasses: nothing mutates facts, and every deploy pays for the
+# generated methods a frozen one adds.
+@dataclass(eq=False)
 class FileFacts:
     path: str
     exists: bool
@@ -51,14 +55,14 @@ class FileFacts:
                    raw.get("error"))
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class ReleaseFacts:
     name: str
     mtime: float
     size: int | None  # of its payload.pyz; None when missing (a half-made release)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class TorchFacts:
     """torch as the probe's python imports it; `error` when the import failed."""
 
@@ -69,7 +73,7 @@ class TorchFacts:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class PreflightFacts:
     """The role's preflight: not run (`missing` paths, absent `modules`) or its result."""
 
@@ -80,7 +84,7 @@ class PreflightFacts:
     err: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Facts:
     python: tuple[int, ...]
     executable: str
@@ -170,7 +174,8 @@ def deep_args(role: Role, variables: dict[str, Any], shard: str | None,
         except RoleError:
             argv = []  # a var it needs is unset: verify's evaluate() names it; nothing to run
         if argv and all(path is not None for path in needs.values()):
-            args["preflight"] = {"argv": argv, "needs": needs, "timeout": pf.timeout_s}
+            args["preflight"] = {"argv": argv, "needs": needs, "self": SELF_PYTHON,
+                                 "timeout": pf.timeout_s}
     return args
 
 

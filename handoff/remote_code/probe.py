@@ -28,10 +28,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-# Stands for `{python}` in a preflight argv: replaced by this interpreter, the one verify
-# just checked (it may be the venv `verify --install` made).
-SELF_PYTHON = "@@probe-python@@"
-
 # The CUDA check goes through torch, not only nvidia-smi: a CPU wheel, or a wheel built for
 # a newer CUDA than the driver, shows GPUs in nvidia-smi and none to torch. Run in a child
 # so a broken torch cannot take the probe down.
@@ -144,7 +140,8 @@ def preflight(spec: dict[str, Any], modules: dict[str, bool], home: str) -> dict
     absent = [m for m, ok in modules.items() if not ok]
     if absent:
         return {"modules": absent}
-    argv = [sys.executable if x == SELF_PYTHON else expand(x) for x in spec["argv"]]
+    # `self` stands for `{python}`: this interpreter, the one verify just checked.
+    argv = [sys.executable if x == spec["self"] else expand(x) for x in spec["argv"]]
     return run(argv, spec["timeout"], home)
 
 

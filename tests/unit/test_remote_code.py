@@ -70,7 +70,7 @@ def test_probe_reports_files_dirs_releases_and_current(tmp_path: Path) -> None:
 
 
 def test_probe_runs_the_preflight_only_when_its_paths_exist(tmp_path: Path) -> None:
-    spec = {"argv": [probe.SELF_PYTHON, "-c", "print('{\"fits\": true}')"],
+    spec = {"argv": ["@python", "-c", "print('{\"fits\": true}')"], "self": "@python",
             "needs": {"{input}": str(tmp_path / "in.jsonl")}, "timeout": 30}
     assert probe.preflight(spec, {}, str(tmp_path)) == {"missing": ["{input}"]}
     (tmp_path / "in.jsonl").write_text("")
