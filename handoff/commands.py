@@ -280,14 +280,9 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
     from handoff import secrets
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
-    named = None
-    if wanted:
-        # Named hosts are checked even if the ledger lost track of them (e.g. a wiped
-        # state dir): their key_path is removed too, or reported already absent.
-        listed = {name for e in secrets.cleanup_entries(None, wanted) for name in (e.host, e.hostname)}
-        unlisted = [h for h in wanted if h not in listed]
-        named = targets_for(",".join(unlisted), None) if unlisted else []
-    entries = secrets.cleanup_entries(named, wanted)
+    # Named hosts are checked even if the ledger lost track of them (e.g. a wiped state
+    # dir): their key_path is removed too, or reported already absent.
+    entries = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None))
     if not entries:
         console.say("the ledger lists no placed keys: nothing to clean (already absent)")
         return 0

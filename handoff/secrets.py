@@ -27,6 +27,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from types import ModuleType
 
@@ -255,15 +256,17 @@ def _ledger_target(entry: state.LedgerEntry) -> Target:
     return Target(entry.host, entry.host, ep, None, None, {})
 
 
-def cleanup_entries(named: list[Target] | None, wanted: set[str] | None) -> list[state.LedgerEntry]:
-    """What cleanup removes: the ledger's placed keys (only those of `wanted` hosts when
-    given), plus, for each `named` target the ledger lost track of (a wiped state dir), its
-    key_path."""
+def cleanup_entries(wanted: set[str] | None,
+                    resolve: Callable[[str], list[Target]]) -> list[state.LedgerEntry]:
+    """What cleanup removes: the ledger's placed keys (only those of the `wanted` hosts,
+    by name or address, when given), plus the key_path of each wanted host the ledger has
+    no record of (a wiped state dir), found through `resolve` (the inventory)."""
     entries = state.placed()
     if wanted is None:
         return entries
     entries = [e for e in entries if e.host in wanted or e.hostname in wanted]
-    for t in named or []:
+    unlisted = sorted(h for h in wanted if not any(h in (e.host, e.hostname) for e in entries))
+    for t in resolve(",".join(unlisted)) if unlisted else []:
         ep = t.endpoint
         if any((e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) for e in entries):
             continue
