@@ -68,6 +68,9 @@ def build_tokenizer(chat_template: str = CHAT_TEMPLATE) -> Any:
 
 
 def build_model(vocab: int, seed: int = 0) -> Any:
+    """Random weights, norm weights included (0.5 + U[0, 1)): with HF's init (all 1) the
+    states before and after the final norm differ only by a scale, which hides a
+    pre-/post-norm mix-up from every comparison of logits."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -76,7 +79,12 @@ def build_model(vocab: int, seed: int = 0) -> Any:
                       num_hidden_layers=NUM_LAYERS, num_attention_heads=4,
                       num_key_value_heads=4, max_position_embeddings=512,
                       bos_token_id=2, eos_token_id=3, pad_token_id=1)
-    return LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(0.5 + torch.rand_like(param))
+    return model
 
 
 @pytest.fixture(scope="session")

@@ -35,14 +35,25 @@ def spawn(inp: Path, model: Path, out: Path, *extra: str, env: dict | None = Non
         stderr=subprocess.PIPE, text=True)
 
 
+def samples_like(entries: list) -> list:
+    """Samples of the manifest's lengths and spans (what a size estimate needs)."""
+    from array import array
+
+    from payload.extract.tokens import Sample
+
+    return [Sample(e["id"], str(e["id"]), array("i", [0] * e["num_tokens"]),
+                   e["num_tokens"] - e["num_supervised"], e["num_tokens"]) for e in entries]
+
+
 def assert_complete(out: Path, records: list) -> None:
-    from payload.extract.writer import validate
+    from payload.extract.formats import Native
 
     entries = manifest(out)
     counts = Counter(str(e["id"]) for e in entries)
     assert counts == Counter(str(r["id"]) for r in records)  # every id exactly once
     for e in entries:
-        assert validate(out / e["file"], HIDDEN, "float32") == e["num_tokens"]
+        assert Native(out, HIDDEN, "float32").check(out / e["file"]) == (
+            e["num_tokens"], e["num_supervised"])
     assert not list(out.rglob(".*.tmp-*")), "temp files left behind"
 
 
@@ -153,6 +164,7 @@ def test_torn_manifest_part_line_does_not_swallow_the_next(tmp_path: Path) -> No
 def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys) -> None:
     import shutil
 
+    from payload.extract.formats import Native
     from payload.extract.preflight import estimate
 
     records = make_records(8)
@@ -169,7 +181,7 @@ def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys)
     assert run_extract(inp, model_dir, out, "--reserve", str(reserve), "--force") == 0
     files = list(out.rglob("*.safetensors"))
     assert len(files) == 8
-    est = estimate((e["num_tokens"] for e in manifest(out)), HIDDEN, "float32", block=1)
+    est = estimate(samples_like(manifest(out)), Native(out, HIDDEN, "float32"), block=1)
     assert est.bytes == sum(f.stat().st_size for f in files) == stats(out)["bytes_written"]
     assert stats(out)["estimate_bytes"] >= est.bytes
 
