@@ -88,6 +88,10 @@ class Format(ABC):
         """Bytes the sample adds to files shared by all samples (a dataset's columns)."""
         return 0
 
+    def fixed_bytes(self, vocab_size: int) -> int:
+        """Bytes of the shared files themselves, whatever the samples (headers, maps)."""
+        return 0
+
     @abstractmethod
     def bytes_per_token(self) -> int:
         """The theoretical bytes a token costs on disk (features + ids + mask)."""
@@ -322,6 +326,10 @@ class Speculators(Format):
     def shared_bytes(self, sample: Sample) -> int:
         # the dataset's input_ids and loss_mask (int64 each), seq_len and list offsets
         return 16 * sample.num_tokens + 24
+
+    def fixed_bytes(self, vocab_size: int) -> int:
+        # Arrow schema and HF json files (~2 KB seen), token_freq.pt (<= ~16 B an id)
+        return 64 * 1024 + 16 * vocab_size
 
     def bytes_per_token(self) -> int:
         return 4 * self.hidden * DTYPE_BYTES[self.dtype] + 8 + 16

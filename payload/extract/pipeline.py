@@ -303,7 +303,7 @@ def report_preflight(run: Run, samples: list[Any]) -> int:
     """--preflight-only: the estimate as one JSON line on stdout; 0 fits, 2 does not."""
     from payload.extract import preflight
 
-    est = preflight.estimate(samples, run.fmt)
+    est = preflight.estimate(samples, run.fmt, run.info.vocab_size)
     free = preflight.free_bytes(preflight.existing(run.out))
     fits = est.bytes * run.rank.local_world + run.cfg.reserve_bytes <= free
     print(json.dumps({"format": run.cfg.format, "samples": est.samples, "tokens": est.tokens,
@@ -317,7 +317,7 @@ def check_disk(run: Run, samples: list[Any]) -> None:
     """Raises DiskTooSmall (exit 2) unless the features fit, or --force."""
     from payload.extract import preflight
 
-    est = preflight.estimate(samples, run.fmt)
+    est = preflight.estimate(samples, run.fmt, run.info.vocab_size)
     run.stats.estimate_bytes = est.bytes
     print(preflight.check(est, run.out, reserve=run.cfg.reserve_bytes,
                           sharers=run.rank.local_world, force=run.cfg.force),

@@ -34,15 +34,18 @@ class Estimate:
     per_token: int  # the format's theoretical bytes a token (4*H*dtype + ids + mask)
 
 
-def estimate(samples: Iterable[Sample], fmt: Format, block: int = 4096) -> Estimate:
+def estimate(samples: Iterable[Sample], fmt: Format, vocab_size: int = 0,
+             block: int = 4096) -> Estimate:
     """Σ file sizes, each rounded up to the filesystem block it will occupy, plus the
-    bytes the samples add to shared files."""
+    bytes the samples add to shared files, plus those files' own overhead."""
     n = tokens = total = 0
     for s in samples:
         size = fmt.sample_bytes(s)
         total += -(-size // block) * block + fmt.shared_bytes(s)
         tokens += s.num_tokens
         n += 1
+    if n:
+        total += fmt.fixed_bytes(vocab_size)
     return Estimate(n, tokens, total, fmt.bytes_per_token())
 
 
