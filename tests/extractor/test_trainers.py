@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -129,22 +130,43 @@ def test_specforge_check_fails_on_a_prenorm_final_state(extracted, model_dir, hf
     assert specforge_error(out, model_dir, hf_model, 4) > 100 * TOL
 
 
-def test_specforge_draft_config_layer_ids(extracted) -> None:
-    """meta.json's ids are what SpecForge resolves for a draft config carrying them."""
+def doc_command(trainer: str) -> list[str]:
+    """The `<trainer> train ...` command of docs/training.md, as argv after `train`."""
+    text = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    joined = text.replace("\\\n", " ")
+    line = next(ln for ln in joined.splitlines() if ln.startswith(f"{trainer} train "))
+    argv = shlex.split(line.replace("[", "").replace("]", ""))[2:]
+    return argv
+
+
+def test_specforge_run_config_from_the_docs(extracted, model_dir, tmp_path) -> None:
+    """docs/training.md's run.yaml and command, with this output's paths and ids, pass
+    SpecForge's own config validation as an offline run over OUT, and the capture layers
+    SpecForge resolves from it are meta.json's (its default for this target, too)."""
     needs("specforge")
+    import yaml
     from specforge.algorithms.model_providers import resolve_eagle_capture_layers
+    from specforge.config import load_config
 
     out = extracted("specforge", BATCHED)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["layers"] == [2, 4, 5]
     ids = meta["eagle_aux_hidden_state_layer_ids"]
     assert ids == [1, 3, 4]
-    cfg = argparse.Namespace(model=argparse.Namespace(aux_hidden_state_layer_ids=None))
-    draft = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
+    text = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    run = yaml.safe_load(text.split("with `run.yaml`:\n```yaml\n", 1)[1].split("```", 1)[0])
+    run["model"].update(target_model_path=str(model_dir), aux_hidden_state_layer_ids=ids)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    argv = doc_command("specforge")
+    assert argv[:2] == ["--config", "run.yaml"]
+    overrides = [a.replace("/data/features", str(out)) for a in argv[2:]]
+    config = load_config(str(tmp_path / "run.yaml"), overrides)
+    assert config.mode == "offline" and config.data.hidden_states_path == str(out)
     target = argparse.Namespace(num_hidden_layers=meta["num_layers"])
-    assert resolve_eagle_capture_layers(cfg, draft, target) == ids  # type: ignore[arg-type]
-    # and SpecForge's own default for this target is the extractor's default, shifted
-    assert resolve_eagle_capture_layers(cfg, {}, target) == ids  # type: ignore[arg-type]
+    assert resolve_eagle_capture_layers(config, {}, target) == ids
+    default = config.model_copy(deep=True)
+    default.model.aux_hidden_state_layer_ids = None
+    assert resolve_eagle_capture_layers(default, {}, target) == ids
 
 
 # -- speculators ---------------------------------------------------------------------
@@ -160,13 +182,18 @@ def speculators_error(out: Path, model_dir: Path, hf_model: Any, save: Path) -> 
     from speculators.train.dataloader import create_train_val_loaders
 
     meta = json.loads((out / "meta.json").read_text())
-    argv = ["--verifier-name-or-path", str(model_dir), "--data-path", str(out),
-            "--target-layer-ids", *map(str, meta["target_layer_ids"]),
-            "--on-missing", "raise", "--draft-vocab-size", str(DRAFT_VOCAB),
-            "--hidden-states-dtype", "float32", "--num-workers", "0", "--total-seq-len", "256",
-            "--loss-implementation", "eager", "--draft-attn-impl", "eager",
-            "--save-path", str(save)]
+    # docs/training.md's command with this output's paths and ids, plus what a CPU needs
+    argv = doc_command("speculators")
+    at = argv.index("--target-layer-ids") + 1
+    argv[at:at + 3] = map(str, meta["target_layer_ids"])
+    subst = {"/models/target": str(model_dir), "/data/features": str(out),
+             "./draft": str(save), "32000": str(DRAFT_VOCAB)}
+    argv = [subst.get(a, a) for a in argv]
+    assert argv[argv.index("--on-missing") + 1] == "raise"
+    argv += ["--hidden-states-dtype", "float32", "--num-workers", "0", "--total-seq-len", "256",
+             "--loss-implementation", "eager", "--draft-attn-impl", "eager"]
     args = argparse.Namespace(**TrainConfig.resolve(argv).flatten())
+    assert (args.data_path, args.verifier_name_or_path) == (str(out), str(model_dir))
     d2t, t2d, draft_vocab = train_cli.parse_vocab_mappings(args)
     model_class = SpeculatorModel.registry[args.speculator_type]
     draft = train_cli.build_draft_model(args, model_class, t2d, d2t, draft_vocab).eval()
