@@ -363,21 +363,23 @@ def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFl
                         run.label)
     t1, c1 = time.monotonic(), time.process_time()
     last_save = time.monotonic()
-    with BatchWriter(run, progress) as writer:
-        for idx in plan_batches([s.num_tokens for s in samples], run.cfg.batch_tokens):
-            if stop.set:
-                break
-            batch = collate([samples[i] for i in idx], pad)
-            aux, final = fm.forward(batch)
-            ok = finite_rows(run, progress, batch, aux, final)
-            writer.submit(batch.samples, aux, final, ok)
-            if time.monotonic() - last_save > STATS_EVERY_S:
-                last_save = time.monotonic()
-                with run.lock:
-                    update_rates(stats, time.monotonic() - t1)
-                    run.save_stats("running")
-    progress.close()
-    fm.close()
+    try:
+        with BatchWriter(run, progress) as writer:
+            for idx in plan_batches([s.num_tokens for s in samples], run.cfg.batch_tokens):
+                if stop.set:
+                    break
+                batch = collate([samples[i] for i in idx], pad)
+                aux, final = fm.forward(batch)
+                ok = finite_rows(run, progress, batch, aux, final)
+                writer.submit(batch.samples, aux, final, ok)
+                if time.monotonic() - last_save > STATS_EVERY_S:
+                    last_save = time.monotonic()
+                    with run.lock:
+                        update_rates(stats, time.monotonic() - t1)
+                        run.save_stats("running")
+    finally:
+        progress.close()
+        fm.close()
     stats.extract_s = time.monotonic() - t1
     stats.extract_cpu_s = time.process_time() - c1
     update_rates(stats, stats.extract_s)
@@ -422,7 +424,10 @@ class BatchWriter:
     def __enter__(self) -> BatchWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:  # the error in hand is the one to report: let writes end
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            return
         try:
             while self.pending:
                 self.pending.popleft().result()

@@ -306,6 +306,8 @@ class RowStore:
         root = self.out / PENDING_DIR
         if root.is_dir():
             for sub in root.iterdir():
+                if not sub.is_dir():
+                    continue
                 for p in sub.iterdir():
                     if p.name.startswith(".") and TMP_MARK in p.name:
                         p.unlink()
