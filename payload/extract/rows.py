@@ -95,6 +95,22 @@ class RowFile:
         return self.hi - self.lo
 
 
+@dataclass
+class Tally:
+    """What a finalize did, for its log line."""
+
+    added: int = 0
+    moved: int = 0
+    broken: int = 0
+    duplicates: int = 0
+
+    def __str__(self) -> str:
+        extra = "".join(f", {k} {v}" for k, v in (("moved", self.moved),
+                                                  ("removed broken", self.broken),
+                                                  ("removed duplicates", self.duplicates)) if v)
+        return f"{self.added} added{extra}"
+
+
 def move(src: Path, dst: Path) -> None:
     """The one way a feature file changes name here (a rename: no copy)."""
     os.rename(src, dst)
@@ -236,64 +252,73 @@ class RowStore:
 
     # -- numbering the rows (exclusive lock held) -------------------------------------
     def finalize(self) -> str:
-        hs = self.out / HS_DIR
-        hs.mkdir(parents=True, exist_ok=True)
-        broken = duplicates = moved = 0
-        rows: dict[int, RowFile] = {}
-        for row, path in self._row_numbers().items():
-            f = self.read(path)
-            if f is None:
-                path.unlink()  # cut short by a crash: its id is redone by the next run
-                broken += 1
-            else:
-                rows[row] = f
-        seen: set[str] = set()
-        for row in sorted(rows):
-            if rows[row].key in seen:
-                rows.pop(row).path.unlink()
-                duplicates += 1
-            else:
-                seen.add(rows[row].key)
-        pending: list[RowFile] = []
-        for path in self._pending_files():
-            f = self.read(path)
-            if f is None or f.key in seen:
-                path.unlink()  # broken, or already a row (a rerun of a done id)
-                broken += f is None
-                duplicates += f is not None
-                continue
-            seen.add(f.key)
-            pending.append(f)
-
-        n = len(rows)
-        holes = [r for r in range(n) if r not in rows]
-        for hole, src in zip(holes, sorted((r for r in rows if r >= n), reverse=True),
-                             strict=True):
-            dst = self.out / hs_relpath(hole)
-            move(rows[src].path, dst)
-            rows[hole] = replace(rows.pop(src), path=dst)
-            moved += 1
-        added = 0
-        for f in sorted(pending, key=lambda f: f.key):
-            dst = self.out / hs_relpath(n)
-            move(f.path, dst)
-            rows[n] = replace(f, path=dst)
-            n += 1
-            added += 1
-        _fsync_dir(hs)
+        """Number the rows, then rewrite what is derived from them (see the docstring)."""
+        (self.out / HS_DIR).mkdir(parents=True, exist_ok=True)
+        tally = Tally()
+        rows = self._valid_rows(tally)
+        pending = self._valid_pending({f.key for f in rows.values()}, tally)
+        ordered = self._renumber(rows, pending, tally)
+        _fsync_dir(self.out / HS_DIR)
         self._remove_leftovers()
-
-        ordered = [rows[r] for r in range(n)]
         tokens = self._write_dataset(ordered)
         write_manifest(self.out, ({"id": f.rid, "file": hs_relpath(r), "row": r,
                                    "num_tokens": f.num_tokens,
                                    "num_supervised": f.num_supervised}
                                   for r, f in enumerate(ordered)))
         self._index = {f.key: r for r, f in enumerate(ordered)}
-        extra = "".join(f", {k} {v}" for k, v in (("moved", moved), ("removed broken", broken),
-                                                  ("removed duplicates", duplicates)) if v)
-        return (f"speculators rows: {n} rows ({added} added{extra}), {tokens} tokens; "
+        return (f"speculators rows: {len(ordered)} rows ({tally}), {tokens} tokens; "
                 f"dataset, {TOKEN_FREQ} and {MANIFEST} written")
+
+    def _valid_rows(self, tally: Tally) -> dict[int, RowFile]:
+        """The row files that are complete, one per id (the lowest row wins)."""
+        rows: dict[int, RowFile] = {}
+        for row, path in self._row_numbers().items():
+            f = self.read(path)
+            if f is None:
+                path.unlink()  # cut short by a crash: its id is redone by the next run
+                tally.broken += 1
+            else:
+                rows[row] = f
+        seen: set[str] = set()
+        for row in sorted(rows):
+            if rows[row].key in seen:
+                rows.pop(row).path.unlink()
+                tally.duplicates += 1
+            else:
+                seen.add(rows[row].key)
+        return rows
+
+    def _valid_pending(self, have: set[str], tally: Tally) -> list[RowFile]:
+        """The complete pending files of ids that have no row yet, in id order."""
+        pending = []
+        for path in self._pending_files():
+            f = self.read(path)
+            if f is None or f.key in have:
+                path.unlink()  # broken, or already a row (a rerun of a done id)
+                tally.broken += f is None
+                tally.duplicates += f is not None
+                continue
+            have.add(f.key)
+            pending.append(f)
+        return sorted(pending, key=lambda f: f.key)
+
+    def _renumber(self, rows: dict[int, RowFile], pending: list[RowFile],
+                  tally: Tally) -> list[RowFile]:
+        """Close the holes with the highest rows, then append the pending files."""
+        n = len(rows)
+        holes = [r for r in range(n) if r not in rows]
+        beyond = sorted((r for r in rows if r >= n), reverse=True)
+        for hole, src in zip(holes, beyond, strict=True):
+            dst = self.out / hs_relpath(hole)
+            move(rows[src].path, dst)
+            rows[hole] = replace(rows.pop(src), path=dst)
+            tally.moved += 1
+        for f in pending:
+            dst = self.out / hs_relpath(len(rows))
+            move(f.path, dst)
+            rows[len(rows)] = replace(f, path=dst)
+            tally.added += 1
+        return [rows[r] for r in range(len(rows))]
 
     def _pending_files(self) -> list[Path]:
         root = self.out / PENDING_DIR
@@ -323,18 +348,43 @@ class RowStore:
         """The HF datasets dir (what `load_from_disk(OUT)` reads) and token_freq.pt, from
         the rows' own token ids and spans; swapped in with state.json moved last."""
         import datasets
+        import pyarrow as pa
+        import torch
+
+        datasets.disable_progress_bars()  # a nohup log wants no tqdm bars
+        ids, masks, freq = self._columns(rows)
+        list_type = pa.list_(pa.int64())
+        seq = datasets.List(datasets.Value("int64"))
+        features = datasets.Features({"input_ids": seq, "loss_mask": seq,
+                                      "seq_len": datasets.Value("int64")})
+        ds = datasets.Dataset.from_dict(
+            {"input_ids": pa.chunked_array(ids, type=list_type),
+             "loss_mask": pa.chunked_array(masks, type=list_type),
+             "seq_len": pa.array([f.num_tokens for f in rows], type=pa.int64())},
+            features=features)
+        ds.set_format(type="torch")  # speculators compares rows with torch.equal
+        tmp = self.out / f"{DATASET_TMP}{os.getpid()}"
+        ds.save_to_disk(str(tmp))
+        self._swap_in(tmp)
+        # {token id: count} over supervised tokens, as speculators' own prepare step saves it
+        buf = io.BytesIO()
+        torch.save({int(i): int(c) for i, c in enumerate(freq.tolist()) if c}, buf)
+        atomic.write_bytes(self.out / TOKEN_FREQ, buf.getvalue())
+        return sum(f.num_tokens for f in rows)
+
+    def _columns(self, rows: list[RowFile]) -> tuple[list[Any], list[Any], Any]:
+        """input_ids and loss_mask as Arrow list chunks (read from the row files), and the
+        supervised token counts; chunked so no chunk outgrows list<int64>'s offsets."""
         import numpy as np
         import pyarrow as pa
 
-        datasets.disable_progress_bars()  # a nohup log wants no tqdm bars
         ids_chunks: list[Any] = []
         mask_chunks: list[Any] = []
         freq = np.zeros(0, dtype=np.int64)
         start = 0
         while start < len(rows):
-            stop, total = start, 0
-            while stop < len(rows) and (stop == start or total + rows[stop].num_tokens
-                                        <= _CHUNK_TOKENS):
+            stop, total = start + 1, rows[start].num_tokens
+            while stop < len(rows) and total + rows[stop].num_tokens <= _CHUNK_TOKENS:
                 total += rows[stop].num_tokens
                 stop += 1
             flat = np.empty(total, dtype=np.int64)
@@ -356,27 +406,7 @@ class RowStore:
                 freq = np.pad(freq, (0, len(counts) - len(freq)))
             freq[:len(counts)] += counts
             start = stop
-        list_type = pa.list_(pa.int64())
-        seq = datasets.List(datasets.Value("int64"))
-        features = datasets.Features({"input_ids": seq, "loss_mask": seq,
-                                      "seq_len": datasets.Value("int64")})
-        ds = datasets.Dataset.from_dict(
-            {"input_ids": pa.chunked_array(ids_chunks, type=list_type),
-             "loss_mask": pa.chunked_array(mask_chunks, type=list_type),
-             "seq_len": pa.array([f.num_tokens for f in rows], type=pa.int64())},
-            features=features)
-        ds.set_format(type="torch")  # speculators compares rows with torch.equal
-        tmp = self.out / f"{DATASET_TMP}{os.getpid()}"
-        ds.save_to_disk(str(tmp))
-        self._swap_in(tmp)
-
-        import torch
-
-        # {token id: count} over supervised tokens, as speculators' own prepare step saves it
-        buf = io.BytesIO()
-        torch.save({int(i): int(freq[i]) for i in np.flatnonzero(freq)}, buf)
-        atomic.write_bytes(self.out / TOKEN_FREQ, buf.getvalue())
-        return int(sum(f.num_tokens for f in rows))
+        return ids_chunks, mask_chunks, freq
 
     def _swap_in(self, tmp: Path) -> None:
         """Replace the dataset files in OUT by tmp's: state.json (which names the arrow
