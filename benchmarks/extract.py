@@ -1,17 +1,20 @@
-"""Extractor overhead and bytes on disk, on CPU with a small random model.
+"""Extractor overhead and bytes on disk per output format, on CPU with a small random model.
 
-    .venv/bin/python benchmarks/extract.py [--samples 96] [--reps 3]
+    .venv/bin/python benchmarks/extract.py [--samples 64] [--reps 5] [--format native,speculators]
 
 Builds an 8-layer, H=256 Llama-shaped model and a chat tokenizer in a temp dir, then
 alternates, --reps times:
   bare     the decoder's forward pass over exactly the batches the extractor plans
            (same tokenization, same --batch-tokens, same padding), nothing else;
-  extract  the whole `extract` run in-process: read, tokenize, preflight, load, forward
-           with hooks, NaN/Inf check, safetensors writes, manifest merge, stats.
-Prints medians and the ratios (target: extract <= 1.25 x bare), and bytes on disk per
-token against the theoretical 4*H*dtype + 8 (int64 id) + 1 (uint8 mask). Wall-clock
-ratios swing with whatever else runs on the machine; the CPU-time ratio (process CPU
-seconds, all threads) is the steadier figure on a shared box.
+  extract  the whole `extract` run in-process, once per --format: read, tokenize,
+           preflight, load, forward with hooks, NaN/Inf check, the format's writes, the
+           manifest merge (speculators: numbering the rows, the dataset, token_freq.pt).
+Prints one row per format: medians and ratios against bare (target: extract <= 1.25 x
+bare), samples/s, and bytes on disk per token (sample files, plus speculators' dataset)
+against the format's theoretical figure: 4*H*dtype plus ids and mask (native 8+1,
+specforge 8+8, speculators 8 in the row file + 16 in the dataset). Wall-clock ratios
+swing with whatever else runs on the machine; the CPU-time ratio (process CPU seconds,
+all threads) is the steadier figure on a shared box.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def bare(model_dir: Path, inp: Path) -> tuple[float, float, int]:
     return time.perf_counter() - t0, time.process_time() - c0, tokens
 
 
-def extract(model_dir: Path, inp: Path, out: Path) -> tuple[float, dict]:
+def extract(model_dir: Path, inp: Path, out: Path, fmt: str) -> tuple[float, dict]:
     from payload.extract import add_arguments, run
 
     shutil.rmtree(out, ignore_errors=True)
@@ -94,7 +97,7 @@ def extract(model_dir: Path, inp: Path, out: Path) -> tuple[float, dict]:
     add_arguments(p)
     args = p.parse_args(["--input", str(inp), "--model", str(model_dir), "--output-dir",
                          str(out), "--dtype", "float32", "--batch-tokens", str(BATCH_TOKENS),
-                         "--progress", "none"])
+                         "--progress", "none", "--format", fmt])
     t0 = time.perf_counter()
     rc = run(args)
     wall = time.perf_counter() - t0
@@ -103,14 +106,29 @@ def extract(model_dir: Path, inp: Path, out: Path) -> tuple[float, dict]:
     return wall, stats
 
 
+def bytes_on_disk(out: Path) -> tuple[int, int]:
+    """(bytes in the files, bytes allocated): sample files plus shared dataset files."""
+    files = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".ckpt")
+             or (p.name.startswith("data-") and p.suffix == ".arrow")]
+    return (sum(f.stat().st_size for f in files), sum(f.stat().st_blocks * 512 for f in files))
+
+
 def main() -> int:
+    from payload.extract.formats import FORMATS, make
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--format", default=",".join(FORMATS),
+                    help=f"comma-separated formats to run (default: {','.join(FORMATS)})")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads for both sides (default 1: the writer threads then "
                          "run beside the compute, as they do next to a GPU)")
     a = ap.parse_args()
+    fmts = a.format.split(",")
+    unknown = set(fmts) - set(FORMATS)
+    if unknown:
+        ap.error(f"--format: unknown {sorted(unknown)}; choose from {', '.join(FORMATS)}")
     import torch
 
     torch.set_num_threads(a.threads)
@@ -120,46 +138,65 @@ def main() -> int:
         model_dir = build(d)
         inp = d / "in.jsonl"
         inp.write_text("".join(json.dumps(r) + "\n" for r in records(a.samples)))
-        bare_s, bare_cpu, ext_wall, ext_phase, ext_cpu, tokens = [], [], [], [], [], 0
+        bare_s: list[float] = []
+        bare_cpu: list[float] = []
+        runs: dict[str, dict[str, list[float]]] = {
+            f: {"wall": [], "phase": [], "cpu": [], "pair": []} for f in fmts}
+        sizes: dict[str, tuple[int, int]] = {}
+        tokens = 0
         for rep in range(a.reps):
-            # alternate which goes first, so a load change on a shared box hits both sides
-            for which in (("bare", "extract") if rep % 2 == 0 else ("extract", "bare")):
+            # alternate which goes first, so a load change on a shared box hits every side
+            order = ["bare", *fmts]
+            if rep % 2:
+                order.reverse()
+            phase_now: dict[str, float] = {}
+            for which in order:
                 if which == "bare":
                     s, c, tokens = bare(model_dir, inp)
                     bare_s.append(s)
                     bare_cpu.append(c)
-                else:
-                    wall, stats = extract(model_dir, inp, d / "out")
-                    ext_wall.append(wall)
-                    ext_phase.append(stats["extract_s"])
-                    ext_cpu.append(stats["extract_cpu_s"])
-            assert stats["tokens_written"] == tokens and stats["written"] == a.samples
-        files = list((d / "out").rglob("*.safetensors"))
-        size = sum(f.stat().st_size for f in files)
-        alloc = sum(f.stat().st_blocks * 512 for f in files)
-        theory = 4 * HIDDEN * 4 + 8 + 1
-    mb, mw, mp = (statistics.median(x) for x in (bare_s, ext_wall, ext_phase))
-    pair = statistics.median(e / b for e, b in zip(ext_phase, bare_s, strict=True))
-    cb, cp = statistics.median(bare_cpu), statistics.median(ext_cpu)
-    result = {
-        "model": f"llama {LAYERS} layers H={HIDDEN} fp32 CPU, {torch.get_num_threads()} torch "
-                 f"thread(s), {os.cpu_count()} cores",
-        "samples": a.samples, "tokens": tokens, "batch_tokens": BATCH_TOKENS, "reps": a.reps,
-        "bare_forward_s": round(mb, 3), "extract_phase_s": round(mp, 3),
-        "extract_end_to_end_s": round(mw, 3),
-        "ratio_extract_phase_vs_bare": round(mp / mb, 3),
-        "ratio_end_to_end_vs_bare": round(mw / mb, 3),
-        "median_paired_ratio_phase": round(pair, 3),
-        "bare_cpu_s": round(cb, 3), "extract_phase_cpu_s": round(cp, 3),
-        "ratio_cpu_extract_phase_vs_bare": round(cp / cb, 3),
-        "bytes_per_token_file": round(size / tokens, 2),
-        "bytes_per_token_allocated": round(alloc / tokens, 2),
-        "bytes_per_token_theory": theory,
-        "file_vs_theory": round(size / tokens / theory, 5),
-    }
-    for k, v in result.items():
-        print(f"{k:30} {v}")
-    print(json.dumps(result))
+                    continue
+                out = d / f"out-{which}"
+                wall, stats = extract(model_dir, inp, out, which)
+                assert stats["tokens_written"] == tokens or not tokens, stats
+                assert stats["written"] == a.samples, stats
+                r = runs[which]
+                r["wall"].append(wall)
+                r["phase"].append(stats["extract_s"])
+                r["cpu"].append(stats["extract_cpu_s"])
+                phase_now[which] = stats["extract_s"]
+                sizes[which] = bytes_on_disk(out)
+            for f in fmts:
+                runs[f]["pair"].append(phase_now[f] / bare_s[-1])
+    med = statistics.median
+    mb, cb = med(bare_s), med(bare_cpu)
+    head = {"model": f"llama {LAYERS} layers H={HIDDEN} fp32 CPU, {torch.get_num_threads()} "
+                     f"torch thread(s), {os.cpu_count()} cores",
+            "samples": a.samples, "tokens": tokens, "batch_tokens": BATCH_TOKENS,
+            "reps": a.reps, "bare_forward_s": round(mb, 3), "bare_cpu_s": round(cb, 3)}
+    rows = []
+    for f in fmts:
+        r = runs[f]
+        size, alloc = sizes[f]
+        theory = make(f, d, HIDDEN, "float32").bytes_per_token()
+        rows.append({
+            "format": f, "extract_phase_s": round(med(r["phase"]), 3),
+            "extract_end_to_end_s": round(med(r["wall"]), 3),
+            "samples_per_s": round(a.samples / med(r["wall"]), 2),
+            "ratio_phase_vs_bare": round(med(r["phase"]) / mb, 3),
+            "median_paired_ratio_phase": round(med(r["pair"]), 3),
+            "ratio_cpu_phase_vs_bare": round(med(r["cpu"]) / cb, 3),
+            "bytes_per_token_file": round(size / tokens, 2),
+            "bytes_per_token_allocated": round(alloc / tokens, 2),
+            "bytes_per_token_theory": theory,
+            "file_vs_theory": round(size / tokens / theory, 5)})
+    for k, v in head.items():
+        print(f"{k:22} {v}")
+    cols = list(rows[0])
+    print(" | ".join(cols))
+    for row in rows:
+        print(" | ".join(str(row[c]) for c in cols))
+    print(json.dumps({**head, "formats": rows}))
     return 0
 
 

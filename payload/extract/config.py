@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from payload.errors import UsageError
+from payload.extract.formats import FINAL_STATES, FORMATS, NEEDS_FINAL_STATE
 from payload.records import ALL, Shard, parse_shard
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -57,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also keep a job status JSON here (state, done, failed, total, "
                              "tokens_per_s, ...), summed over this launch's torchrun ranks")
+    parser.add_argument("--format", choices=FORMATS, default="native",
+                        help="the layout written: native (default; safetensors per sample), "
+                             "specforge (SpecForge 0.2 offline .ckpt files, "
+                             "data.hidden_states_path=OUT) or speculators (speculators 0.9 "
+                             "datasets dir + hidden_states/hs_{row}.safetensors)")
+    parser.add_argument("--final-state", choices=FINAL_STATES, default=None,
+                        help="the last-layer state stored beside the aux layers: after the "
+                             "final norm (postnorm) or before it (prenorm); default: what the "
+                             "format's trainer needs (speculators: prenorm, else postnorm)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto: CUDA when available, else the CPU")
     parser.add_argument("--trust-remote-code", action="store_true",
@@ -77,6 +87,8 @@ class ExtractConfig:
     dtype: str
     shard: Shard
     reasoning: str
+    format: str
+    final_state: str  # "prenorm" | "postnorm": resolved, never None
     force: bool
     preflight_only: bool
     reserve_bytes: int
@@ -157,6 +169,8 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         shard = parse_shard(args.shard) if args.shard else ALL
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    fmt = args.format
+    final_state = args.final_state or NEEDS_FINAL_STATE[fmt]
     if not args.input.is_file():
         raise UsageError(f"--input {args.input}: no such file")
     if not (args.model / "config.json").is_file():
@@ -166,8 +180,9 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         input=args.input, model=args.model, output_dir=args.output_dir,
         layers=parse_layers(args.layers), max_length=args.max_length, overlong=args.overlong,
         batch_tokens=args.batch_tokens, dtype=dtype, shard=shard, reasoning=args.reasoning,
-        force=args.force, preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve), status_file=args.status_file,
-        device=args.device,
+        format=fmt, final_state=final_state, force=args.force,
+        preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve),
+        status_file=args.status_file, device=args.device,
         trust_remote_code=args.trust_remote_code, progress=args.progress,
     )
 

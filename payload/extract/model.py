@@ -4,6 +4,12 @@ Index convention (HF `output_hidden_states`): entry 0 is the embeddings, entry k
 is the output of decoder layer k-1, entry N is the final post-norm state. Forward hooks
 on `layers[k-1]` (and on the final norm for k = N) capture exactly those entries, and
 only those: keeping all N+1 states of a 61-layer model would cost 20x the memory.
+
+The final state is captured on the final norm itself: a forward hook gives its output
+(post-norm, what SpecForge's target head expects), a forward PRE-hook its input (the
+last decoder layer's raw output, what speculators expects: its trainer applies the
+target's norm itself). Storing the wrong one of the two is silent: the features load,
+and the draft trains on a teacher whose logits are off (see docs/training.md).
 The lm_head is never run (the decoder is called directly): its logits would be
 [B, T, vocab], gigabytes per batch that nobody needs.
 """
@@ -21,6 +27,7 @@ from torch import nn
 from payload.errors import UsageError
 from payload.extract.batching import Batch
 from payload.extract.config import ExtractConfig, Rank, resolve_layers
+from payload.extract.formats import POSTNORM, PRENORM
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
@@ -31,6 +38,7 @@ class ModelInfo:
     num_layers: int
     hidden: int
     layers: tuple[int, ...]
+    vocab_size: int = 0  # the target's vocabulary (speculators maps its draft vocab onto it)
 
 
 def read_info(cfg: ExtractConfig) -> ModelInfo:
@@ -46,7 +54,8 @@ def read_info(cfg: ExtractConfig) -> ModelInfo:
     text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
     n = int(text.num_hidden_layers)
     h = int(text.hidden_size)
-    return ModelInfo(n, h, resolve_layers(cfg.layers, n))
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    return ModelInfo(n, h, resolve_layers(cfg.layers, n), vocab)
 
 
 def weights_bytes(model_dir: Path) -> int:
@@ -92,9 +101,16 @@ def _decoder_parts(model: nn.Module, num_layers: int) -> tuple[nn.Module, nn.Mod
 
 
 class FeatureModel:
-    """The model with hooks on the three aux layers and the final norm."""
+    """The model with hooks on the three aux layers and the final norm.
 
-    def __init__(self, cfg: ExtractConfig, info: ModelInfo, rank: Rank) -> None:
+    `final_state` picks the norm's input or output as the stored final state.
+    `raw_last_layer` says what aux index N means: HF's tuple entry (post-norm, the
+    native format) or the last decoder layer's raw output (the trainers' own capture
+    convention: vLLM's layer id N, SpecForge's id N-1).
+    """
+
+    def __init__(self, cfg: ExtractConfig, info: ModelInfo, rank: Rank, *,
+                 raw_last_layer: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         self.info = info
@@ -123,25 +139,39 @@ class FeatureModel:
         self.decoder, layers, norm = _decoder_parts(self.model, info.num_layers)
         self.input_device = self.model.get_input_embeddings().weight.device
         self.output_device = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
-        self._captured: dict[int, torch.Tensor] = {}
-        self._handles = []
+        self._captured: dict[str, torch.Tensor] = {}
+        self._handles: list[Any] = []
+        # What each captured state is, by the key it is kept under: "L{k}" the output of
+        # decoder layer k-1, "prenorm"/"postnorm" the final norm's input/output.
+        last = PRENORM if raw_last_layer else POSTNORM
+        self._aux_keys = [last if k == info.num_layers else f"L{k}" for k in info.layers]
+        self._final_key = cfg.final_state
+        needed = set(self._aux_keys) | {self._final_key}
         for k in info.layers:
-            module = norm if k == info.num_layers else layers[k - 1]
-            self._handles.append(module.register_forward_hook(self._hook(k)))
-        self._handles.append(norm.register_forward_hook(self._hook(-1)))
+            if k < info.num_layers:
+                self._handles.append(layers[k - 1].register_forward_hook(self._hook(f"L{k}")))
+        if POSTNORM in needed:
+            self._handles.append(norm.register_forward_hook(self._hook(POSTNORM)))
+        if PRENORM in needed:
+            self._handles.append(norm.register_forward_pre_hook(self._pre_hook(PRENORM)))
         self.device_summary = (f"cuda:{','.join(map(str, gpus))}"
                                + (" (device_map=auto)" if load.get("device_map") == "auto"
                                   else "") if gpus else "cpu")
 
-    def _hook(self, key: int) -> Any:
+    def _hook(self, key: str) -> Any:
         def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
             t = out[0] if isinstance(out, (tuple, list)) else out
             self._captured[key] = t
         return hook
 
+    def _pre_hook(self, key: str) -> Any:
+        def hook(_mod: nn.Module, inp: Any) -> None:
+            self._captured[key] = inp[0] if isinstance(inp, (tuple, list)) else inp
+        return hook
+
     @torch.inference_mode()
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aux [B, T, 3H], hidden [B, T, H]) on this rank's first device, model dtype."""
+        """(aux [B, T, 3H], final [B, T, H]) on this rank's first device, model dtype."""
         dev = self.input_device
         self._captured.clear()
         self.decoder(input_ids=batch.input_ids.to(dev, non_blocking=True),
@@ -149,10 +179,10 @@ class FeatureModel:
                      position_ids=batch.position_ids.to(dev, non_blocking=True),
                      use_cache=False)
         out = self.output_device
-        aux = torch.cat([self._captured[k].to(out) for k in self.info.layers], dim=-1)
-        hidden = self._captured[-1].to(out)
+        aux = torch.cat([self._captured[k].to(out) for k in self._aux_keys], dim=-1)
+        final = self._captured[self._final_key].to(out)
         self._captured.clear()
-        return aux, hidden
+        return aux, final
 
     def close(self) -> None:
         for h in self._handles:

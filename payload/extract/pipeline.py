@@ -1,172 +1,170 @@
-"""The extract run: read → own → resume check → tokenize → preflight → forward → write.
+"""The extract run, as stages sharing one run context (`Run`):
 
-Everything that can refuse (flags, layers, meta mismatch, disk) does so before the
-model loads. SIGTERM (`fab stop`, or torchrun forwarding it) drains: the batch in hand
-is written, the manifest merged, and the run exits 3 (stopped, resumable), as `generate`. Per-sample problems never stop the run: bad lines, boundary mismatches
-and NaN/Inf are counted and reported (errors.<tag>.jsonl), and the exit code says
-whether any sample failed (1) or all were written, already done, or dropped by a
-stated policy (0).
+    start      flags, torchrun rank, model config, format, meta.json guard, stats
+    select     read the input, keep this rank's ids, skip those already done, tokenize
+    preflight  the disk estimate (`--preflight-only` reports it and stops here)
+    extract    load the model, forward in token-budget batches, write each sample
+    settle     the format lists what was written (manifest merge, speculators' rows)
+    conclude   final state, summary line, exit code
+
+Everything that can refuse (flags, layers, meta mismatch, a missing package, disk) does
+so before the model loads. Errors are payload.errors exceptions: a UsageError (exit 2)
+before any work, Stopped (exit 3) when SIGTERM (`fab stop`, or torchrun forwarding it)
+drained the batch in hand, OutOfMemory (exit 1). Per-sample problems never stop the
+run: bad lines, boundary mismatches and NaN/Inf are counted and reported
+(errors.<tag>.jsonl), and the exit code says whether any sample failed (1) or all were
+written, already done, or dropped by a stated policy (0).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from payload.errors import ExitCode, UsageError
+from payload.errors import ExitCode, PayloadError, Stopped, UsageError
+from payload.extract import formats
 from payload.extract.config import ExtractConfig, Rank, from_args
+from payload.extract.formats import Format
+from payload.extract.status import ErrorLog, Stats, StopFlag, job_status
 from payload.records import BadRecord, iter_lines, shard_of
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = (ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE,
-                                                  ExitCode.STOPPED)
 CHUNK = 512  # records rendered and tokenized together
 MAX_PENDING_BATCHES = 3  # batches whose writes may lag behind the GPU (bounds host memory)
+STATS_EVERY_S = 5.0
+# meta.json keys that must match for a resumed run to add to an output dir
+SETTINGS = ("num_layers", "hidden_size", "layers", "dtype", "max_length", "overlong",
+            "reasoning", "format", "final_state")
+# what a meta.json written before a setting existed meant by leaving it out
+LEGACY_SETTINGS = {"format": "native", "final_state": "postnorm"}
+_STATE_ON_ERROR = {ExitCode.USAGE: "refused", ExitCode.STOPPED: "stopped",
+                   ExitCode.FAILED: "aborted"}
 
 
-class StopFlag:
-    """Set by SIGTERM; checked between batches (a signal handler must not do the I/O)."""
-
-    def __init__(self) -> None:
-        self.set = False
-
-    @contextlib.contextmanager
-    def installed(self) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            yield self  # signal handlers live in the main thread only
-            return
-
-        def handler(_sig: int, _frame: Any) -> None:
-            self.set = True
-            print("extract: SIGTERM: finishing the current batch, then stopping (resumable)",
-                  file=sys.stderr, flush=True)
-
-        old = signal.signal(signal.SIGTERM, handler)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGTERM, old)
+class OutOfMemory(PayloadError):
+    """The device ran out of memory; what was written stays, a rerun resumes (exit 1)."""
 
 
 @dataclass
-class Stats:
-    state: str = "starting"
-    run_id: str = ""
-    shard: str = "0/1"
-    rank: int = 0
-    world: int = 1
-    lines: int = 0
-    bad_lines: int = 0
-    duplicates: int = 0
-    owned: int = 0
-    already_done: int = 0
-    written: int = 0
-    failed_boundary: int = 0
-    failed_nonfinite: int = 0
-    truncated: int = 0
-    skipped_overlong: int = 0
-    dropped_unsupervised: int = 0
-    tokens_written: int = 0
-    supervised_written: int = 0
-    bytes_written: int = 0
-    estimate_bytes: int = 0
-    temp_files_removed: int = 0
-    reasoning_mode: str = ""
-    device: str = ""
-    started: float = 0.0
-    updated: float = 0.0
-    tokenize_s: float = 0.0
-    load_s: float = 0.0
-    extract_s: float = 0.0
-    extract_cpu_s: float = 0.0  # process CPU time of the extract phase (all threads)
-    samples_per_s: float = 0.0
-    tokens_per_s: float = 0.0
-    last_error: str = ""
+class Run:
+    """What every stage reads and updates."""
+
+    cfg: ExtractConfig
+    rank: Rank
+    info: Any  # model.ModelInfo (that module imports torch)
+    fmt: Format
+    tag: str  # shard{I}-of-{N}.rank{r}-of-{W}: names this rank's files
+    run_id: str  # shared by the ranks of one torchrun launch
+    stats: Stats
+    errors: ErrorLog
+    settled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def failed(self) -> int:
-        return self.failed_boundary + self.failed_nonfinite
+    def out(self) -> Path:
+        return self.cfg.output_dir
+
+    @property
+    def dry(self) -> bool:
+        # --preflight-only (run by `fab verify`) writes nothing: a meta.json from verify's
+        # flags would make the real launch's (other) flags look like a settings change.
+        return self.cfg.preflight_only
+
+    @property
+    def label(self) -> str:
+        return f"extract {self.tag}"
+
+    def save_stats(self, state: str) -> None:
+        if self.dry:
+            return
+        from payload.extract.writer import write_json_atomic
+
+        s = self.stats
+        s.state, s.updated, s.last_error = state, time.time(), self.errors.last
+        write_json_atomic(self.out / f"stats.{self.tag}.json", asdict(s))
+        if self.cfg.status_file is not None:
+            write_json_atomic(self.cfg.status_file,
+                              job_status(self.out, self.run_id, self.rank.world))
 
 
-_STATE_ORDER = ("aborted", "stopped", "running", "finished")
-_AS_JOB_STATE = {"refused": "aborted", "starting": "running",
-                 "finished_with_failures": "finished"}
-
-
-def job_status(out_dir: Path, run_id: str, world: int) -> dict[str, Any]:
-    """The job's status file (the `generate` shape), summed over this launch's ranks.
-
-    Each rank rewrites it from every rank's stats file of the same run id (atomic rename,
-    so any reader sees one whole snapshot); no rank waits for another.
-    """
-    ranks = []
-    for p in out_dir.glob("stats.*.json"):
+def main(args: argparse.Namespace) -> int:
+    try:
+        run = start(args)
+    except PayloadError as exc:
+        print(f"extract: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    try:
         try:
-            s = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # being replaced right now; the next snapshot has it
-        if s.get("run_id") == run_id:
-            ranks.append(s)
-    states = {_AS_JOB_STATE.get(s["state"], s["state"]) for s in ranks}
-    if len(ranks) < world:
-        states.add("running")  # a rank that has not written yet is still starting
-    state = next((st for st in _STATE_ORDER if st in states), "running")
-
-    def total(key: str) -> Any:
-        return sum(s.get(key, 0) for s in ranks)
-
-    return {
-        "state": state, "done": total("written") + total("already_done"),
-        "failed": total("failed_boundary") + total("failed_nonfinite"),
-        "total": total("owned") - total("skipped_overlong") - total("dropped_unsupervised"),
-        "in_flight": 0, "skipped_overlong": total("skipped_overlong"),
-        "dropped_unsupervised": total("dropped_unsupervised"), "truncated": total("truncated"),
-        "bad_lines": max((s.get("bad_lines", 0) for s in ranks), default=0),
-        "tokens_written": total("tokens_written"), "bytes_written": total("bytes_written"),
-        "estimate_bytes": total("estimate_bytes"), "tokens_per_s": total("tokens_per_s"),
-        "rate_rps": total("samples_per_s"), "cost": 0.0, "ranks": len(ranks), "world": world,
-        "started": min((s["started"] for s in ranks), default=time.time()),
-        "updated": max((s["updated"] for s in ranks), default=time.time()),
-        "last_error": next((s["last_error"] for s in ranks if s.get("last_error")), None),
-    }
+            code = work(run)
+        finally:
+            settle(run)  # also after a failure: what was written gets listed
+        return conclude(run) if code is None else code
+    except PayloadError as exc:
+        print(f"extract: {exc}", file=sys.stderr, flush=True)
+        run.save_stats(_STATE_ON_ERROR.get(exc.exit_code, "aborted"))
+        return int(exc.exit_code)
+    except BaseException:
+        run.save_stats("aborted")
+        raise
 
 
-def owns(cfg: ExtractConfig, rank: Rank, key: str) -> bool:
-    """Host share (`--shard I/N`, same hash as `generate`), then this rank's share of it.
+def work(run: Run) -> int | None:
+    """select → preflight → extract; the exit code of --preflight-only, else None."""
+    renderer = load_renderer(run)
+    samples = select(run, renderer)
+    if run.dry:
+        return report_preflight(run, samples)
+    check_disk(run, samples)
+    extract(run, samples, renderer.tok)
+    return None
 
-    The rank split hashes a salted key, so the host-level partition is the generator's
-    and any mix of ranks per host still partitions ids exactly once.
-    """
-    if not cfg.shard.owns(key):
-        return False
-    return rank.world == 1 or shard_of(f"{key}\x1frank", rank.world) == rank.rank
+
+# -- start ---------------------------------------------------------------------------
+def start(args: argparse.Namespace) -> Run:
+    from payload.extract.model import read_info
+
+    cfg = from_args(args)
+    rank = Rank.from_env()
+    info = read_info(cfg)
+    fmt = formats.make(cfg.format, cfg.output_dir, info.hidden, cfg.dtype)
+    if not cfg.preflight_only:
+        cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    check_meta(cfg.output_dir, build_meta(cfg, info, fmt), write=not cfg.preflight_only)
+    needs = formats.NEEDS_FINAL_STATE[cfg.format]
+    if cfg.final_state != needs:
+        print(f"extract: WARNING: --final-state {cfg.final_state}, but the {cfg.format} "
+              f"format's trainer computes its teacher from the {needs} state: its logits "
+              "will not be the target's (see docs/training.md)", file=sys.stderr, flush=True)
+    tag = f"shard{cfg.shard.index}-of-{cfg.shard.count}.{rank.tag}"
+    # torchrun gives every rank of one launch the same run id; a lone process is its own run
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"pid{os.getpid()}"
+    stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, run_id=run_id,
+                  format=cfg.format, final_state=cfg.final_state, started=time.time())
+    errors = ErrorLog(cfg.output_dir / f"errors.{tag}.jsonl", record=not cfg.preflight_only)
+    run = Run(cfg, rank, info, fmt, tag, run_id, stats, errors)
+    run.save_stats("starting")
+    return run
 
 
-def _meta(cfg: ExtractConfig, info: Any) -> dict[str, Any]:
+def build_meta(cfg: ExtractConfig, info: Any, fmt: Format) -> dict[str, Any]:
     return {"model": str(cfg.model.resolve()), "num_layers": info.num_layers,
             "hidden_size": info.hidden, "layers": list(info.layers), "dtype": cfg.dtype,
-            "final_normed": True, "max_length": cfg.max_length, "overlong": cfg.overlong,
-            "reasoning": cfg.reasoning,
-            "keys": {"input_ids": "int64 [T]", "loss_mask": "uint8 [T]",
-                     "aux_hidden_states": f"{cfg.dtype} [T, 3H] (layers in order)",
-                     "hidden_state": f"{cfg.dtype} [T, H] (final norm output)"}}
+            "format": cfg.format, "final_state": cfg.final_state,
+            "final_normed": cfg.final_state == formats.POSTNORM,
+            "max_length": cfg.max_length, "overlong": cfg.overlong,
+            "reasoning": cfg.reasoning, "vocab_size": info.vocab_size,
+            **fmt.meta(info.layers, info.vocab_size), "keys": fmt.keys()}
 
 
-SETTINGS = ("num_layers", "hidden_size", "layers", "dtype", "max_length", "overlong",
-            "reasoning")
-
-
-def _check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None:
+def check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None:
     """One output dir holds one kind of features: refuse to mix settings on resume."""
     from payload.extract.writer import write_json_atomic
 
@@ -176,7 +174,8 @@ def _check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise UsageError(f"{path}: unreadable ({exc}); move it away to start over") from None
-        diff = {k: (old.get(k), meta[k]) for k in SETTINGS if old.get(k) != meta[k]}
+        diff = {k: (old.get(k, LEGACY_SETTINGS.get(k)), meta[k]) for k in SETTINGS
+                if old.get(k, LEGACY_SETTINGS.get(k)) != meta[k]}
         if diff:
             desc = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise UsageError(f"{out_dir} holds features made with other settings ({desc}); "
@@ -187,7 +186,24 @@ def _check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None
         write_json_atomic(path, meta)
 
 
-def _eos_ids(tokenizer: Any, model_dir: Path) -> set[int]:
+# -- select --------------------------------------------------------------------------
+def load_renderer(run: Run) -> Any:
+    from transformers import AutoTokenizer
+
+    from payload.extract.tokens import Renderer
+
+    cfg = run.cfg
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model, local_files_only=True,
+                                                  trust_remote_code=cfg.trust_remote_code)
+        renderer = Renderer(tokenizer, cfg.reasoning, eos_ids(tokenizer, cfg.model))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--model {cfg.model}: tokenizer: {exc}") from None
+    run.stats.reasoning_mode = renderer.reasoning_mode
+    return renderer
+
+
+def eos_ids(tokenizer: Any, model_dir: Path) -> set[int]:
     """End-of-turn ids: the tokenizer's eos plus generation_config's (e.g. <|im_end|>)."""
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
@@ -205,113 +221,27 @@ def _eos_ids(tokenizer: Any, model_dir: Path) -> set[int]:
     return ids
 
 
-class ErrorLog:
-    def __init__(self, path: Path, record: bool = True) -> None:
-        self.path = path
-        self.record = record
-        self._lock = threading.Lock()
-        self.last = ""
-        if record:
-            path.unlink(missing_ok=True)  # this run's failures only (a rerun retries them)
+def owns(cfg: ExtractConfig, rank: Rank, key: str) -> bool:
+    """Host share (`--shard I/N`, same hash as `generate`), then this rank's share of it.
 
-    def add(self, rid: Any, line_no: int | None, kind: str, message: str) -> None:
-        print(f"extract: {kind}: {message}", file=sys.stderr, flush=True)
-        self.last = f"{kind}: id {rid}"
-        if not self.record:
-            return
-        with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"id": rid, "line": line_no, "error": kind,
-                                 "message": message}, ensure_ascii=False) + "\n")
+    The rank split hashes a salted key, so the host-level partition is the generator's
+    and any mix of ranks per host still partitions ids exactly once.
+    """
+    if not cfg.shard.owns(key):
+        return False
+    return rank.world == 1 or shard_of(f"{key}\x1frank", rank.world) == rank.rank
 
 
-def main(args: argparse.Namespace) -> int:
-    try:
-        return _main(args)
-    except UsageError as exc:
-        print(f"extract: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+def select(run: Run, renderer: Any) -> list[Any]:
+    """This rank's samples still to write, tokenized; the rest is counted in stats."""
+    from payload.extract.tokens import parse_record
 
-
-def _main(args: argparse.Namespace) -> int:
-    from payload.extract import preflight
-    from payload.extract.model import read_info
-    from payload.extract.tokens import BoundaryError, Renderer, Sample, parse_record, truncate
-    from payload.extract.writer import (
-        ManifestPart,
-        clean_temp_files,
-        count_supervised,
-        merge_manifest,
-        read_manifest_keys,
-        sample_relpath,
-        validate,
-        write_json_atomic,
-    )
-
-    cfg = from_args(args)
-    rank = Rank.from_env()
-    info = read_info(cfg)
-    out = cfg.output_dir
-    # --preflight-only (run by `fab verify`) writes nothing: a meta.json from verify's flags
-    # would make the real launch's (other) flags look like a settings change.
-    dry = cfg.preflight_only
-    if not dry:
-        out.mkdir(parents=True, exist_ok=True)
-    _check_meta(out, _meta(cfg, info), write=not dry)
-    tag = f"shard{cfg.shard.index}-of-{cfg.shard.count}.{rank.tag}"
-    label = f"extract {tag}"
-    # torchrun gives every rank of one launch the same run id; a lone process is its own run
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"pid{os.getpid()}"
-    stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, started=time.time(),
-                  run_id=run_id)
-    stats_path = out / f"stats.{tag}.json"
-    errors = ErrorLog(out / f"errors.{tag}.jsonl", record=not dry)
-
-    def save_stats(state: str) -> None:
-        if dry:
-            return
-        stats.state, stats.updated, stats.last_error = state, time.time(), errors.last
-        write_json_atomic(stats_path, asdict(stats))
-        if cfg.status_file is not None:
-            write_json_atomic(cfg.status_file, job_status(out, run_id, rank.world))
-
-    save_stats("starting")
-
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model, local_files_only=True,
-                                                  trust_remote_code=cfg.trust_remote_code)
-        renderer = Renderer(tokenizer, cfg.reasoning, _eos_ids(tokenizer, cfg.model))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--model {cfg.model}: tokenizer: {exc}") from None
-    stats.reasoning_mode = renderer.reasoning_mode
-
-    # 1. Read, keep what this rank owns and is not done, tokenize in chunks.
+    cfg, stats = run.cfg, run.stats
     t0 = time.monotonic()
-    listed = read_manifest_keys(out)
-    part = None if dry else ManifestPart(out, tag)
+    run.fmt.open(run.tag, dry=run.dry)
     seen: set[str] = set()
-    samples: list[Sample] = []
+    samples: list[Any] = []
     chunk: list[Any] = []
-
-    def flush_chunk() -> None:
-        for conv, res in zip(chunk, renderer.encode_many(chunk), strict=True):
-            if isinstance(res, BoundaryError):
-                stats.failed_boundary += 1
-                errors.add(conv.id, conv.line_no, "boundary", str(res))
-                continue
-            if res.num_tokens > cfg.max_length:
-                if cfg.overlong == "skip":
-                    stats.skipped_overlong += 1
-                    continue
-                res = truncate(res, cfg.max_length)
-                stats.truncated += 1
-            if res.num_supervised == 0:
-                stats.dropped_unsupervised += 1
-                continue
-            samples.append(res)
-        chunk.clear()
-
     for line_no, line in iter_lines(cfg.input):
         stats.lines += 1
         try:
@@ -320,179 +250,235 @@ def _main(args: argparse.Namespace) -> int:
             stats.bad_lines += 1
             print(f"extract: {cfg.input}:{line_no}: skipped: {exc}", file=sys.stderr)
             continue
-        if not owns(cfg, rank, conv.key):
+        if not owns(cfg, run.rank, conv.key):
             continue
         if conv.key in seen:
             stats.duplicates += 1
             continue
         seen.add(conv.key)
         stats.owned += 1
-        rel = sample_relpath(conv.key)
-        t = validate(out / rel, info.hidden, cfg.dtype) if (out / rel).exists() else None
-        if t is not None:
+        if run.fmt.done(conv):
             stats.already_done += 1
-            if part is not None and conv.key not in listed:  # renamed, killed before the line
-                part.add(conv.id, rel, t, count_supervised(out / rel))
             continue
         chunk.append(conv)
         if len(chunk) >= CHUNK:
-            flush_chunk()
+            samples += tokenize(run, renderer, chunk)
+            chunk = []
     if chunk:
-        flush_chunk()
+        samples += tokenize(run, renderer, chunk)
     stats.tokenize_s = time.monotonic() - t0
     if stats.lines == 0:
         raise UsageError(f"--input {cfg.input} has no records")
-    if not dry:
-        owned_paths = {sample_relpath(s.key) for s in samples}
-        stats.temp_files_removed = clean_temp_files(out, owned_paths)
+    if not run.dry:
+        stats.temp_files_removed = run.fmt.clean_temp_files([s.key for s in samples])
+    return samples
 
-    # 2. Disk preflight for what is left to write.
-    est = preflight.estimate((s.num_tokens for s in samples), info.hidden, cfg.dtype)
-    stats.estimate_bytes = est.bytes
-    if cfg.preflight_only:
-        free = preflight.free_bytes(preflight.existing(out))
-        fits = est.bytes * rank.local_world + cfg.reserve_bytes <= free
-        print(json.dumps({"samples": est.samples, "tokens": est.tokens,
-                          "estimate_bytes": est.bytes, "bytes_per_token": est.per_token,
-                          "already_done": stats.already_done, "free_bytes": free,
-                          "reserve_bytes": cfg.reserve_bytes, "fits": fits}), flush=True)
-        return EXIT_OK if fits else EXIT_USAGE
-    try:
-        print(preflight.check(est, out, reserve=cfg.reserve_bytes, sharers=rank.local_world,
-                              force=cfg.force), file=sys.stderr, flush=True)
-    except preflight.DiskTooSmall as exc:
-        print(f"extract: {exc}", file=sys.stderr)
-        assert part is not None
-        part.close()
-        save_stats("refused")
-        return EXIT_USAGE
-    save_stats("running")
-    assert part is not None
 
+def tokenize(run: Run, renderer: Any, convs: list[Any]) -> list[Any]:
+    """Render and tokenize a chunk; apply the length and supervision policies."""
+    from payload.extract.tokens import BoundaryError, truncate
+
+    cfg, stats = run.cfg, run.stats
+    kept = []
+    for conv, res in zip(convs, renderer.encode_many(convs), strict=True):
+        if isinstance(res, BoundaryError):
+            stats.failed_boundary += 1
+            run.errors.add(conv.id, conv.line_no, "boundary", str(res))
+            continue
+        if res.num_tokens > cfg.max_length:
+            if cfg.overlong == "skip":
+                stats.skipped_overlong += 1
+                continue
+            res = truncate(res, cfg.max_length)
+            stats.truncated += 1
+        if res.num_supervised == 0:
+            stats.dropped_unsupervised += 1
+            continue
+        kept.append(res)
+    return kept
+
+
+# -- preflight -----------------------------------------------------------------------
+def report_preflight(run: Run, samples: list[Any]) -> int:
+    """--preflight-only: the estimate as one JSON line on stdout; 0 fits, 2 does not."""
+    from payload.extract import preflight
+
+    est = preflight.estimate(samples, run.fmt, run.info.vocab_size)
+    free = preflight.free_bytes(preflight.existing(run.out))
+    fits = est.bytes * run.rank.local_world + run.cfg.reserve_bytes <= free
+    print(json.dumps({"format": run.cfg.format, "samples": est.samples, "tokens": est.tokens,
+                      "estimate_bytes": est.bytes, "bytes_per_token": est.per_token,
+                      "already_done": run.stats.already_done, "free_bytes": free,
+                      "reserve_bytes": run.cfg.reserve_bytes, "fits": fits}), flush=True)
+    return ExitCode.OK if fits else ExitCode.USAGE
+
+
+def check_disk(run: Run, samples: list[Any]) -> None:
+    """Raises DiskTooSmall (exit 2) unless the features fit, or --force."""
+    from payload.extract import preflight
+
+    est = preflight.estimate(samples, run.fmt, run.info.vocab_size)
+    run.stats.estimate_bytes = est.bytes
+    print(preflight.check(est, run.out, reserve=run.cfg.reserve_bytes,
+                          sharers=run.rank.local_world, force=run.cfg.force),
+          file=sys.stderr, flush=True)
+
+
+# -- extract -------------------------------------------------------------------------
+def extract(run: Run, samples: list[Any], tokenizer: Any) -> None:
+    """Forward and write every sample; raises Stopped after a SIGTERM drained."""
+    run.save_stats("running")
     stop = StopFlag()
-    try:
-        with stop.installed():
-            if samples:
-                _extract(cfg, rank, info, samples, tokenizer, part, stats, errors, label,
-                         save_stats, stop)
-    except Exception as exc:
-        if type(exc).__name__ != "OutOfMemoryError":
-            save_stats("aborted")
-            raise
-        print(f"extract: out of GPU memory ({exc}); lower --batch-tokens (now "
-              f"{cfg.batch_tokens}) or --max-length; the run is resumable",
-              file=sys.stderr, flush=True)
-        save_stats("aborted")
-        return EXIT_FAILED
-    finally:
-        part.close()
-        merge_manifest(out)
+    with stop.installed():
+        if samples:
+            try:
+                forward_and_write(run, samples, tokenizer, stop)
+            except Exception as exc:
+                if type(exc).__name__ != "OutOfMemoryError":
+                    raise
+                raise OutOfMemory(
+                    f"out of GPU memory ({exc}); lower --batch-tokens (now "
+                    f"{run.cfg.batch_tokens}) or --max-length; the run is resumable") from None
     if stop.set:
-        save_stats("stopped")
-        print(f"extract: stopped by SIGTERM after {stats.written} samples; rerun the same "
-              "command to resume", file=sys.stderr, flush=True)
-        return EXIT_STOPPED
-    save_stats("finished" if stats.failed == 0 else "finished_with_failures")
-    print(json.dumps({"extract": tag, "written": stats.written,
-                      "already_done": stats.already_done, "failed": stats.failed,
-                      "skipped_overlong": stats.skipped_overlong, "truncated": stats.truncated,
-                      "dropped_unsupervised": stats.dropped_unsupervised,
-                      "bad_lines": stats.bad_lines, "tokens_per_s": round(stats.tokens_per_s),
-                      "bytes_written": stats.bytes_written}), file=sys.stderr, flush=True)
-    return EXIT_FAILED if stats.failed else EXIT_OK
+        raise Stopped(f"stopped by SIGTERM after {run.stats.written} samples; rerun the "
+                      "same command to resume")
 
 
-def _extract(cfg: ExtractConfig, rank: Rank, info: Any, samples: list[Any], tokenizer: Any,
-             part: Any, stats: Stats, errors: ErrorLog, label: str, save_stats: Any,
-             stop: StopFlag) -> None:
-    import torch
-
+def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFlag) -> None:
     from payload.extract.batching import collate, plan_batches
     from payload.extract.model import FeatureModel
     from payload.extract.progress import Progress
-    from payload.extract.writer import sample_relpath, write_sample
 
+    stats = run.stats
     t0 = time.monotonic()
-    fm = FeatureModel(cfg, info, rank)
+    fm = FeatureModel(run.cfg, run.info, run.rank, raw_last_layer=run.fmt.raw_last_layer)
     stats.device = fm.device_summary
     stats.load_s = time.monotonic() - t0
-    print(f"[{label}] model loaded on {fm.device_summary} in {stats.load_s:.1f}s; "
-          f"{len(samples)} samples; layers {list(info.layers)}; reasoning {stats.reasoning_mode}",
+    print(f"[{run.label}] model loaded on {fm.device_summary} in {stats.load_s:.1f}s; "
+          f"{len(samples)} samples; layers {list(run.info.layers)}; format {run.cfg.format} "
+          f"(final state {run.cfg.final_state}); reasoning {stats.reasoning_mode}",
           file=sys.stderr, flush=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batches = plan_batches([s.num_tokens for s in samples], cfg.batch_tokens)
-    progress = Progress(len(samples), sum(s.num_tokens for s in samples), cfg.progress, label)
-    lock = threading.Lock()
-    out = cfg.output_dir
+    progress = Progress(len(samples), sum(s.num_tokens for s in samples), run.cfg.progress,
+                        run.label)
+    t1, c1 = time.monotonic(), time.process_time()
     last_save = time.monotonic()
+    try:
+        with BatchWriter(run, progress) as writer:
+            for idx in plan_batches([s.num_tokens for s in samples], run.cfg.batch_tokens):
+                if stop.set:
+                    break
+                batch = collate([samples[i] for i in idx], pad)
+                aux, final = fm.forward(batch)
+                ok = finite_rows(run, progress, batch, aux, final)
+                writer.submit(batch.samples, aux, final, ok)
+                if time.monotonic() - last_save > STATS_EVERY_S:
+                    last_save = time.monotonic()
+                    with run.lock:
+                        update_rates(stats, time.monotonic() - t1)
+                        run.save_stats("running")
+    finally:
+        progress.close()
+        fm.close()
+    stats.extract_s = time.monotonic() - t1
+    stats.extract_cpu_s = time.process_time() - c1
+    update_rates(stats, stats.extract_s)
 
-    def write_batch(batch_samples: list[Any], aux: Any, hidden: Any, ok: list[bool],
-                    ready: Any) -> None:
+
+def update_rates(stats: Stats, elapsed: float) -> None:
+    el = max(elapsed, 1e-9)
+    stats.samples_per_s = stats.written / el
+    stats.tokens_per_s = stats.tokens_written / el
+
+
+def finite_rows(run: Run, progress: Any, batch: Any, aux: Any, final: Any) -> list[bool]:
+    """Per row: no NaN/Inf on a real token (padding is never stored, so never checked).
+    A bad row fails its sample, which is reported and not written."""
+    import torch
+
+    valid = batch.attention_mask.to(aux.device).bool()
+    finite = torch.isfinite(aux).all(-1) & torch.isfinite(final).all(-1)
+    ok: list[bool] = (finite | ~valid).all(-1).tolist()
+    for i, good in enumerate(ok):
+        if not good:
+            s = batch.samples[i]
+            with run.lock:
+                run.stats.failed_nonfinite += 1
+                progress.update(failed=1)
+            run.errors.add(s.id, None, "nonfinite",
+                           f"id {s.key}: NaN or Inf in the features; not written "
+                           f"(try --dtype float32 or bfloat16 instead of float16)")
+    return ok
+
+
+class BatchWriter:
+    """Writes each batch's samples on two threads while the device computes the next
+    batch; at most MAX_PENDING_BATCHES wait for their writes (bounds host memory)."""
+
+    def __init__(self, run: Run, progress: Any) -> None:
+        self.run = run
+        self.progress = progress
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract-write")
+        self.pending: deque[Future[None]] = deque()
+
+    def __enter__(self) -> BatchWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:  # the error in hand is the one to report: let writes end
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            return
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.pool.shutdown(wait=True)
+
+    def submit(self, samples: list[Any], aux: Any, final: Any, ok: list[bool]) -> None:
+        ready = None
+        if aux.device.type == "cuda":  # copy to the host without stalling the device
+            import torch
+
+            aux = aux.to("cpu", non_blocking=True)
+            final = final.to("cpu", non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        self.pending.append(self.pool.submit(self._write, samples, aux, final, ok, ready))
+        while len(self.pending) > MAX_PENDING_BATCHES:
+            self.pending.popleft().result()
+
+    def _write(self, samples: list[Any], aux: Any, final: Any, ok: list[bool],
+               ready: Any) -> None:
         if ready is not None:
             ready.synchronize()  # the device-to-host copies of this batch have landed
-        for i, s in enumerate(batch_samples):
+        run, stats = self.run, self.run.stats
+        for i, s in enumerate(samples):
             if not ok[i]:
                 continue
             t = s.num_tokens
-            mask = torch.zeros(t, dtype=torch.uint8)
-            mask[s.prompt_len:min(s.sup_end, t)] = 1
-            tensors = {
-                "input_ids": torch.frombuffer(s.input_ids, dtype=torch.int32).to(torch.long),
-                "loss_mask": mask,
-                "aux_hidden_states": aux[i, :t],
-                "hidden_state": hidden[i, :t],
-            }
-            rel = sample_relpath(s.key)
-            nbytes = write_sample(out / rel, tensors)
-            with lock:
-                part.add(s.id, rel, t, s.num_supervised)
+            nbytes = run.fmt.write(s, aux[i, :t], final[i, :t])
+            with run.lock:
+                run.fmt.record(s)
                 stats.written += 1
                 stats.tokens_written += t
                 stats.supervised_written += s.num_supervised
                 stats.bytes_written += nbytes
-                progress.update(done=1, tokens=t, nbytes=nbytes)
+                self.progress.update(done=1, tokens=t, nbytes=nbytes)
 
-    t1, c1 = time.monotonic(), time.process_time()
-    pending: deque[Future[None]] = deque()
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract-write") as pool:
-        for idx in batches:
-            if stop.set:
-                break
-            batch = collate([samples[i] for i in idx], pad)
-            aux, hidden = fm.forward(batch)
-            valid = batch.attention_mask.to(aux.device).bool()
-            finite = torch.isfinite(aux).all(-1) & torch.isfinite(hidden).all(-1)
-            ok = (finite | ~valid).all(-1).tolist()
-            for i, good in enumerate(ok):
-                if not good:
-                    s = batch.samples[i]
-                    with lock:
-                        stats.failed_nonfinite += 1
-                        progress.update(failed=1)
-                    errors.add(s.id, None, "nonfinite",
-                               f"id {s.key}: NaN or Inf in the features; not written "
-                               f"(try --dtype float32 or bfloat16 instead of float16)")
-            ready = None
-            if aux.device.type == "cuda":
-                aux = aux.to("cpu", non_blocking=True)
-                hidden = hidden.to("cpu", non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record()
-            pending.append(pool.submit(write_batch, batch.samples, aux, hidden, ok, ready))
-            while len(pending) > MAX_PENDING_BATCHES:
-                pending.popleft().result()
-            if time.monotonic() - last_save > 5:
-                last_save = time.monotonic()
-                with lock:
-                    el = max(time.monotonic() - t1, 1e-9)
-                    stats.samples_per_s = stats.written / el
-                    stats.tokens_per_s = stats.tokens_written / el
-                    save_stats("running")
-        while pending:
-            pending.popleft().result()
-    progress.close()
-    fm.close()
-    stats.extract_s = time.monotonic() - t1
-    stats.extract_cpu_s = time.process_time() - c1
-    stats.samples_per_s = stats.written / max(stats.extract_s, 1e-9)
-    stats.tokens_per_s = stats.tokens_written / max(stats.extract_s, 1e-9)
+
+# -- settle, conclude ----------------------------------------------------------------
+def settle(run: Run) -> None:
+    """The format lists what was written (once, also after a failure or a stop)."""
+    if run.settled:
+        return
+    run.settled = True
+    line = run.fmt.close()
+    if line:
+        print(f"[{run.label}] {line}", file=sys.stderr, flush=True)
+
+
+def conclude(run: Run) -> int:
+    stats = run.stats
+    run.save_stats("finished" if stats.failed == 0 else "finished_with_failures")
+    print(json.dumps(stats.summary(run.tag)), file=sys.stderr, flush=True)
+    return ExitCode.FAILED if stats.failed else ExitCode.OK

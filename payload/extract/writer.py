@@ -1,16 +1,18 @@
-"""Feature files, their validation on resume, and the manifest.
+"""What every format's files share: safetensors headers, temp files, the manifest.
 
-A sample is done iff its file exists under its final name AND its safetensors header
-parses, names exactly our four tensors with the expected shapes and dtypes, and the
-data section is exactly as long as the header says. Files are written to a temp name
-and renamed, so a kill -9 leaves a temp file (cleaned at the next start), never a
-half file under the final name; the length check also catches a file truncated by a
-crash of the machine itself (no fsync per sample: it would cost more than the write).
+A sample is written to a temp name and renamed (payload.atomic's naming, no fsync per
+sample: it would cost more than the write), so a kill -9 leaves a temp file (cleaned at
+the next start), never a half file under the final name. `read_header` also checks that
+a safetensors file is exactly as long as its header says, which catches a file cut
+short by a crash of the machine itself.
 
 Each rank appends to its own manifest part; `merge_manifest` rebuilds `manifest.jsonl`
 from every part under an exclusive lock with an atomic rename, keeping one entry per
 id whose file exists. Every rank merges when it finishes, so whichever rank finishes
-last leaves the complete manifest, without a barrier between ranks.
+last leaves the complete manifest, without a barrier between ranks. (The speculators
+format derives its manifest from its rows instead: see rows.py.)
+
+No torch at import: the preflight and the formats' planning use these helpers too.
 """
 
 from __future__ import annotations
@@ -20,44 +22,38 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from payload import atomic
 
-SAMPLES_DIR = "samples"
 PARTS_DIR = "manifest.parts"
 MANIFEST = "manifest.jsonl"
-KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_state")
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-ID_DTYPE, MASK_DTYPE = "I64", "U8"
-ID_BYTES, MASK_BYTES = 8, 1
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ST_WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "U8": 1}
 TMP_MARK = atomic.TMP_MARK
 
+TensorSpec = tuple[str, str, list[int]]  # (name, safetensors dtype code, shape)
 
-def sample_relpath(key: str) -> str:
-    """Deterministic from the id alone (any rank, any resumed run finds the same file).
 
-    Hashed so any id is a safe file name; fanned out by two hex digits so a million
-    samples do not sit in one directory.
+def id_relpath(key: str, folder: str, suffix: str) -> str:
+    """`folder/ab/<sha256(id)[:40]><suffix>`: deterministic from the id alone.
+
+    Any rank of any resumed run finds the same file; hashed so any id is a safe file
+    name; fanned out by two hex digits so a million samples do not sit in one folder.
     """
     h = hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
-    return f"{SAMPLES_DIR}/{h[:2]}/{h}.safetensors"
+    return f"{folder}/{h[:2]}/{h}{suffix}"
 
 
-def temp_path(final: Path) -> Path:
-    return atomic.temp_name(final)
-
-
-def write_sample(final: Path, tensors: dict[str, Any]) -> int:
-    """Write to a temp name, rename into place; returns the bytes written."""
-    from safetensors.torch import save_file
-
+def write_atomically(final: Path, write: Callable[[Path], None]) -> int:
+    """`write(temp)` then rename into place; returns the bytes written."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(final)
+    tmp = atomic.temp_name(final)
     try:
-        save_file(tensors, str(tmp))
+        write(tmp)
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -95,66 +91,44 @@ def read_header(path: Path) -> tuple[dict[str, Any], int] | None:
     return header, 8 + n
 
 
-def validate(path: Path, hidden: int, dtype: str) -> int | None:
-    """Number of tokens when `path` is a complete, well-formed sample file; else None."""
-    parsed = read_header(path)
-    if parsed is None:
-        return None
-    header = parsed[0]
-    if set(header) - {"__metadata__"} != set(KEYS):
-        return None
+def header_matches(header: dict[str, Any], want: dict[str, tuple[str, list[int]]]) -> bool:
+    """The header names exactly these tensors, with these dtypes and shapes."""
+    if set(header) - {"__metadata__"} != set(want):
+        return False
     try:
-        t = int(header["input_ids"]["shape"][0])
-        want = {
-            "input_ids": (ID_DTYPE, [t]),
-            "loss_mask": (MASK_DTYPE, [t]),
-            "aux_hidden_states": (ST_DTYPES[dtype], [t, 3 * hidden]),
-            "hidden_state": (ST_DTYPES[dtype], [t, hidden]),
-        }
-        for name, (dt, shape) in want.items():
-            if header[name]["dtype"] != dt or list(header[name]["shape"]) != shape:
-                return None
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None
-    return t if t > 0 else None
+        return all(header[name]["dtype"] == dt and list(header[name]["shape"]) == shape
+                   for name, (dt, shape) in want.items())
+    except (KeyError, TypeError):
+        return False
 
 
-def count_supervised(path: Path) -> int:
-    """Ones in the stored loss mask, read straight from the file (no torch needed)."""
-    parsed = read_header(path)
-    if parsed is None:
-        raise ValueError(f"{path}: not a complete safetensors file")
-    header, start = parsed
-    lo, hi = header["loss_mask"]["data_offsets"]
+def read_tensor_bytes(path: Path, header: dict[str, Any], start: int, name: str) -> bytes:
+    """One tensor's raw bytes, read straight from the file (no torch needed)."""
+    lo, hi = header[name]["data_offsets"]
     with path.open("rb") as fh:
         fh.seek(start + lo)
-        data = fh.read(hi - lo)
-    return sum(1 for b in data if b)
+        return fh.read(hi - lo)
 
 
-def file_bytes(num_tokens: int, hidden: int, dtype: str) -> int:
-    """Exact size of one sample file: data plus safetensors' JSON header (8-byte aligned).
+def safetensors_bytes(tensors: Iterable[TensorSpec], metadata: dict[str, str] | None = None,
+                      ) -> int:
+    """Exact size of a safetensors file: data plus its JSON header (8-byte aligned).
 
     The header lists the tensors in the order safetensors writes them (widest dtype
     first, then by name), because the offsets' digit counts change the header length.
     """
-    t = num_tokens
-    width = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
-    st = ST_DTYPES[dtype]
-    tensors = [("aux_hidden_states", [t, 3 * hidden], st, width),
-               ("hidden_state", [t, hidden], st, width),
-               ("input_ids", [t], ID_DTYPE, ID_BYTES),
-               ("loss_mask", [t], MASK_DTYPE, MASK_BYTES)]
-    tensors.sort(key=lambda x: (-x[3], x[0]))
+    specs = sorted(tensors, key=lambda x: (-ST_WIDTH[x[1]], x[0]))
     header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = metadata
     off = 0
-    for name, shape, dt, w in tensors:
-        nbytes = w
+    for name, dt, shape in specs:
+        nbytes = ST_WIDTH[dt]
         for d in shape:
             nbytes *= d
         header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + nbytes]}
         off += nbytes
-    n = len(json.dumps(header, separators=(",", ":")))
+    n = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
     n += (-n) % 8
     return 8 + n + off
 
@@ -165,18 +139,17 @@ def clean_temp_files(out_dir: Path, owned_relpaths: set[str]) -> int:
     Only owned samples: another rank may be writing its own temp files right now.
     """
     removed = 0
-    root = out_dir / SAMPLES_DIR
-    if not root.is_dir():
-        return 0
-    for sub in root.iterdir():
-        if not sub.is_dir():
+    folders = {str(Path(rel).parent) for rel in owned_relpaths}
+    for folder in folders:
+        d = out_dir / folder
+        if not d.is_dir():
             continue
-        for p in sub.iterdir():
+        for p in d.iterdir():
             name = p.name
             if not (name.startswith(".") and TMP_MARK in name):
                 continue
             final = name[1:name.index(TMP_MARK)]
-            if f"{SAMPLES_DIR}/{sub.name}/{final}" in owned_relpaths:
+            if f"{folder}/{final}" in owned_relpaths:
                 with contextlib.suppress(OSError):
                     p.unlink()
                     removed += 1
@@ -255,10 +228,14 @@ def merge_manifest(out_dir: Path) -> int:
             for e in iter_entries(src):
                 merged[str(e["id"])] = e
         final = {k: e for k, e in merged.items() if (out_dir / str(e["file"])).is_file()}
-        with atomic.atomic_file(out_dir / MANIFEST) as fh:
-            for e in final.values():
-                fh.write((json.dumps(e, ensure_ascii=False) + "\n").encode("utf-8"))
+        write_manifest(out_dir, final.values())
         return len(final)
+
+
+def write_manifest(out_dir: Path, entries: Iterable[dict[str, Any]]) -> None:
+    with atomic.atomic_file(out_dir / MANIFEST) as fh:
+        for e in entries:
+            fh.write((json.dumps(e, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

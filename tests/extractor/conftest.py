@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,9 @@ def build_tokenizer(chat_template: str = CHAT_TEMPLATE) -> Any:
 
 
 def build_model(vocab: int, seed: int = 0) -> Any:
+    """Random weights, norm weights included (0.5 + U[0, 1)): with HF's init (all 1) the
+    states before and after the final norm differ only by a scale, which hides a
+    pre-/post-norm mix-up from every comparison of logits."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -76,7 +80,12 @@ def build_model(vocab: int, seed: int = 0) -> Any:
                       num_hidden_layers=NUM_LAYERS, num_attention_heads=4,
                       num_key_value_heads=4, max_position_embeddings=512,
                       bos_token_id=2, eos_token_id=3, pad_token_id=1)
-    return LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(0.5 + torch.rand_like(param))
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +93,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tiny-llama")
     tok = build_tokenizer()
     model = build_model(len(tok))
-    model.save_pretrained(d)
+    # sharded, so the folder has a *.index.json (SpecForge's TargetHead reads only that)
+    model.save_pretrained(d, max_shard_size="400KB")
     tok.save_pretrained(d)
     return d
 
@@ -103,6 +113,33 @@ def hf_model(model_dir: Path) -> Any:
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                 local_files_only=True).eval()
+
+
+@dataclass
+class Reference:
+    """The target model's own view of one sequence (fp32): what the features must equal."""
+
+    hidden_states: tuple  # HF's output_hidden_states: [0] embeddings ... [N] post-norm
+    prenorm: Any  # [T, H] the final norm's input (the last decoder layer's raw output)
+    logits: Any  # [T, V]
+
+    @property
+    def postnorm(self) -> Any:
+        return self.hidden_states[-1]
+
+
+def reference(hf_model: Any, input_ids: Any) -> Reference:
+    import torch
+
+    seen: dict[str, Any] = {}
+    norm = hf_model.get_decoder().norm
+    handle = norm.register_forward_pre_hook(lambda _m, inp: seen.__setitem__("x", inp[0]))
+    try:
+        with torch.inference_mode():
+            out = hf_model(input_ids=input_ids[None], output_hidden_states=True)
+    finally:
+        handle.remove()
+    return Reference(tuple(h[0] for h in out.hidden_states), seen["x"][0], out.logits[0])
 
 
 def sentence(rng: Any, n: int) -> str:
@@ -167,3 +204,48 @@ def load_sample(out: Path, rel: str) -> dict[str, Any]:
 def stats(out: Path) -> dict[str, Any]:
     files = sorted(out.glob("stats.*.json"), key=lambda p: p.stat().st_mtime)
     return json.loads(files[-1].read_text())
+
+
+def read_features(out: Path, fmt: str) -> dict[str, dict[str, Any]]:
+    """Every sample of an output dir, by str(id), read the way its trainer reads it:
+    {"input_ids" [T], "loss_mask" [T], "aux" [T, 3H], "final" [T, H], "row"/"file"}."""
+    import torch
+
+    entries = manifest(out)
+    found: dict[str, dict[str, Any]] = {}
+    if fmt == "native":
+        for e in entries:
+            f = load_sample(out, e["file"])
+            found[str(e["id"])] = {"input_ids": f["input_ids"], "loss_mask": f["loss_mask"],
+                                   "aux": f["aux_hidden_states"], "final": f["hidden_state"],
+                                   "file": e["file"]}
+    elif fmt == "specforge":
+        by_file = {e["file"]: e for e in entries}
+        ckpts = sorted(out.rglob("*.ckpt"))  # SpecForge's reader walks the dir for *.ckpt
+        assert len(ckpts) == len(entries)
+        for p in ckpts:
+            f = torch.load(p, mmap=True, weights_only=True)
+            e = by_file[str(p.relative_to(out))]
+            found[str(e["id"])] = {"input_ids": f["input_ids"], "loss_mask": f["loss_mask"],
+                                   "aux": f["aux_hidden_state"][0], "final": f["hidden_state"][0],
+                                   "file": e["file"], "raw": f}
+    elif fmt == "speculators":
+        from datasets import load_from_disk
+        from safetensors.torch import load_file
+
+        ds = load_from_disk(str(out))
+        assert [e["row"] for e in entries] == list(range(len(ds))), "rows are not dense"
+        for e in entries:
+            row = ds[e["row"]]
+            hs = load_file(str(out / "hidden_states" / f"hs_{e['row']}.safetensors"))
+            assert e["file"] == f"hidden_states/hs_{e['row']}.safetensors"
+            assert torch.equal(hs["token_ids"], row["input_ids"])  # what speculators checks
+            assert int(row["seq_len"]) == len(row["input_ids"]) == e["num_tokens"]
+            found[str(e["id"])] = {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
+                                   "aux": hs["hidden_states"][:, :3].flatten(1),
+                                   "final": hs["hidden_states"][:, 3], "row": e["row"],
+                                   "file": e["file"], "raw": hs}
+    else:
+        raise AssertionError(fmt)
+    assert len(found) == len(entries), "an id is listed twice"
+    return found

@@ -1,10 +1,12 @@
 """Runs `extract` in a real subprocess; optionally stalls mid-write so a test can kill -9 it.
 
 With WRITE_DELAY=S every sample write first sleeps S seconds (a slow disk), so a test
-can catch the run mid-way. With STALL_AFTER=K, the (K+1)th sample file is written half-way to its temp name, a
-marker file appears, and the process sleeps: the test then sends SIGKILL from outside,
-which is exactly a run killed in the middle of a write. Test-only code: the product
-has no such hook.
+can catch the run mid-way. With STALL_AFTER=K, the (K+1)th sample file is written
+half-way to its temp name, a marker file appears, and the process sleeps: the test then
+sends SIGKILL from outside, which is exactly a run killed in the middle of a write.
+With STALL_ROWS_AFTER=K (speculators), the finalize stalls the same way after K of its
+renames. Sample files are written by safetensors' save_file or torch.save (specforge);
+both are wrapped. Test-only code: the product has no such hook.
 """
 
 from __future__ import annotations
@@ -16,37 +18,71 @@ import time
 from pathlib import Path
 
 
-def _stall_after(k: int, marker: Path) -> None:
-    import safetensors.torch as st
+def _hang(marker: Path, text: str) -> None:
+    marker.write_text(text)
+    while True:
+        time.sleep(1)
 
-    real = st.save_file
-    calls = {"n": 0}
+
+def _wrap_sample_writes(before, after) -> None:  # type: ignore[no-untyped-def]
+    """Call before() ahead of each sample file write and after(path) once it is written."""
+    import io
+
+    import safetensors.torch as st
+    import torch
+
+    real_st, real_torch = st.save_file, torch.save
 
     def save_file(tensors, filename, metadata=None):  # type: ignore[no-untyped-def]
-        if calls["n"] < k:
-            calls["n"] += 1
-            return real(tensors, filename, metadata=metadata)
-        real(tensors, filename, metadata=metadata)
+        before()
+        real_st(tensors, filename, metadata=metadata)
+        after(str(filename))
+
+    def save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(f, io.BytesIO):  # token_freq.pt is built in memory: not a sample
+            return real_torch(obj, f, *args, **kwargs)
+        before()
+        real_torch(obj, f, *args, **kwargs)
+        f.flush()
+        after(f.name)
+        return None
+
+    st.save_file = save_file
+    torch.save = save
+
+
+def _stall_after(k: int, marker: Path) -> None:
+    calls = {"n": 0}
+
+    def after(filename: str) -> None:
+        calls["n"] += 1
+        if calls["n"] <= k:
+            return
         size = os.path.getsize(filename)
         with open(filename, "r+b") as fh:
             fh.truncate(size // 2)
-        marker.write_text(filename)
-        while True:
-            time.sleep(1)
+        _hang(marker, filename)
 
-    st.save_file = save_file
+    _wrap_sample_writes(lambda: None, after)
 
 
 def _slow_writes(delay: float) -> None:
-    import safetensors.torch as st
+    _wrap_sample_writes(lambda: time.sleep(delay), lambda _path: None)
 
-    real = st.save_file
 
-    def save_file(tensors, filename, metadata=None):  # type: ignore[no-untyped-def]
-        time.sleep(delay)
-        return real(tensors, filename, metadata=metadata)
+def _stall_rows_after(k: int, marker: Path) -> None:
+    from payload.extract import rows
 
-    st.save_file = save_file
+    real = rows.move
+    calls = {"n": 0}
+
+    def move(src: Path, dst: Path) -> None:
+        if calls["n"] >= k:
+            _hang(marker, str(dst))
+        calls["n"] += 1
+        real(src, dst)
+
+    rows.move = move
 
 
 def main() -> int:
@@ -57,6 +93,8 @@ def main() -> int:
     stall = os.environ.get("STALL_AFTER")
     if stall is not None:
         _stall_after(int(stall), Path(os.environ["STALL_MARKER"]))
+    if os.environ.get("STALL_ROWS_AFTER"):
+        _stall_rows_after(int(os.environ["STALL_ROWS_AFTER"]), Path(os.environ["STALL_MARKER"]))
     parser = argparse.ArgumentParser(prog="extract")
     add_arguments(parser)
     return run(parser.parse_args(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""Resume after kill -9, preflight refusal, shard and rank partitions, meta guard."""
+"""Resume after kill -9 (in every format), preflight refusal, shard and rank partitions,
+meta guard."""
 
 from __future__ import annotations
 
@@ -17,12 +18,20 @@ from tests.extractor.conftest import (
     HIDDEN,
     make_records,
     manifest,
+    read_features,
     run_extract,
     stats,
     write_jsonl,
 )
 
 REPO = Path(__file__).resolve().parents[2]
+FORMATS = ("native", "specforge", "speculators")
+
+
+def sample_files(out: Path, fmt: str) -> list[Path]:
+    """Complete sample files under their final names (speculators: rows and pending)."""
+    suffix = ".ckpt" if fmt == "specforge" else ".safetensors"
+    return [p for p in out.rglob(f"*{suffix}") if not p.name.startswith(".")]
 
 
 def spawn(inp: Path, model: Path, out: Path, *extra: str, env: dict | None = None,
@@ -35,31 +44,49 @@ def spawn(inp: Path, model: Path, out: Path, *extra: str, env: dict | None = Non
         stderr=subprocess.PIPE, text=True)
 
 
-def assert_complete(out: Path, records: list) -> None:
-    from payload.extract.writer import validate
+def samples_like(entries: list) -> list:
+    """Samples of the manifest's lengths and spans (what a size estimate needs)."""
+    from array import array
+
+    from payload.extract.tokens import Sample
+
+    return [Sample(e["id"], str(e["id"]), array("i", [0] * e["num_tokens"]),
+                   e["num_tokens"] - e["num_supervised"], e["num_tokens"]) for e in entries]
+
+
+def assert_complete(out: Path, records: list, fmt: str = "native") -> None:
+    """Every id listed exactly once, its file complete; speculators: dense rows that
+    match the dataset, nothing pending."""
+    from payload.extract import formats
 
     entries = manifest(out)
     counts = Counter(str(e["id"]) for e in entries)
     assert counts == Counter(str(r["id"]) for r in records)  # every id exactly once
+    layout = formats.make(fmt, out, HIDDEN, "float32")
     for e in entries:
-        assert validate(out / e["file"], HIDDEN, "float32") == e["num_tokens"]
+        if isinstance(layout, formats.Speculators):
+            f = layout.rows.read(out / e["file"])
+            assert f is not None and f.key == str(e["id"])
+            assert (f.num_tokens, f.num_supervised) == (e["num_tokens"], e["num_supervised"])
+        else:
+            assert isinstance(layout, formats.Native | formats.SpecForge)
+            assert layout.check(out / e["file"]) == (e["num_tokens"], e["num_supervised"])
+    assert len(sample_files(out, fmt)) == len(entries)
+    if fmt == "speculators":
+        read_features(out, fmt)  # the rows are dense and each hs_{row} is its row
+        assert not (out / "pending").exists()
     assert not list(out.rglob(".*.tmp-*")), "temp files left behind"
 
 
-def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path) -> None:
-    records = make_records(12, seed=5)
-    inp = write_jsonl(tmp_path / "in.jsonl", records)
-    out, marker = tmp_path / "out", tmp_path / "stalled"
-    # batches of ~1 sample, so samples are written one by one as a long run would
-    proc = spawn(inp, model_dir, out, "--batch-tokens", "1",
-                 env={"STALL_AFTER": "5", "STALL_MARKER": str(marker)})
+def kill_when_stalled(proc: subprocess.Popen, marker: Path) -> Path:
+    """Wait for the harness's stall marker, kill -9 the run; returns what it stalled on."""
     try:
         deadline = time.monotonic() + 90
         while not marker.exists():
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the extractor never reached the 6th write"
+            assert time.monotonic() < deadline, "the extractor never reached the stall"
             time.sleep(0.05)
-        half = Path(marker.read_text())
+        stalled = Path(marker.read_text())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -67,37 +94,68 @@ def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path) -> None:
             proc.kill()
         proc.communicate()
     assert proc.returncode == -signal.SIGKILL
+    return stalled
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path, fmt: str) -> None:
+    records = make_records(12, seed=5)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out, marker = tmp_path / "out", tmp_path / "stalled"
+    # batches of ~1 sample, so samples are written one by one as a long run would
+    proc = spawn(inp, model_dir, out, "--batch-tokens", "1", "--format", fmt,
+                 env={"STALL_AFTER": "5", "STALL_MARKER": str(marker)})
+    half = kill_when_stalled(proc, marker)
     assert half.exists() and ".tmp-" in half.name  # the half file sits under a temp name
     final = half.with_name(half.name[1:half.name.index(".tmp-")])
     assert not final.exists()
-    written = list(out.rglob("*.safetensors"))
-    assert len(written) == 5
+    assert len(sample_files(out, fmt)) == 5
     # Two writer threads: the one that wrote the marker and, at times, the other one are
     # both stalled half-way when the kill lands, so one or two half files exist.
     halves = [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert half in halves and 1 <= len(halves) <= 2
 
-    assert run_extract(inp, model_dir, out) == 0
+    assert run_extract(inp, model_dir, out, "--format", fmt) == 0
     s = stats(out)
     assert (s["already_done"], s["written"]) == (5, 7)
     assert s["temp_files_removed"] == len(halves)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
-    assert_complete(out, records)
+    assert_complete(out, records, fmt)
     # a third run finds everything done and still lists each id once
-    assert run_extract(inp, model_dir, out) == 0
+    rows_before = {str(e["id"]): e["file"] for e in manifest(out)}
+    assert run_extract(inp, model_dir, out, "--format", fmt) == 0
     assert stats(out)["already_done"] == 12 and stats(out)["written"] == 0
-    assert_complete(out, records)
+    assert_complete(out, records, fmt)
+    assert {str(e["id"]): e["file"] for e in manifest(out)} == rows_before  # stable rows
 
 
-def test_sigterm_drains_and_exits_3(tmp_path: Path, model_dir: Path) -> None:
+def test_speculators_kill_9_while_numbering_rows(tmp_path: Path, model_dir: Path) -> None:
+    """A finalize cut short (5 of 12 pending files renamed to rows) is completed by the
+    next run: it finds all 12 done, and no row is missing or doubled."""
+    records = make_records(12, seed=6)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out, marker = tmp_path / "out", tmp_path / "stalled"
+    proc = spawn(inp, model_dir, out, "--format", "speculators",
+                 env={"STALL_ROWS_AFTER": "5", "STALL_MARKER": str(marker)})
+    kill_when_stalled(proc, marker)
+    assert len(list((out / "hidden_states").iterdir())) == 5
+    assert len(list((out / "pending").rglob("*.safetensors"))) == 7
+    assert not (out / "manifest.jsonl").exists()  # the manifest comes after the rows
+    assert run_extract(inp, model_dir, out, "--format", "speculators") == 0
+    assert (stats(out)["already_done"], stats(out)["written"]) == (12, 0)
+    assert_complete(out, records, "speculators")
+
+
+@pytest.mark.parametrize("fmt", ["native", "speculators"])
+def test_sigterm_drains_and_exits_3(tmp_path: Path, model_dir: Path, fmt: str) -> None:
     records = make_records(40, seed=11)
     inp = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out"
-    proc = spawn(inp, model_dir, out, "--batch-tokens", "1", env={"WRITE_DELAY": "0.05"})
-    part = out / "manifest.parts" / "shard0-of-1.rank0-of-1.jsonl"
+    proc = spawn(inp, model_dir, out, "--batch-tokens", "1", "--format", fmt,
+                 env={"WRITE_DELAY": "0.05"})
     try:
         deadline = time.monotonic() + 90
-        while not (part.exists() and len(part.read_text().splitlines()) >= 2):
+        while len(sample_files(out, fmt)) < 2:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.05)
@@ -110,10 +168,13 @@ def test_sigterm_drains_and_exits_3(tmp_path: Path, model_dir: Path) -> None:
     assert "stopped by SIGTERM" in err
     s = stats(out)
     assert s["state"] == "stopped" and 2 <= s["written"] < 40
-    # the manifest was merged on the way out: it lists exactly the files on disk
-    assert len(manifest(out)) == s["written"] == len(list(out.rglob("*.safetensors")))
-    assert run_extract(inp, model_dir, out) == 0
-    assert_complete(out, records)
+    # the manifest was merged (speculators: rows numbered) on the way out: it lists
+    # exactly the files on disk
+    assert len(manifest(out)) == s["written"] == len(sample_files(out, fmt))
+    if fmt == "speculators":
+        assert len(read_features(out, fmt)) == s["written"]
+    assert run_extract(inp, model_dir, out, "--format", fmt) == 0
+    assert_complete(out, records, fmt)
 
 
 def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path) -> None:
@@ -153,6 +214,7 @@ def test_torn_manifest_part_line_does_not_swallow_the_next(tmp_path: Path) -> No
 def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys) -> None:
     import shutil
 
+    from payload.extract.formats import Native
     from payload.extract.preflight import estimate
 
     records = make_records(8)
@@ -169,7 +231,7 @@ def test_preflight_refuses_with_numbers(tmp_path: Path, model_dir: Path, capsys)
     assert run_extract(inp, model_dir, out, "--reserve", str(reserve), "--force") == 0
     files = list(out.rglob("*.safetensors"))
     assert len(files) == 8
-    est = estimate((e["num_tokens"] for e in manifest(out)), HIDDEN, "float32", block=1)
+    est = estimate(samples_like(manifest(out)), Native(out, HIDDEN, "float32"), block=1)
     assert est.bytes == sum(f.stat().st_size for f in files) == stats(out)["bytes_written"]
     assert stats(out)["estimate_bytes"] >= est.bytes
 
@@ -206,17 +268,24 @@ def test_preflight_check_unit(tmp_path: Path) -> None:
                                                free=lambda p: 10)
 
 
+@pytest.mark.parametrize("fmt", ["native", "speculators"])
 def test_shard_union_covers_every_id_once(tmp_path: Path, model_dir: Path,
-                                          monkeypatch) -> None:
+                                          monkeypatch, fmt: str) -> None:
     records = make_records(15, seed=7)
     inp = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out"
     owned = []
+    files: dict[str, str] = {}
     for i in range(3):
-        assert run_extract(inp, model_dir, out, "--shard", f"{i}/3") == 0
+        assert run_extract(inp, model_dir, out, "--shard", f"{i}/3", "--format", fmt) == 0
         owned.append(stats(out)["owned"])
+        now = {str(e["id"]): e["file"] for e in manifest(out)}
+        assert {k: now[k] for k in files} == files  # a sample keeps its file (its row)
+        files = now
     assert sum(owned) == 15 and all(n > 0 for n in owned)
-    assert_complete(out, records)
+    assert_complete(out, records, fmt)
+    if fmt == "speculators":
+        return  # its rows across torchrun ranks: test_concurrent_ranks_merge_one_manifest
     # hosts x torchrun ranks: shard 0/2 and 1/2, each with two ranks, into a fresh dir
     out2 = tmp_path / "out2"
     for shard in ("0/2", "1/2"):
@@ -231,20 +300,22 @@ def test_shard_union_covers_every_id_once(tmp_path: Path, model_dir: Path,
     assert parts == [f"shard{s}-of-2.rank{r}-of-2.jsonl" for s in (0, 1) for r in (0, 1)]
 
 
-def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path) -> None:
-    """Two torchrun-style ranks as real processes at once: no barrier, one clean manifest."""
+@pytest.mark.parametrize("fmt", ["native", "speculators"])
+def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path, fmt: str) -> None:
+    """Two torchrun-style ranks as real processes at once: no barrier, one clean manifest
+    (speculators: one dense set of rows, numbered by whichever rank ends last)."""
     records = make_records(10, seed=9)
     inp = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out"
     status = tmp_path / "status.json"
-    procs = [spawn(inp, model_dir, out, "--status-file", str(status),
+    procs = [spawn(inp, model_dir, out, "--status-file", str(status), "--format", fmt,
                    env={"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                         "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "launch-1"})
              for r in (0, 1)]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-    assert_complete(out, records)
+    assert_complete(out, records, fmt)
     per_rank = [json.loads((out / f"stats.shard0-of-1.rank{r}-of-2.json").read_text())
                 for r in (0, 1)]
     assert sum(s["written"] for s in per_rank) == 10
@@ -252,6 +323,9 @@ def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path) ->
     st = json.loads(status.read_text())
     assert (st["state"], st["done"], st["failed"], st["total"], st["ranks"]) == (
         "finished", 10, 0, 10, 2)
+    # what a status reader shows as the kind of features
+    final = "prenorm" if fmt == "speculators" else "postnorm"
+    assert (st["format"], st["final_state"]) == (fmt, final)
 
 
 def test_meta_mismatch_refused(tmp_path: Path, model_dir: Path, capsys) -> None:
