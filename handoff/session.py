@@ -40,13 +40,11 @@ from paramiko.sftp import (
     SFTP_FLAG_WRITE,
 )
 
-from handoff import console, remote_code
+from handoff import console, remote_code, sftpio
 from handoff.errors import ConnectError, RemoteError
 from handoff.layout import RemoteLayout, expand_home
 from handoff.ssh import SafeConnection, open_connection
 from handoff.targets import Target
-
-CHUNK = 1 << 20  # bytes per read when downloading
 
 
 @dataclass
@@ -131,8 +129,9 @@ class RemoteFiles(ABC):
         `pipelined` writes without waiting for each acknowledgement (bulk uploads)."""
 
     @abstractmethod
-    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes]:
-        """The bytes of `path` from `offset` up to `end`, in chunks."""
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
+        """The bytes of `path` from `offset` up to `end`, in order, in chunks (valid until
+        the next one is asked for); OSError if the file ends before `end`."""
 
 
 class Session(ABC):
@@ -238,22 +237,31 @@ Connector = Callable[[Target], Session]
 
 
 class _SFTPWriter(RemoteWriter):
-    def __init__(self, sftp: paramiko.SFTPClient, handle: paramiko.SFTPFile) -> None:
+    """Large writes with many in flight (handoff.sftpio); paramiko's file object only opens
+    and closes the handle."""
+
+    def __init__(self, sftp: paramiko.SFTPClient, handle: paramiko.SFTPFile, path: str,
+                 pipelined: bool) -> None:
         self._sftp = sftp
         self._file = handle
+        self._writer = sftpio.Writer(sftp, handle.handle, f"writing {path}",
+                                     depth=sftpio.DEPTH if pipelined else 1)
 
     def write(self, data: bytes) -> None:
-        self._file.write(data)
+        self._writer.write(data)
 
     def fsync(self) -> None:
-        self._file.flush()
+        self._writer.finish()
         try:
             self._sftp._request(CMD_EXTENDED, "fsync@openssh.com", self._file.handle)
         except (OSError, paramiko.SFTPError):
             pass  # a server without the extension: rename still gives atomicity, not durability
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._writer.finish()  # every acknowledgement in: a failed write raises here
+        finally:
+            self._file.close()
 
 
 class _SFTPFiles(RemoteFiles):
@@ -300,20 +308,11 @@ class _SFTPFiles(RemoteFiles):
         except BaseException:
             handle.close()
             raise
-        handle.set_pipelined(pipelined)
-        return _SFTPWriter(self.sftp, handle)
+        return _SFTPWriter(self.sftp, handle, path, pipelined)
 
-    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes]:
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
         with self.sftp.open(path, "rb") as fh:
-            fh.seek(offset)
-            fh.prefetch(end)  # paramiko reads ahead from the current position up to `end`
-            left = end - offset
-            while left > 0:
-                chunk = fh.read(min(left, CHUNK))
-                if not chunk:
-                    break
-                left -= len(chunk)
-                yield chunk
+            yield from sftpio.read(self.sftp, fh.handle, offset, end, f"reading {path}")
 
 
 class SSHSession(Session):
@@ -403,7 +402,7 @@ class SSHSession(Session):
     def files(self) -> RemoteFiles:
         if self._files is None:
             try:
-                sftp = paramiko.SFTPClient.from_transport(self.transport)
+                sftp = sftpio.channel(self.transport)
             except (paramiko.SSHException, OSError) as exc:
                 raise RemoteError(
                     f"{self.label}: SFTP unavailable ({exc}); enable the sftp Subsystem in sshd_config"

@@ -79,14 +79,14 @@ class LocalFiles(RemoteFiles):
         os.fchmod(fd, mode)  # as an sftp-server would: the create mode, whatever the umask
         return _LocalWriter(fd)
 
-    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes]:
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
         with open(self._path("read", path), "rb") as fh:
             fh.seek(offset)
             left = end - offset
             while left > 0:
                 chunk = fh.read(min(left, 1 << 20))
                 if not chunk:
-                    break
+                    raise OSError(f"reading {path}: the file ended early (shortened or replaced meanwhile)")
                 left -= len(chunk)
                 yield chunk
 

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("workstation paths, output, remote layout", {"paths", "console", "layout"}),
     ("local state, roles", {"state", "roles"}),
     ("inventory, host keys", {"inventory", "hostkeys"}),
-    ("ssh connections", {"ssh"}),
+    ("ssh connections, bulk SFTP", {"ssh", "sftpio"}),
     ("targets", {"targets"}),
     ("the session seam", {"session"}),
     ("running on many hosts", {"parallel"}),
