@@ -2,17 +2,23 @@
 already complete locally and resuming what is partly there.
 
 One round trip lists the job's files (handoff.remote_code.fetch_list) together with the
-sha256 of each remote file's first N bytes, N being the size of the local copy. Then:
+sha256 of the host file's first N bytes for each file the workstation holds a prefix of
+(N bytes: an append-only file's copy, or what a cut download left); the workstation
+hashes its own prefixes meanwhile. Then, per file:
 - same size and (append-only file) same prefix hash, or (other file) same mtime: skip;
 - an append-only file (`*.jsonl`, `log`) whose local copy is a true prefix: download
   only the rest, appended;
-- anything else: download whole, through a temp file renamed into place.
-Downloads go through the session's files (SFTP); nothing is written on the host.
+- a cut download whose part is a true prefix: download only the rest into the part;
+- anything else: download whole.
+A download is written under a partial name and renamed into place when complete
+(handoff.transfer.download), with a progress display for large files. Nothing is
+written on the host.
 """
 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +28,7 @@ from handoff.errors import RemoteError
 from handoff.jobs.state import job_name
 from handoff.parallel import HostReport
 from handoff.session import Session
-from handoff.transfer import download, is_partial
+from handoff.transfer import completes, download, is_partial, partial
 
 APPEND_ONLY_SUFFIXES = (".jsonl",)
 APPEND_ONLY_NAMES = ("log",)
@@ -41,12 +47,52 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def local_sizes(folder: Path) -> dict[str, int]:
-    """What the workstation already holds of a job: relative path -> size."""
+@dataclass(frozen=True)
+class Have:
+    """What the workstation holds of one file: a complete copy, and/or what a cut
+    download left (transfer.partial), by size."""
+
+    final: int | None = None
+    part: int | None = None
+
+    def prefix(self, rel: str) -> tuple[str, int] | None:
+        """Which local bytes the host is asked to prove are a prefix of its file: an
+        append-only file's copy (it may have grown), else a cut download's part."""
+        if self.final and append_only(rel):
+            return "final", self.final
+        if self.part:
+            return "part", self.part
+        return None
+
+
+def local_copies(folder: Path) -> dict[str, Have]:
+    """What the workstation already holds of a job: relative path -> Have."""
     if not folder.is_dir():
         return {}
-    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*")
-            if p.is_file() and not is_partial(p.name)}
+    final: dict[str, int] = {}
+    part: dict[str, int] = {}
+    for p in folder.rglob("*"):
+        if not p.is_file():
+            continue
+        if not is_partial(p.name):
+            final[p.relative_to(folder).as_posix()] = p.stat().st_size
+        elif (of := completes(p)) is not None:
+            part[of.relative_to(folder).as_posix()] = p.stat().st_size
+    return {rel: Have(final.get(rel), part.get(rel)) for rel in final.keys() | part.keys()}
+
+
+def prefix_path(local: Path, which: str) -> Path:
+    return local if which == "final" else partial(local)
+
+
+def local_hashes(local_dir: Path, have: dict[str, Have]) -> dict[str, str]:
+    """sha256 of each local prefix the host is asked about (see Have.prefix)."""
+    out = {}
+    for rel, h in have.items():
+        which = h.prefix(rel)
+        if which is not None:
+            out[rel] = sha256_file(prefix_path(local_dir / rel, which[0]))
+    return out
 
 
 @dataclass
@@ -57,39 +103,62 @@ class Fetched:
     nbytes: int = 0
 
 
-def plan_file(entry: dict[str, Any], local: Path, have: int | None) -> int | None:
-    """Where to start downloading one file: None to skip it, else the byte offset."""
+@dataclass(frozen=True)
+class Start:
+    """Where a download starts: `offset` bytes are already here (in the final copy itself
+    when `in_place`, else in the partial file)."""
+
+    offset: int
+    in_place: bool = False
+
+
+def plan_file(entry: dict[str, Any], local: Path, have: Have, local_hash: str | None) -> Start | None:
+    """Where to start downloading one file: None to skip it (complete here)."""
     rel, size, mtime = entry["rel"], int(entry["size"]), float(entry["mtime"])
-    if have is not None and have == size and (
+    which = have.prefix(rel)
+    proven = which is not None and local_hash is not None and entry.get("prefix_sha256") == local_hash
+    if have.final is not None and have.final == size and (
         size == 0
-        or (append_only(rel) and entry.get("prefix_sha256") == sha256_file(local))
+        or (append_only(rel) and proven)
         or (not append_only(rel) and abs(local.stat().st_mtime - mtime) < 1e-3)
     ):
         return None
-    if append_only(rel) and have and have < size and entry.get("prefix_sha256") == sha256_file(local):
-        return have
-    return 0
+    if proven and which is not None:
+        kind, prefix = which
+        if prefix <= size:
+            return Start(prefix, in_place=kind == "final")
+    return Start(0)
 
 
 def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
     """Bring one host's job folder to `local_dir`."""
-    have = local_sizes(local_dir)
-    listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job), "local": have},
-                         "listing the job's files")
+    have = local_copies(local_dir)
+    asked = {rel: which[1] for rel, h in have.items() if (which := h.prefix(rel))}
+    # The workstation hashes its prefixes while the host hashes its own (the listing).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(local_hashes, local_dir, have)
+        listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job), "local": asked},
+                             "listing the job's files")
+        hashes = hashing.result()
     if not listing["exists"]:
         raise RemoteError(f"{s.label}: no job {job!r} at {listing['job_dir']} (launched?)")
     done = Fetched()
     for entry in listing["files"]:
         rel, size = entry["rel"], int(entry["size"])
         local = local_dir / rel
-        offset = plan_file(entry, local, have.get(rel))
-        if offset is None:
+        start = plan_file(entry, local, have.get(rel, Have()), hashes.get(rel))
+        if start is None:
             done.skipped += 1
             continue
-        done.resumed += offset > 0
-        download(s.files, f"{listing['job_dir']}/{rel}", local, offset, size, float(entry["mtime"]))
+        done.resumed += start.offset > 0
+        try:
+            download(s.files, f"{listing['job_dir']}/{rel}", local, start.offset, size,
+                     float(entry["mtime"]), in_place=start.in_place, label=s.label, name=rel)
+        except OSError as exc:
+            raise RemoteError(f"{s.label}: fetching {rel} failed after {done.fetched} file(s): "
+                              f"{exc}; run fetch again to resume") from None
         done.fetched += 1
-        done.nbytes += size - offset
+        done.nbytes += size - start.offset
     return done
 
 

@@ -147,7 +147,7 @@ def upload(ctx: HostContext, release: Release) -> str:
     folder = s.layout.release(release.sha12)
     try:
         created = mkdirs(s.files, folder, known=facts.dirs)
-        upload_atomic(s.files, release.data, f"{folder}/payload.pyz")
+        upload_atomic(s.files, release.data, f"{folder}/payload.pyz", label=s.label)
         if not created:  # a folder made just now holds no earlier run's temp files
             remove_leftovers(s.files, folder, temp_prefix("payload.pyz"))
     except OSError as exc:

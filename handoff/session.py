@@ -79,7 +79,7 @@ class RemoteWriter(ABC):
     """A file being written on the host (see RemoteFiles.create)."""
 
     @abstractmethod
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | memoryview) -> None: ...
 
     @abstractmethod
     def fsync(self) -> None:
@@ -247,7 +247,7 @@ class _SFTPWriter(RemoteWriter):
         self._writer = sftpio.Writer(sftp, handle.handle, f"writing {path}",
                                      depth=sftpio.DEPTH if pipelined else 1)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self._writer.write(data)
 
     def fsync(self) -> None:

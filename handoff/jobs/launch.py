@@ -29,7 +29,7 @@ from handoff.jobs.state import JobState, command_vars, job_name, job_vars, read,
 from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
 from handoff.roles import render_command
 from handoff.targets import Target
-from handoff.transfer import mkdirs, temp_prefix, upload_atomic
+from handoff.transfer import mkdirs, temp_prefix, upload_file
 from payload import units
 
 INPUT_FILE = "input"  # the name the probe reports the pushed input under
@@ -133,7 +133,7 @@ def _push_input(ctx: HostContext, step: Step) -> str:
     dest = s.abs(str(step.params["input"]))
     try:
         mkdirs(s.files, dest.rsplit("/", 1)[0], known=ctx.need_facts().dirs)
-        upload_atomic(s.files, local.path.read_bytes(), dest)
+        upload_file(s.files, local.path, dest, label=s.label)
     except OSError as exc:
         raise RemoteError(f"{s.label}: pushing {name} to {dest} failed: {exc}") from None
     return f"pushed {name} → {dest}"

@@ -29,7 +29,7 @@ class _LocalWriter(RemoteWriter):
     def __init__(self, fd: int) -> None:
         self._fd = fd
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view):]

@@ -72,3 +72,37 @@ def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path:
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     assert commands.fetch("a", None, dest=str(tmp_path / "r")) == 1
     assert "no job 'generator'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+
+
+def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -> None:
+    """Cut mid-file, the next fetch asks the host to prove the part is a prefix, then moves
+    only the rest; a part that is no longer a prefix (the file was rewritten) is refetched."""
+    from handoff.errors import RemoteError
+    from handoff.transfer import partial
+    from tests.unit.test_transfer import CutFiles
+
+    jd = make_job(ws, "a")
+    big = os.urandom(2_500_000)
+    (jd / "features" / "a.bin").write_bytes(big)  # not append-only: resumes from its part too
+    local = tmp_path / "r" / "a" / "generator"
+    others = len((jd / "output.jsonl").read_bytes()) + len((jd / "status.json").read_bytes())
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:  # (the small files come first, then a.bin is cut)
+        session._files = CutFiles(ws.home("a"), cut=others + 1_000_000)  # type: ignore[attr-defined]
+        with pytest.raises(RemoteError, match=r"fetching features/a\.bin failed.*run fetch again to resume"):
+            fetch_job(session, "generator", local)
+    part = partial(local / "features" / "a.bin")
+    assert part.stat().st_size == 1_000_000 and not (local / "features" / "a.bin").exists()
+
+    with ws.connect(target) as session:
+        session._files = rest = CutFiles(ws.home("a"))  # type: ignore[attr-defined]
+        done = fetch_job(session, "generator", local)
+    assert (done.resumed, done.fetched, done.skipped) == (1, 1, 2)  # the small ones are complete
+    assert rest.sent == len(big) - 1_000_000 and done.nbytes == rest.sent  # only the rest moved
+    assert (local / "features" / "a.bin").read_bytes() == big and not part.exists()
+
+    part.write_bytes(b"not the host's bytes")  # a part the host cannot prove: fetched whole
+    (local / "features" / "a.bin").unlink()
+    with ws.connect(target) as session:
+        done = fetch_job(session, "generator", local)
+    assert done.resumed == 0 and (local / "features" / "a.bin").read_bytes() == big

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("code that runs on the hosts (stdlib only)", {"remote_code"}),
     ("foundations", {"errors", "defaults", "yamlfile"}),
     ("workstation paths, output, remote layout", {"paths", "console", "layout"}),
-    ("local state, roles", {"state", "roles"}),
+    ("local state, roles, transfer progress", {"state", "roles", "progress"}),
     ("inventory, host keys", {"inventory", "hostkeys"}),
     ("ssh connections, bulk SFTP", {"ssh", "sftpio"}),
     ("targets", {"targets"}),

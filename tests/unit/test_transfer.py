@@ -1,15 +1,26 @@
 """Moving bytes: mkdir -p from what the probe saw, atomic uploads that leave nothing behind
-on failure, downloads whole or resumed."""
+on failure, downloads whole or resumed (in place, or from what a cut download left)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from handoff.layout import parents
 from handoff.testing.local import LocalFiles
-from handoff.transfer import download, mkdirs, remove_leftovers, temp_prefix, upload_atomic
+from handoff.transfer import (
+    completes,
+    download,
+    is_partial,
+    mkdirs,
+    partial,
+    remove_leftovers,
+    temp_prefix,
+    upload_atomic,
+)
 
 
 class _RecordingFiles:
@@ -69,14 +80,69 @@ def test_upload_is_atomic_and_cleans_up_after_a_failure(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["payload.pyz"]
 
 
-def test_download_whole_and_resumed(tmp_path: Path) -> None:
+class CutFiles(LocalFiles):
+    """A host whose connection drops after `cut` bytes of a read; counts bytes sent."""
+
+    def __init__(self, home: Path, cut: int | None = None) -> None:
+        super().__init__(home)
+        self.cut = cut
+        self.sent = 0
+
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
+        for chunk in super().read_chunks(path, offset, end):
+            if self.cut is not None and self.sent + len(chunk) > self.cut:
+                keep = self.cut - self.sent
+                self.sent += keep
+                yield chunk[:keep]
+                raise OSError("connection dropped")
+            self.sent += len(chunk)
+            yield chunk
+
+
+def test_download_whole_then_in_place(tmp_path: Path) -> None:
     remote = tmp_path / "remote.jsonl"
     remote.write_bytes(b"line1\nline2\n")
     files = LocalFiles(tmp_path)
     local = tmp_path / "out" / "copy.jsonl"
     download(files, str(remote), local, 0, 12, 1_000_000.0)
     assert local.read_bytes() == b"line1\nline2\n" and local.stat().st_mtime == 1_000_000.0
+    assert not partial(local).exists()
     remote.write_bytes(b"line1\nline2\nline3\n")
-    download(files, str(remote), local, 12, 18, 2_000_000.0)
-    assert local.read_bytes() == remote.read_bytes()
+    download(files, str(remote), local, 12, 18, 2_000_000.0, in_place=True)
+    assert local.read_bytes() == remote.read_bytes() and local.stat().st_mtime == 2_000_000.0
     assert [op for op, _ in files.calls] == ["read", "read"]
+
+
+def test_a_cut_download_leaves_a_part_that_resumes_with_only_the_rest(tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    remote = tmp_path / "features.bin"
+    remote.write_bytes(data)
+    local = tmp_path / "out" / "features.bin"
+    cut = CutFiles(tmp_path, cut=1_234_567)
+    with pytest.raises(OSError, match="connection dropped"):
+        download(cut, str(remote), local, 0, len(data), 5.0)
+    assert not local.exists()  # never half a file under the final name
+    part = partial(local)
+    assert part.read_bytes() == data[:1_234_567] and completes(part) == local
+    rest = CutFiles(tmp_path)
+    download(rest, str(remote), local, part.stat().st_size, len(data), 5.0)
+    assert rest.sent == len(data) - 1_234_567  # only the rest moved
+    assert local.read_bytes() == data and not part.exists() and local.stat().st_mtime == 5.0
+
+
+def test_a_part_shorter_than_the_proven_prefix_is_refused(tmp_path: Path) -> None:
+    remote = tmp_path / "r.bin"
+    remote.write_bytes(b"x" * 100)
+    local = tmp_path / "out" / "r.bin"
+    local.parent.mkdir()
+    partial(local).write_bytes(b"x" * 10)
+    with pytest.raises(OSError, match="fewer than the 50 bytes"):
+        download(LocalFiles(tmp_path), str(remote), local, 50, 100, 0.0)
+    assert partial(local).read_bytes() == b"x" * 10 and not local.exists()
+
+
+def test_only_partial_names_complete_a_file(tmp_path: Path) -> None:
+    assert completes(tmp_path / ".output.jsonl.tmp-part") == tmp_path / "output.jsonl"
+    assert completes(tmp_path / ".output.jsonl.tmp-123-456") is None  # payload.atomic's
+    assert completes(tmp_path / "output.jsonl") is None
+    assert is_partial(partial(tmp_path / "x").name)
