@@ -75,7 +75,7 @@ class Sandbox:
 
     def __init__(self, root: Path, *, hosts: int = 2, api: bool = True, keyring: str = "auto",
                  name_prefix: str = "sbx", first_address: int = 2,
-                 api_latency_s: float = 0.0) -> None:
+                 api_latency_s: float = 0.0, sftp_log: bool = False) -> None:
         if hosts < 1:
             raise ValueError("hosts must be at least 1")
         if not 2 <= first_address <= 254 - hosts + 1:
@@ -87,6 +87,7 @@ class Sandbox:
         self.name_prefix = name_prefix
         self.first_address = first_address
         self.api_latency_s = api_latency_s
+        self.log_sftp = sftp_log  # each container's SFTP server logs its transfers (sftp_log())
 
         self.home = self.root / "home"
         self.ssh_dir = self.home / ".ssh"
@@ -171,7 +172,8 @@ class Sandbox:
             _system.create_user(user, home)
             server = SshdServer(folder=self.hosts_dir / name,
                                 address=f"127.0.0.{self.first_address + index}",
-                                user=user, client_public_key=client_public, name=name)
+                                user=user, client_public_key=client_public, name=name,
+                                sftp_log=self.log_sftp)
             server.start()
             self._servers[name] = server
             self.containers.append(Container(
@@ -319,6 +321,15 @@ class Sandbox:
         container = self.container(name)
         return (f"[{container.address}]:{port or container.port} "
                 f"{self._servers[name].host_public_key}")
+
+    def sftp_log(self, name: str) -> str:
+        """What `name`'s SFTP server logged (Sandbox(sftp_log=True)): one `open` and one
+        `close "PATH" bytes read N written M` line per file it served."""
+        self.container(name)
+        log = self._servers[name].sftp_log
+        if log is None:
+            raise ValueError("start the Sandbox with sftp_log=True")
+        return log.read_text(errors="replace")
 
     def sshd_pid(self, name: str) -> int | None:
         """PID of `name`'s listening sshd (None while stopped): to trace or watch it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -53,7 +54,7 @@ class SshdServer:
     (sshd reads it with the user's privileges)."""
 
     def __init__(self, *, folder: Path, address: str, user: str, client_public_key: str,
-                 name: str) -> None:
+                 name: str, sftp_log: bool = False) -> None:
         self.folder = folder
         self.address = address
         self.user = user
@@ -67,6 +68,14 @@ class SshdServer:
         self.pid_file = folder / "sshd.pid"
         self.log = folder / "sshd.log"
         self.authorized_keys = folder / "authorized_keys"
+        # With `sftp_log`, the SFTP server logs every file it serves and how many bytes it
+        # read or wrote ("close "PATH" bytes read N written M"): what tests of resumed
+        # transfers count, independently of the client's own accounting.
+        self.sftp_log = folder / "sftp.log" if sftp_log else None
+        if self.sftp_log is not None:
+            self.sftp_log.touch()
+            shutil.chown(self.sftp_log, user)  # the server runs as the container's user
+            self.sftp_log.chmod(0o600)
         self.authorized_keys.write_text(client_public_key.strip() + "\n")
         self.authorized_keys.chmod(0o644)
         generate_key(self.host_key, f"handoff-sandbox {name}")
@@ -83,6 +92,9 @@ class SshdServer:
 
     def _write_config(self) -> None:
         sftp = next((p for p in _SFTP_SERVERS if os.access(p, os.X_OK)), "internal-sftp")
+        if self.sftp_log is not None and sftp != "internal-sftp":
+            # The subsystem runs through the user's shell: `-e` logs to stderr, sent to the file.
+            sftp = f"{sftp} -e -l INFO 2>>{self.sftp_log}"
         self.config.write_text("\n".join([
             f"{OWNER_MARK}{os.getpid()}",
             f"# container {self.name}",
