@@ -39,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import report as report_md  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 BENCH = REPO / ".bench"
@@ -328,17 +329,7 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
 
 def write_section(body: str, path: Path = REPO / "BENCHMARKS.md") -> None:
     """Replace (or append) the `## Deploy` section of BENCHMARKS.md, leaving others alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == "## Deploy"), None)
-    section = ["## Deploy", "", *body.splitlines(), ""]
-    if start is None:
-        lines = [*lines, "", *section] if lines and lines[-1].strip() else [*lines, *section]
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        lines[start:end] = section
-    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+    report_md.write_section("Deploy", body, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,17 @@ def _status_error(body: bytes, what: str) -> OSError:
     return OSError(f"{what}: SFTP error {code}: {message or 'failure'}")
 
 
+def _send(chan: Any, *parts: bytes | memoryview) -> None:
+    """Send on the channel; a dropped connection is an OSError like any other I/O failure
+    (paramiko raises EOFError or SSHException for it)."""
+    try:
+        for part in parts:
+            chan.sendall(part)
+    except (EOFError, paramiko.SSHException) as exc:
+        detail = f": {exc}" if str(exc) else ""
+        raise OSError(f"the connection dropped ({type(exc).__name__}{detail})") from None
+
+
 class _Inbound:
     """The channel's bytes, with what was read but not yet consumed kept aside."""
 
@@ -71,7 +82,10 @@ class _Inbound:
     def chunk(self) -> memoryview:
         """What is buffered, else the next bytes from the channel (blocking)."""
         if not self.pending:
-            data = self.chan.recv(WINDOW)  # all that is buffered: one copy out of paramiko
+            try:
+                data = self.chan.recv(WINDOW)  # all that is buffered: one copy out of paramiko
+            except (EOFError, paramiko.SSHException):
+                data = b""
             if not data:
                 raise OSError("the SFTP channel closed (connection dropped)")
             self.pending = memoryview(data)
@@ -108,22 +122,27 @@ def read(sftp: paramiko.SFTPClient, handle: bytes, offset: int, end: int, what: 
     def ask(at: int, length: int) -> None:
         num = _next_id(sftp)
         body = struct.pack(">BI", FXP_READ, num) + prefix + struct.pack(">QI", at, length)
-        chan.sendall(struct.pack(">I", len(body)) + body)
+        _send(chan, struct.pack(">I", len(body)) + body)
         asked[num] = (at, length)
 
+    def refill() -> None:
+        nonlocal issue_at
+        while len(asked) < depth and (gaps or issue_at < end):
+            if gaps:
+                ask(*gaps.pop(0))
+            else:
+                length = min(request, end - issue_at)
+                ask(issue_at, length)
+                issue_at += length
+
     try:
+        refill()
         while next_out < end:
-            while len(asked) < depth and (gaps or issue_at < end):
-                if gaps:
-                    ask(*gaps.pop(0))
-                else:
-                    length = min(request, end - issue_at)
-                    ask(issue_at, length)
-                    issue_at += length
             size, kind, num = struct.unpack(">IBI", inbound.exact(9))
             if num not in asked:
                 raise OSError(f"{what}: unexpected SFTP answer {num}")
             at, length = asked.pop(num)
+            refill()  # before handing this answer on: the server never waits for us
             if kind != FXP_DATA:
                 body = inbound.exact(size - 5)
                 raise _status_error(body, what) if kind == FXP_STATUS else OSError(
@@ -133,6 +152,7 @@ def read(sftp: paramiko.SFTPClient, handle: bytes, offset: int, end: int, what: 
                 raise OSError(f"{what}: malformed SFTP data answer")
             if got < length:
                 gaps.append((at + got, length - got))
+                refill()
             if at == next_out and not waiting:
                 inbound.owed = got  # its turn: hand the data on as it arrives
                 while inbound.owed:
@@ -189,8 +209,7 @@ class Writer:
             num = _next_id(self.sftp)
             header = struct.pack(">BI", FXP_WRITE, num) + self.prefix + struct.pack(
                 ">QI", self.offset, len(piece))
-            self.chan.sendall(struct.pack(">I", len(header) + len(piece)) + header)
-            self.chan.sendall(piece)
+            _send(self.chan, struct.pack(">I", len(header) + len(piece)) + header, piece)
             self.asked.add(num)
             self.offset += len(piece)
             while self.asked and (len(self.asked) >= self.depth or self.inbound.ready()):

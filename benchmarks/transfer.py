@@ -1,0 +1,310 @@
+"""Transfer benchmark: `fab fetch` of one 1 GB file against `scp` (same key, same host).
+
+One loopback sandbox container (handoff.testing.sandbox: real sshd, an unprivileged user)
+holds a job whose `output.jsonl` is SIZE bytes. Each repetition runs, back to back and in
+a rotating order so machine noise spreads over all of them:
+  fetch   `fab fetch` into an empty folder (the whole command: startup, connect, listing,
+          download, rename)                                   vs `scp host:FILE DEST`
+  resume  `fab fetch` with the first half already there, as a cut fetch leaves it (the
+          host and the workstation hash their halves, then only the rest moves)
+  upload  transfer.upload_file over an SSHSession, what `fab launch --input` runs (connect,
+          temp file, rename)                                  vs `scp FILE host:DEST`
+`--explore` adds what the choice of transport was measured against: `ssh host cat`,
+`sftp -b`, rsync (when installed), and paramiko's stock SFTP file reads/writes (32 KiB
+requests, 2 MiB window, aes128-ctr: handoff before this benchmark existed).
+
+Wall time is the median over --reps; CPU is the client side only (user+sys of the child
+processes, or of this process for in-process runs), the sshd side runs on the same cores.
+Ratios are medians of per-repetition ratios. Every result is checked (size and sha256).
+
+    sudo .venv/bin/python benchmarks/transfer.py                  # 1 GB, 5 reps
+    sudo .venv/bin/python benchmarks/transfer.py --explore        # + the transports compared
+    sudo .venv/bin/python benchmarks/transfer.py --write          # record in BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import report as report_md  # noqa: E402
+from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
+
+FAB = REPO / ".venv" / "bin" / "fab"
+TARGET_RATIO = 1.25  # fab fetch / scp, wall
+
+
+@dataclass
+class Case:
+    name: str
+    group: str  # fetch, resume, upload
+    run: Callable[[], None]  # the timed part
+    prepare: Callable[[], None] = lambda: None
+    check: Callable[[], None] = lambda: None
+    in_process: bool = False
+    walls: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+
+
+def cpu(in_process: bool) -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF if in_process else resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(case: Case) -> None:
+    case.prepare()
+    c0, t0 = cpu(case.in_process), time.perf_counter()
+    case.run()
+    case.walls.append(time.perf_counter() - t0)
+    case.cpus.append(cpu(case.in_process) - c0)
+    case.check()
+
+
+def make_file(path: Path, size: int) -> str:
+    """`size` pseudo-random bytes at `path`; their sha256."""
+    rnd, digest, left = random.Random(12), hashlib.sha256(), size
+    with path.open("wb") as fh:
+        while left:
+            block = rnd.randbytes(min(left, 64 << 20))
+            fh.write(block)
+            digest.update(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Bench:
+    def __init__(self, sbx: Sandbox, work: Path, size: int) -> None:
+        self.sbx = sbx
+        self.c: Container = sbx.containers[0]
+        self.work = work
+        self.size = size
+        job = self.c.home / ".handoff" / "jobs" / "generator"
+        job.mkdir(parents=True)
+        self.remote = job / "output.jsonl"
+        self.digest = make_file(self.remote, size)
+        self.upload_src = work / "input.jsonl"
+        shutil.copyfile(self.remote, self.upload_src)
+        self.uploaded = self.c.home / "input.jsonl"
+        subprocess.run(["chown", "-R", self.c.user, str(self.c.home / ".handoff")], check=True)
+        self.dest = work / "results"
+        self.local = self.dest / self.c.name / "generator" / "output.jsonl"
+        self.copy = work / "copy.bin"
+        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+                    "TERM": "dumb", "NO_COLOR": "1", **sbx.env()}
+        self.ssh = ["-F", str(sbx.ssh_config), "-o", "BatchMode=yes"]
+
+    # -- the commands ------------------------------------------------------------------------
+    def sub(self, argv: list[str], **kwargs: object) -> None:
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        proc = subprocess.run(argv, env=self.env, cwd=REPO, stderr=subprocess.PIPE, check=False,
+                              **kwargs)  # type: ignore[call-overload]
+        if proc.returncode != 0:
+            sys.exit(f"{argv[0]} failed ({proc.returncode}): {(proc.stdout or b'')[-2000:]!r} "
+                     f"{proc.stderr[-2000:]!r}")
+
+    def fab_fetch(self) -> None:
+        self.sub([str(FAB), "fetch", "--host", self.c.name, "--dest", str(self.dest)])
+
+    def scp_get(self) -> None:
+        self.sub(["scp", "-q", *self.ssh, f"{self.c.name}:{self.remote}", str(self.copy)])
+
+    def scp_put(self) -> None:
+        self.sub(["scp", "-q", *self.ssh, str(self.upload_src), f"{self.c.name}:{self.uploaded}"])
+
+    def ssh_cat(self) -> None:
+        with self.copy.open("wb") as out:
+            self.sub(["ssh", *self.ssh, self.c.name, f"cat {self.remote}"], stdout=out)
+
+    def sftp_get(self) -> None:
+        self.sub(["sftp", "-q", *self.ssh, "-b", "-", self.c.name],
+                 input=f"get {self.remote} {self.copy}\n".encode())
+
+    def rsync_get(self) -> None:
+        self.sub(["rsync", "-e", "ssh " + " ".join(self.ssh),
+                  f"{self.c.name}:{self.remote}", str(self.copy)])
+
+    def session(self, stock: bool = False):  # type: ignore[no-untyped-def]
+        from handoff import commands, ssh
+        from handoff.session import SSHSession
+
+        os.environ.update(self.sbx.env())
+        [target] = commands.targets_for(self.c.name, None)
+        saved = ssh.PREFERRED_CIPHERS
+        ssh.PREFERRED_CIPHERS = () if stock else saved  # stock: paramiko's aes128-ctr first
+        try:
+            s = SSHSession(target)
+            s.connect()
+        finally:
+            ssh.PREFERRED_CIPHERS = saved
+        return s
+
+    def handoff_put(self) -> None:
+        from handoff.transfer import upload_file
+
+        with self.session() as s:
+            upload_file(s.files, self.upload_src, str(self.uploaded), label=s.label)
+
+    def stock_get(self) -> None:
+        """paramiko's own SFTP client as handoff used it before: 32 KiB prefetched reads."""
+        import paramiko
+
+        with self.session(stock=True) as s:
+            sftp = paramiko.SFTPClient.from_transport(s.transport)
+            assert sftp is not None
+            with sftp.open(str(self.remote), "rb") as fh, self.copy.open("wb") as out:
+                fh.prefetch(self.size)
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    out.write(block)
+            sftp.close()
+
+    def stock_put(self) -> None:
+        import paramiko
+
+        with self.session(stock=True) as s:
+            sftp = paramiko.SFTPClient.from_transport(s.transport)
+            assert sftp is not None
+            with sftp.open(str(self.uploaded), "wb") as fh, self.upload_src.open("rb") as src:
+                fh.set_pipelined(True)
+                for block in iter(lambda: src.read(32768), b""):
+                    fh.write(block)
+            sftp.close()
+
+    # -- preparing and checking ----------------------------------------------------------------
+    def clear(self) -> None:
+        shutil.rmtree(self.dest, ignore_errors=True)
+        self.copy.unlink(missing_ok=True)
+        self.uploaded.unlink(missing_ok=True)
+        for leftover in self.c.home.glob(".input.jsonl.tmp-*"):
+            leftover.unlink()
+
+    def half_fetched(self) -> None:
+        """What a fetch cut at half leaves: the partial file with the first half."""
+        self.clear()
+        part = self.local.with_name(".output.jsonl.tmp-part")
+        part.parent.mkdir(parents=True)
+        with self.remote.open("rb") as src, part.open("wb") as out:
+            shutil.copyfileobj(src, out, length=8 << 20)
+            out.truncate(self.size // 2)
+
+    def expect(self, path: Path) -> Callable[[], None]:
+        def check() -> None:
+            if path.stat().st_size != self.size or sha256(path) != self.digest:
+                sys.exit(f"{path} does not hold the file")
+        return check
+
+    def cases(self, explore: bool) -> list[Case]:
+        cases = [
+            Case("fab fetch", "fetch", self.fab_fetch, self.clear, self.expect(self.local)),
+            Case("scp", "fetch", self.scp_get, self.clear, self.expect(self.copy)),
+            Case("fab fetch, half already here", "resume", self.fab_fetch, self.half_fetched,
+                 self.expect(self.local)),
+            Case("handoff upload (fab launch --input)", "upload", self.handoff_put, self.clear,
+                 self.expect(self.uploaded), in_process=True),
+            Case("scp upload", "upload", self.scp_put, self.clear, self.expect(self.uploaded)),
+        ]
+        if explore:
+            cases += [
+                Case("ssh host cat", "fetch", self.ssh_cat, self.clear, self.expect(self.copy)),
+                Case("sftp -b", "fetch", self.sftp_get, self.clear, self.expect(self.copy)),
+                Case("paramiko stock SFTP (handoff before)", "fetch", self.stock_get, self.clear,
+                     self.expect(self.copy), in_process=True),
+                Case("paramiko stock SFTP upload (before)", "upload", self.stock_put, self.clear,
+                     self.expect(self.uploaded), in_process=True),
+            ]
+            if shutil.which("rsync"):
+                cases.append(Case("rsync -e ssh", "fetch", self.rsync_get, self.clear,
+                                  self.expect(self.copy)))
+        return cases
+
+
+def paired(case: Case, base: Case) -> float:
+    return statistics.median(a / b for a, b in zip(case.walls, base.walls, strict=True))
+
+
+def report(cases: list[Case], size: int, reps: int, command: str, loads: list[str]) -> str:
+    by = {c.name: c for c in cases}
+    fab, scp = by["fab fetch"], by["scp"]
+    rows = ["| transfer | wall (median) | MB/s | client CPU (median) | wall runs | vs scp (same direction) |",
+            "|---|---:|---:|---:|---|---:|"]
+    for c in cases:
+        base = by["scp upload"] if c.group == "upload" else scp
+        ratio = "-" if c is base else f"{paired(c, base):.2f}×"
+        wall = statistics.median(c.walls)
+        rows.append(f"| {c.group}: {c.name} | {wall:.2f} s | {size / wall / 1e6:.0f} | "
+                    f"{statistics.median(c.cpus):.2f} s | {', '.join(f'{w:.2f}' for w in c.walls)} | "
+                    f"{ratio} |")
+    ratio = paired(fab, scp)
+    resume = by["fab fetch, half already here"]
+    verdicts = [
+        f"- `fab fetch` of {size / 1e9:.2f} GB: {statistics.median(fab.walls):.2f} s, "
+        f"{ratio:.2f}× scp's wall time (target ≤ {TARGET_RATIO}×: "
+        f"{'met' if ratio <= TARGET_RATIO else 'MISSED'})",
+        f"- resumed from half: {statistics.median(resume.walls):.2f} s, "
+        f"{statistics.median(r / f for r, f in zip(resume.walls, fab.walls, strict=True)):.2f}× "
+        "a whole fetch (only the second half moves; both sides hash the first half first)",
+    ]
+    return "\n".join([
+        f"One loopback sandbox container, a {size / 1e9:.2f} GB `output.jsonl`, {reps} "
+        "repetitions in rotating order; wall time includes each tool's startup, CPU is the "
+        "client side only (the sshd and sftp-server side runs on the same 2 cores). Ratios "
+        "are medians of per-repetition ratios. Load average (1, 5, 15 min) at start: "
+        f"{loads[0]}; at end: {loads[1]}. Command:",
+        "", "```", command, "```", "", *rows, "", *verdicts])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=1000.0, help="file size in MB (1e6)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--explore", action="store_true",
+                        help="also ssh cat, sftp -b, rsync, paramiko's stock SFTP")
+    parser.add_argument("--write", action="store_true", help="record in BENCHMARKS.md ## Transfers")
+    args = parser.parse_args(argv)
+    command = "sudo .venv/bin/python benchmarks/transfer.py " + " ".join(argv or sys.argv[1:])
+    size = int(args.size_mb * 1e6)
+    loads = [report_md.load()]
+    with tempfile.TemporaryDirectory(prefix="handoff-bench-") as tmp:
+        work = Path(tmp)
+        with Sandbox(work / "sandbox", hosts=1, api=False, keyring="file") as sbx:
+            bench = Bench(sbx, work, size)
+            cases = bench.cases(args.explore)
+            for rep in range(args.reps):
+                shift = rep % len(cases)
+                for case in cases[shift:] + cases[:shift]:
+                    measure(case)
+                print(f"rep {rep + 1}/{args.reps} (load {report_md.load()}): " + ", ".join(
+                    f"{c.name} {c.walls[-1]:.2f}s" for c in cases), file=sys.stderr)
+    loads.append(report_md.load())
+    text = report(cases, size, args.reps, command.strip(), loads)
+    print(text)
+    if args.write:
+        report_md.write_section("Transfers", text)
+        print(f"\nwritten to {REPO / 'BENCHMARKS.md'} (## Transfers)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
