@@ -1,4 +1,5 @@
-"""Deploy benchmark: `fab deploy` against Ansible and pyinfra on 8 loopback containers.
+"""Deploy benchmark: `fab deploy` against Ansible and pyinfra on 8, 16, 32 loopback containers,
+and `fab status` over those hosts with several jobs each.
 
 All three do the same work on every host of a handoff Sandbox (real sshd, unprivileged
 users, see handoff.testing.sandbox):
@@ -11,12 +12,14 @@ only the three steps above, as a plain playbook/deploy file would.
 
 "fresh": each container's remote state (and fab's local state dir) wiped first.
 "no-op": the same command again right after a fresh run, nothing to change.
+"status": `fab status` with --status-jobs finished jobs in each container's jobs folder
+(one round trip per host reads them all, once the multi-job status is in).
 Each peer runs from its own venv under .bench/ (git-ignored; created on first use):
 ansible-core, and pyinfra with paramiko<5. Host key checking is off for the peers
 (fab checks them against the sandbox's known_hosts). Medians over --reps runs.
 
-    sudo .venv/bin/python benchmarks/deploy.py            # print the table
-    sudo .venv/bin/python benchmarks/deploy.py --write    # …and record it in BENCHMARKS.md
+    sudo .venv/bin/python benchmarks/deploy.py --hosts 8,16,32          # print the tables
+    sudo .venv/bin/python benchmarks/deploy.py --hosts 8,16,32 --write  # …and record them
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ PEERS = {
     "ansible": ["ansible-core>=2.16,<2.18"],
     "pyinfra": ["pyinfra>=3,<4", "paramiko<5"],
 }
-TARGETS = {"ansible": 5.0, "pyinfra": 2.0, "noop_s": 1.5}
+TARGETS = {"ansible": 5.0, "pyinfra": 2.0, "fresh_s": 3.0, "noop_s": 2.0, "status_s": 2.0}
 LOAD: list[float] = []  # 1-min load average at start and end: context for the figures
 # The module check, as fab's verify probe does it (find_spec: importable, without paying
 # aiohttp's 0.3 s import), so all three tools do the same work.
@@ -271,16 +274,89 @@ def measure(sbx: Sandbox, tools: list[Tool], reps: int, payload: bytes) -> None:
             f"{t.name} {t.fresh[-1]:.2f}/{t.noop[-1]:.2f}s" for t in tools), file=sys.stderr)
 
 
+@dataclass
+class SizeRun:
+    """Everything measured at one host count."""
+
+    hosts: int
+    tools: list[Tool]
+    startup: list[float] = field(default_factory=list)  # `fab -l`
+    status: list[float] = field(default_factory=list)  # `fab status`
+    status_jobs: int = 0  # jobs per host
+    status_records: int = 0  # records `fab status --json` printed
+
+
+def place_jobs(sbx: Sandbox, jobs: int) -> None:
+    """`jobs` finished jobs in every container's jobs folder, as the payload leaves them; the
+    first is the role's default job (generator), so `fab status` without --job reads it."""
+    for c in sbx.containers:
+        for j in range(jobs):
+            name = "generator" if j == 0 else f"dataset-{j + 1}"
+            folder = c.home / ".handoff" / "jobs" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "job.json").write_text(json.dumps({"job": name, "input": f"{name}.jsonl"}))
+            (folder / "status.json").write_text(json.dumps({
+                "state": "finished", "done": 1000, "failed": 0, "in_flight": 0, "total": 1000,
+                "prompt_tokens": 200_000, "completion_tokens": 300_000, "cost": 0.42,
+                "rate_rps": 0.0, "tokens_per_s": 0.0, "started": 1.7e9, "updated": 1.7e9 + 600,
+                "last_error": None}))
+        subprocess.run(["chown", "-R", c.user, str(c.home / ".handoff")], check=True)
+
+
+def measure_status(sbx: Sandbox, run: SizeRun, reps: int) -> None:
+    """`fab status` over every host, `reps` times; then once with --json to count records."""
+    env = {**base_env(sbx.home), **sbx.env(), "PYTHONDONTWRITEBYTECODE": "1"}
+    for _ in range(reps):
+        start = time.perf_counter()
+        proc = subprocess.run([str(FAB), "status"], cwd=REPO, env=env, capture_output=True,
+                              text=True, check=False)
+        run.status.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            sys.exit(f"fab status failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+    proc = subprocess.run([str(FAB), "status", "--json"], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True)
+    run.status_records = sum(1 for line in proc.stdout.splitlines() if line.startswith("{"))
+
+
 def paired_ratio(tool: Tool, base: Tool) -> float:
     """Median of per-rep ratios: each rep runs the tools back to back, so a ratio within a rep
     cancels most of the machine's load swings (other processes on a shared box)."""
     return statistics.median(t / b for t, b in zip(tool.fresh, base.fresh, strict=True))
 
 
-def report(tools: list[Tool], hosts: int, reps: int, command: str,
-           fab_startup: list[float]) -> str:
+def report(runs: list[SizeRun], reps: int, command: str) -> str:
+    """The whole section: what was measured, the command, one table per host count."""
+    parts = [
+        "Each tool, on every container: copy the payload (`payload.pyz`, the same bytes), place "
+        "the key 0600, check that aiohttp is importable with the container's python (find_spec, "
+        "as fab's verify probe does). fab also checks the role's python version, records the "
+        "ledger, checks host keys, and reads the key from the OS keyring (the sandbox's Secret "
+        "Service) on a thread alongside the connections; it runs with PYTHONDONTWRITEBYTECODE=1, "
+        "so its modules are compiled on every run (~30 ms a user would not pay). The peers "
+        "read a local 0600 key file and run with host key checking off. Ansible: ansible-core, "
+        "forks = hosts, defaults otherwise (ControlPersist mux processes stopped between runs); "
+        "pyinfra 3 with paramiko<5, `--parallel` = hosts. fresh = remote state (and fab's local "
+        "state) wiped before the run; no-op = the same command again. status = `fab status` "
+        "with finished jobs in each container's jobs folder.",
+        "",
+        f"Machine: {os.cpu_count()} CPUs, shared with other work and with the containers "
+        "themselves (every sshd session and remote python runs on the same CPUs); load average "
+        f"(1 min) at start / end: {' / '.join(f'{x:.1f}' for x in LOAD)} (the end figure "
+        "includes the benchmark's own load).",
+        "",
+        f"Loopback sshd containers (handoff.testing.sandbox), medians of {reps} runs, wall time "
+        "including each tool's own startup; ratios are medians of the per-rep ratios (tools "
+        "run back to back in each rep). Command:",
+        "", "```", command, "```",
+    ]
+    for run in runs:
+        parts += ["", f"### {run.hosts} hosts", "", size_report(run)]
+    return "\n".join(parts)
+
+
+def size_report(run: SizeRun) -> str:
+    tools = run.tools
     fab = tools[0]  # fab when measured; otherwise ratios are relative to the first peer
-    noop = statistics.median(fab.noop)
     rows = ["| tool | fresh (median) | no-op (median) | fresh runs | fab fresh is faster by |",
             "|---|---:|---:|---|---:|"]
     for tool in tools:
@@ -289,6 +365,13 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
                     f"{statistics.median(tool.noop):.2f} s | "
                     f"{', '.join(f'{x:.2f}' for x in tool.fresh)} | "
                     f"{'-' if tool is fab else f'{ratio:.1f}×'} |")
+    if run.startup:
+        rows.append(f"| (fab's own startup: `fab -l`) | {statistics.median(run.startup):.2f} s "
+                    f"| | {', '.join(f'{x:.2f}' for x in run.startup)} | |")
+    if run.status:
+        rows.append(f"| fab status ({run.status_jobs} jobs per host) | "
+                    f"{statistics.median(run.status):.2f} s | | "
+                    f"{', '.join(f'{x:.2f}' for x in run.status)} | |")
     verdicts = []
     for tool in tools[1:] if fab.name == "fab deploy" else []:
         key = "ansible" if "ansible" in tool.name else "pyinfra"
@@ -296,35 +379,23 @@ def report(tools: list[Tool], hosts: int, reps: int, command: str,
         ok = "met" if ratio >= TARGETS[key] else "MISSED"
         verdicts.append(f"- fresh deploy vs {tool.name}: {ratio:.1f}× faster "
                         f"(target ≥{TARGETS[key]:.0f}×: {ok})")
-    ok = "met" if noop <= TARGETS["noop_s"] else "MISSED"
-    if fab_startup:
-        rows.append(f"| (fab's own startup: `fab -l`) | {statistics.median(fab_startup):.2f} s "
-                    f"| | {', '.join(f'{x:.2f}' for x in fab_startup)} | |")
     if fab.name == "fab deploy":
-        verdicts.append(f"- no-op redeploy to {hosts} hosts: {noop:.2f} s "
-                        f"(target ≤{TARGETS['noop_s']} s: {ok})")
-    load = " / ".join(f"{x:.1f}" for x in LOAD)
-    return "\n".join([
-        "Each tool, on every container: copy the payload (`payload.pyz`, the same bytes), place "
-        "the key 0600, check that aiohttp is importable with the container's python (find_spec, "
-        "as fab's verify probe does). fab also checks the role's python version, records the "
-        "ledger, checks host keys, and reads the key from the OS keyring (the sandbox's Secret "
-        "Service) on a thread alongside the connections; it runs with PYTHONDONTWRITEBYTECODE=1, "
-        "so its modules are compiled on every run (~30 ms a user would not pay). The peers "
-        "read a local 0600 key file and run "
-        "with host key checking off. Ansible: "
-        f"ansible-core, forks={hosts}, defaults otherwise (ControlPersist mux processes stopped "
-        "between runs); pyinfra 3 with paramiko<5, `--parallel` = hosts. fresh = remote state "
-        "(and fab's local state) wiped before the run; no-op = the same command again.",
-        "",
-        f"Machine: {os.cpu_count()} CPUs, shared with other work and with the containers "
-        f"themselves (every sshd session and remote python runs on the same CPUs); load average "
-        f"(1 min) at start / end: {load} (the end figure includes the benchmark's own load).",
-        "",
-        f"{hosts} loopback sshd containers (handoff.testing.sandbox), medians of {reps} runs, "
-        "wall time including each tool's own startup; ratios are medians of the per-rep "
-        "ratios (tools run back to back in each rep). Command:",
-        "", "```", command, "```", "", *rows, "", *verdicts])
+        for what, times, key in (("fresh deploy", fab.fresh, "fresh_s"),
+                                 ("no-op redeploy", fab.noop, "noop_s")):
+            value = statistics.median(times)
+            ok = "met" if value <= TARGETS[key] else "MISSED"
+            verdicts.append(f"- {what} to {run.hosts} hosts: {value:.2f} s "
+                            f"(target ≤{TARGETS[key]:.0f} s: {ok})")
+    if run.status:
+        value = statistics.median(run.status)
+        ok = "met" if value <= TARGETS["status_s"] else "MISSED"
+        wanted = run.hosts * run.status_jobs
+        read = (f"all {wanted} jobs read" if run.status_records == wanted else
+                f"{run.status_records} of the {wanted} jobs read: this `fab status` reads one "
+                "job per host without --job")
+        verdicts.append(f"- `fab status` over {run.hosts} hosts with {run.status_jobs} jobs "
+                        f"each: {value:.2f} s (target ≤{TARGETS['status_s']:.0f} s: {ok}; {read})")
+    return "\n".join([*rows, "", *verdicts])
 
 
 def write_section(body: str, path: Path = REPO / "BENCHMARKS.md") -> None:
@@ -334,44 +405,61 @@ def write_section(body: str, path: Path = REPO / "BENCHMARKS.md") -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--hosts", default="8", help="host counts, comma-separated (8,16,32)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--status-jobs", type=int, default=6,
+                        help="jobs per host for the `fab status` run (0: skip it)")
     parser.add_argument("--write", action="store_true", help="record in BENCHMARKS.md ## Deploy")
     parser.add_argument("--only", default="fab,ansible,pyinfra",
                         help="comma-separated subset of fab,ansible,pyinfra")
     args = parser.parse_args(argv)
     wanted = set(args.only.split(","))
+    sizes = [int(n) for n in str(args.hosts).split(",")]
     command = "sudo .venv/bin/python benchmarks/deploy.py " + " ".join(argv or sys.argv[1:])
 
     from handoff.releases import build
 
     payload = build().data
     LOAD.append(os.getloadavg()[0])
-    with tempfile.TemporaryDirectory(prefix="handoff-bench-") as tmp:
-        work = Path(tmp)
-        payload_file = work / "payload.pyz"
-        payload_file.write_bytes(payload)
-        with Sandbox(work / "sandbox", hosts=args.hosts) as sbx:
-            keyfile = work / "openrouter.key"
-            fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.write(fd, sbx.api_key.encode())
-            os.close(fd)
-            tools = [fab_tool(sbx)] if "fab" in wanted else []
-            if "ansible" in wanted:
-                (work / "ansible").mkdir()
-                tools.append(ansible_tool(sbx, work / "ansible", payload_file, keyfile))
-            if "pyinfra" in wanted:
-                (work / "pyinfra").mkdir()
-                tools.append(pyinfra_tool(sbx, work / "pyinfra", payload_file, keyfile))
-            measure(sbx, tools, args.reps, payload)
-            fab_startup = startup(sbx, args.reps) if "fab" in wanted else []
+    runs = []
+    for hosts in sizes:
+        with tempfile.TemporaryDirectory(prefix="handoff-bench-") as tmp:
+            runs.append(run_size(Path(tmp), hosts, wanted, args, payload))
     LOAD.append(os.getloadavg()[0])
-    text = report(tools, args.hosts, args.reps, command.strip(), fab_startup)
+    text = report(runs, args.reps, command.strip())
     print(text)
     if args.write:
         write_section(text)
         print(f"\nwritten to {REPO / 'BENCHMARKS.md'} (## Deploy)", file=sys.stderr)
     return 0
+
+
+def run_size(work: Path, hosts: int, wanted: set[str], args: argparse.Namespace,
+             payload: bytes) -> SizeRun:
+    print(f"{hosts} hosts:", file=sys.stderr)
+    payload_file = work / "payload.pyz"
+    payload_file.write_bytes(payload)
+    with Sandbox(work / "sandbox", hosts=hosts) as sbx:
+        keyfile = work / "openrouter.key"
+        fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, sbx.api_key.encode())
+        os.close(fd)
+        tools = [fab_tool(sbx)] if "fab" in wanted else []
+        if "ansible" in wanted:
+            (work / "ansible").mkdir()
+            tools.append(ansible_tool(sbx, work / "ansible", payload_file, keyfile))
+        if "pyinfra" in wanted:
+            (work / "pyinfra").mkdir()
+            tools.append(pyinfra_tool(sbx, work / "pyinfra", payload_file, keyfile))
+        run = SizeRun(hosts, tools)
+        measure(sbx, tools, args.reps, payload)
+        if "fab" in wanted:
+            run.startup = startup(sbx, args.reps)
+            if args.status_jobs:
+                place_jobs(sbx, args.status_jobs)
+                run.status_jobs = args.status_jobs
+                measure_status(sbx, run, args.reps)
+    return run
 
 
 if __name__ == "__main__":

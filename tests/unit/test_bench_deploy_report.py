@@ -39,7 +39,14 @@ def test_report_ratios_are_paired_per_rep() -> None:
     peer = bench.Tool("pyinfra", [], {}, REPO, lambda c: REPO, fresh=[3.0, 4.0, 2.5],
                       noop=[2.0, 2.0, 2.0])
     bench.LOAD[:] = [0.5, 0.7]
-    text = bench.report([fab, peer], 8, 3, "cmd", [0.4, 0.4, 0.4])
+    run = bench.SizeRun(8, [fab, peer], startup=[0.4, 0.4, 0.4], status=[0.5, 0.6, 0.7],
+                        status_jobs=6, status_records=48)
+    text = bench.report([run], 3, "cmd")
     # per-rep ratios 3.0, 2.0, 2.5 -> median 2.5 (the ratio of medians would say 3.0)
-    assert "| 2.5× |" in text and "2.5× faster (target ≥2×: met)" in text
-    assert "no-op redeploy to 8 hosts: 1.00 s (target ≤1.5 s: met)" in text
+    assert "### 8 hosts" in text and "| 2.5× |" in text
+    assert "2.5× faster (target ≥2×: met)" in text
+    assert "fresh deploy to 8 hosts: 1.00 s (target ≤3 s: met)" in text
+    assert "no-op redeploy to 8 hosts: 1.00 s (target ≤2 s: met)" in text
+    assert "`fab status` over 8 hosts with 6 jobs each: 0.60 s (target ≤2 s: met; all 48 jobs read)" in text
+    run.status_records = 8  # a status that reads one job per host says so
+    assert "8 of the 48 jobs read" in bench.report([run], 3, "cmd")
