@@ -105,7 +105,10 @@ def is_alias(name: str) -> bool:
 
 
 def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
-    """`[user@]address[:port]` (IPv6 as `[addr]:port`) -> (user, address, port)."""
+    """`[user@]address[:port]` (IPv6 as `[addr]:port`; also ssh's `ssh://` form, as a
+    ProxyJump entry may be written) -> (user, address, port)."""
+    if spec.startswith("ssh://"):
+        spec = spec[len("ssh://"):].rstrip("/")
     user = None
     if "@" in spec:
         user, spec = spec.rsplit("@", 1)

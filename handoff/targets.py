@@ -14,6 +14,7 @@ ssh_config is asked once per name (handoff.sshconfig runs `ssh -G`), for all nam
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +42,17 @@ class Target:
     def layout(self) -> RemoteLayout:
         """The host's folders as configured (`~` not yet resolved: see Session.layout)."""
         return RemoteLayout.of(self.vars)
+
+    def flags(self, job: str | None = None) -> str:
+        """The flags that make another command act on this same thing (for hints): the
+        host, the role when it is not the host's own first role, and the job if given."""
+        parts = [f"--host {shlex.quote(self.label)}"]
+        own = self.host.roles[0] if self.host is not None and self.host.roles else None
+        if self.role is not None and self.role.name != (own or DEFAULT_ROLE):
+            parts.append(f"--role {shlex.quote(self.role.name)}")
+        if job:
+            parts.append(f"--job {shlex.quote(job)}")
+        return " ".join(parts)
 
     @property
     def safe_label(self) -> str:

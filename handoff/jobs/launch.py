@@ -118,7 +118,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
     if current.alive:
         raise HandoffError(
             f"{s.label}: job {job!r} is already running (pid {current.pid}); "
-            f"watch it with `fab status`, or `fab stop --host {s.label}` first"
+            f"watch it with `fab status {s.target.flags(job)}`, or stop it first with "
+            f"`fab stop {s.target.flags(job)}`"
         )
     return Skipped(f"release {'and key ' if s.target.role and s.target.role.secret else ''}"
                    f"in place; job {job} is {current.state}")

@@ -183,7 +183,7 @@ def test_proxy_command_is_used_with_its_tokens(known_server: FakeSSH, home: Path
         "while (d := s.recv(65536)):\n"
         "    sys.stdout.buffer.write(d); sys.stdout.buffer.flush()\n")
     command = f"{sys.executable} {relay} %h %p"
-    with pytest.raises(ConnectError, match="login refused|no key to log in"):
+    with pytest.raises(ConnectError, match=r"login refused|no key to log in"):
         open_connection(ep(known_server.port, proxy_command=command,
                            identity=(str(keygen(home / ".ssh" / "id_x")),)), "box")
     assert mark.read_text() == f"127.0.0.1:{known_server.port}"

@@ -88,7 +88,7 @@ def test_a_broken_config_is_reported_like_ssh_does(home: Path) -> None:
     write_config(home, "Host x\n  NoSuchOption yes\n")
     from handoff.errors import TargetError
 
-    with pytest.raises(TargetError, match="NoSuchOption|Bad configuration option"):
+    with pytest.raises(TargetError, match=r"NoSuchOption|Bad configuration option"):
         sshconfig.lookup("x")
 
 
