@@ -91,7 +91,9 @@ def run_parallel(
         return report
 
     _run_all(reports, one, max(1, min(workers, len(reports))), stopping)
-    if summary and (len(reports) > 1 or not reports[0].ok):
+    # One host: its group already ended with its result (or its error); a table would only
+    # say it again.
+    if summary and len(reports) > 1:
         print_summary(title, reports)
     return reports
 
@@ -170,7 +172,10 @@ def print_summary(title: str, reports: list[HostReport]) -> None:
     console.say(table)
     for rep in reports:
         if not rep.ok:
-            console.say(f"[bold red]✗[/] {console.r(rep.target.label)}: {console.r(rep.error or 'failed')}")
+            error = rep.error or "failed"
+            # Messages name their host first by convention; don't say it twice.
+            shown = error if error.startswith(rep.target.label) else f"{rep.target.label}: {error}"
+            console.say(f"[bold red]✗[/] {console.r(shown)}")
 
 
 def failed_hosts(reports: list[HostReport]) -> list[str]:
