@@ -316,7 +316,7 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
     # Named hosts are checked even if the ledger lost track of them (e.g. a wiped state
     # dir): their key_path is removed too, or reported already absent.
-    entries = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None))
+    entries = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True))
     if not entries:
         console.say("the ledger lists no placed keys: nothing to clean (already absent)")
         return 0
