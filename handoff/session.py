@@ -441,6 +441,7 @@ class SSHSession(Session):
 
     def stream(self, command: str, stop: threading.Event) -> Iterator[str]:
         chan = self._channel(command)
+        transport = chan.get_transport()
         buf = b""
         try:
             while not stop.is_set() and not chan.exit_status_ready():
@@ -450,7 +451,7 @@ class SSHSession(Session):
                 *lines, buf = buf.split(b"\n")
                 for raw in lines:
                     yield raw.decode("utf-8", "replace")
-                if not chan.recv_ready() and not self.transport.is_active():
+                if not chan.recv_ready() and not transport.is_active() and not stop.is_set():
                     raise ConnectError(f"{self.label}: the connection dropped")
         finally:
             chan.close()
