@@ -52,7 +52,8 @@ class UnknownHostKey(HostKeyError):
     known (a key of another type may be: the message says which)."""
 
     def __init__(self, host: str, hostname: str, key_type: str, fingerprint: str,
-                 hint: str | None = None, other_types: list[str] | tuple[str, ...] = ()) -> None:
+                 hint: str | None = None, other_types: list[str] | tuple[str, ...] = (),
+                 note: str = "") -> None:
         self.host = host
         self.hostname = hostname
         self.fingerprint = fingerprint
@@ -61,6 +62,8 @@ class UnknownHostKey(HostKeyError):
         if other_types:
             known = (f" (only {', '.join(other_types)} keys are known for it: the host no "
                      f"longer offers that type, or was rebuilt)")
+        if note:
+            known += f" ({note})"
         super().__init__(
             f"{host}: unknown host key for {hostname} ({key_type} {fingerprint}){known}; "
             f"refusing to connect. If that fingerprint is right (compare it with `ssh-keygen "

@@ -252,6 +252,7 @@ class Knowledge:
         `hint` is the command that pins a key for this host (trust-host)."""
         blob = key.asbytes()
         cert = _certificate_of(key)
+        note = ""
         if cert is not None:
             ca_blob = cert.signature_key
             for entry in self.revoked:
@@ -263,6 +264,7 @@ class Knowledge:
                     problem = cert.problem(self.host_for_principals())
                     if problem is None:
                         return f"certificate signed by {entry.where}"
+                    note = f"its certificate by the CA of {entry.where} is {problem}"
                     break  # OpenSSH falls back to the certificate's plain key
         for entry in self.revoked:
             if entry.blob == blob:
@@ -277,7 +279,7 @@ class Knowledge:
                                  [(e.key_type, e.fingerprint, e.where) for e in same_type],
                                  (key.get_name(), fingerprint(blob)), hint)
         raise UnknownHostKey(label, hostname, key.get_name(), fingerprint(blob), hint,
-                             other_types=self.known_types)
+                             other_types=self.known_types, note=note)
 
     def host_for_principals(self) -> str:
         """The name a host certificate must carry: the host without the `[...]:port` form."""

@@ -220,13 +220,13 @@ class Link:
     """One authenticated SSH connection and the hops (links) it runs through."""
 
     def __init__(self, hop: Hop, transport: paramiko.Transport, through: Link | None,
-                 proxy: Any = None) -> None:
+                 sock: Any = None) -> None:
         self.hop = hop
         self.label = hop.label
         self.endpoint = hop.endpoint
         self.transport = transport
         self.through = through
-        self.proxy = proxy
+        self.sock = sock  # the socket, channel or ProxyCommand under the transport
         self.trusted_by = ""  # which known_hosts line (or CA) vouched for the key
 
     @property
@@ -235,8 +235,8 @@ class Link:
 
     def close(self) -> None:
         _close_quietly(self.transport)
-        if self.proxy is not None:
-            _close_quietly(self.proxy)
+        if self.sock is not None:
+            _close_quietly(self.sock)
         if self.through is not None:
             self.through.close()
 
@@ -273,8 +273,9 @@ def _expand_proxy_command(command: str, ep: Endpoint) -> str:
     return "".join(out)
 
 
-def _open_socket(hop: Hop, through: Link | None) -> tuple[Any, Any]:
-    """(socket-like, proxy to close with it) for `hop`, through the previous link if any."""
+def _open_socket(hop: Hop, through: Link | None) -> Any:
+    """A socket-like object to `hop`: TCP, a channel through the previous link, or a
+    ProxyCommand's pipes."""
     ep, label = hop.endpoint, hop.label
     timeout = ep.connect_timeout
     if through is not None:
@@ -291,14 +292,14 @@ def _open_socket(hop: Hop, through: Link | None) -> tuple[Any, Any]:
             raise ConnectError(f"{label} ({_where(ep)}): the jump host {through.label} did not "
                                f"open a connection to it within {timeout:.0f} s "
                                f"({exc or type(exc).__name__})") from None
-        return _track(chan), None
+        return _track(chan)
     if ep.proxy_command:
         command = _expand_proxy_command(ep.proxy_command, ep)
         try:
             proxy = paramiko.ProxyCommand(command)
         except (OSError, ValueError) as exc:
             raise ConnectError(f"{label}: ProxyCommand {command!r} could not start: {exc}") from None
-        return _track(proxy), None
+        return _track(proxy)
     try:
         sock = socket.create_connection((ep.hostname, ep.port), timeout=timeout)
     except ConnectionRefusedError:
@@ -312,7 +313,7 @@ def _open_socket(hop: Hop, through: Link | None) -> tuple[Any, Any]:
                            f"address or ssh_config HostName") from None
     except OSError as exc:
         raise ConnectError(f"{label} ({_where(ep)}): cannot connect: {exc.strerror or exc}") from None
-    return _track(sock), None
+    return _track(sock)
 
 
 # --- step 2: key exchange and the host key ------------------------------------------------------------
@@ -525,7 +526,7 @@ def _login(transport: paramiko.Transport, hop: Hop) -> None:
 
 
 def _link(hop: Hop, through: Link | None, hint: str) -> Link:
-    sock, proxy = _open_socket(hop, through)
+    sock = _open_socket(hop, through)
     try:
         known = knowledge_for(hop.endpoint)
         transport = _handshake(sock, hop, known)
@@ -538,7 +539,7 @@ def _link(hop: Hop, through: Link | None, hint: str) -> Link:
     except BaseException:
         _close_quietly(sock)
         raise
-    link = Link(hop, transport, through, proxy)
+    link = Link(hop, transport, through, sock)
     link.trusted_by = how
     return link
 
@@ -562,7 +563,7 @@ def open_connection(ep: Endpoint, label: str) -> Link:
 def fetch_host_key(hop: Hop, through: Link | None) -> tuple[paramiko.PKey, hostkeys.Knowledge]:
     """The key `hop` shows (negotiated as for a connection), without checking it or logging
     in: for trust-host, which shows it to the user."""
-    sock, _ = _open_socket(hop, through)
+    sock = _open_socket(hop, through)
     try:
         known = knowledge_for(hop.endpoint)
         transport = _handshake(sock, hop, known)
