@@ -1,11 +1,26 @@
-"""Shared rate-limit pause and an AIMD in-flight window.
+"""How many requests may be in flight: slow start, throttling, outages.
 
-When the API throttles, 2000 workers each sleeping their own backoff would keep hammering
-it in waves. Instead all workers share ONE pause (set from Retry-After, or from a short
-growing delay without one), and the number of requests allowed in flight is an AIMD
-window: it is cut multiplicatively on throttle signals (429, 503, 529, 402 with
-Retry-After) at most once per `decrease_interval`, and grows additively with each success
-back up to `--concurrency`.
+The window starts small (`initial_window`, tens) and grows by one per success (doubling
+every round trip) up to `--concurrency`, so a run whose every answer is an error has
+sent a few dozen requests, not 2000, before it stops. A *slot* is held by a request in
+flight and by a throttled prompt that waits (as the server told it to) before asking
+again: while a share of the answers is throttled, that share of the slots sits out its
+wait, so dispatch slows in proportion to the share of throttled answers, and a server
+at capacity is not flooded with the refills a freed slot would otherwise send.
+
+Telling a capacity limit from sporadic throttling. Both answer 429; what differs is
+the retry. A prompt that waited and asks again is refused again almost always when the
+server is full (its free places go to the requests already running), but only at the
+base rate when throttling is random. So the window gives up a slot (one per such
+repeat) only while repeats are refused far more often than answers in general; random
+429s, even at 50%, never shrink it. A success above the window's ceiling (`ssthresh`)
+grows it by one per round trip; below it, by one per answer (slow start), damped by the
+share of throttled answers so a start against a full server does not overshoot.
+
+The outage breaker (outage.py) gates the same slots: while it is open only one probe
+is in flight, and when the server answers again the window restarts from
+`initial_window`, growing back to where it was before the outage within a few round
+trips instead of releasing 2000 requests at once.
 """
 
 from __future__ import annotations
@@ -16,38 +31,67 @@ import contextlib
 import random
 import time
 
+from .client import Kind, Outcome
+from .outage import Breaker
+
+INITIAL_WINDOW = 32
+# Slow start stops doubling once this share of answers (EWMA over ~64) says "Retry-After":
+# far above the noise of a few percent of sporadic 429s.
+SLOW_START_EXIT_SHARE = 0.15
+# Retries after a throttle needed before throttling may be judged sporadic.
+REPEAT_EVIDENCE = 16
+HOLD = "hold"  # keep the slot while waiting: the server may be full (or it is undecided)
+RELEASE = "release"  # the slot was given back: throttling is sporadic, others may go now
+YIELD = "yield"  # the slot was given back for good: the server is full, the window shrank
+
 
 class Limiter:
-    def __init__(self, max_in_flight: int, *, min_window: int = 4, decrease_factor: float = 0.7,
-                 increase_per_success: float = 0.25, decrease_interval: float = 1.0,
-                 max_pause: float = 300.0) -> None:
+    def __init__(self, max_in_flight: int, *, initial_window: int = INITIAL_WINDOW,
+                 min_window: int = 1, breaker: Breaker | None = None) -> None:
         self.max_in_flight = max_in_flight
-        self.window = float(max_in_flight)
+        self.initial_window = min(initial_window, max_in_flight)
+        self.window = float(self.initial_window)
+        self.ssthresh = float(max_in_flight)  # slow start below it, +1 per round trip above
         self.min_window = min(min_window, max_in_flight)
-        self.decrease_factor = decrease_factor
-        self.increase_per_success = increase_per_success
-        self.decrease_interval = decrease_interval
-        self.max_pause = max_pause
-        self.in_flight = 0
-        self.pause_until = 0.0
-        self.throttle_streak = 0
-        self._last_decrease = 0.0
+        self.breaker = breaker or Breaker()
+        self.in_flight = 0  # slots taken: requests in flight + throttled prompts waiting
+        # Share of throttled answers (EWMA over answers): all throttles, and those that came
+        # with Retry-After (the server said how long: that share damps slow start).
+        self.share = 0.0
+        self.share_ra = 0.0
+        self.share_slow = 0.0  # over ~256 answers: the few unlucky prompts of a run's tail
+        #                        must not read as "the server refuses everything"
+        # How often a prompt that waited after a throttle is throttled again (EWMA).
+        self.repeat_rate = 0.5
+        self.repeat_samples = 0
+        self.capacity_events = 0
+        self._pre_outage_window = self.window
         self._woken = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._probe_timer: asyncio.TimerHandle | None = None
 
+    # -- slots ---------------------------------------------------------------------------------
     def _allowed(self) -> int:
-        return max(self.min_window, int(self.window))
+        return max(self.min_window, min(self.max_in_flight, int(self.window)))
 
-    async def acquire(self) -> None:
-        """Take an in-flight slot: waits out a shared pause and a full window."""
+    @property
+    def allowed(self) -> int:
+        """Requests (and waiting throttled prompts) the window lets in now."""
+        return self._allowed()
+
+    async def acquire(self) -> bool:
+        """Take a slot (waits out a full window and an outage). True when the slot is the
+        outage probe: the one request that tests whether the server is back."""
+        woken = False
         while True:
-            delay = self.pause_until - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            if self.in_flight + self._woken < self._allowed():
+            if self.breaker.is_open:
+                if self.breaker.take_probe(time.monotonic()):
+                    self.in_flight += 1
+                    return True
+                self._arm_probe_timer()
+            elif self.in_flight + self._woken < self._allowed() and (woken or not self._waiters):
                 self.in_flight += 1
-                return
+                return False
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -55,43 +99,133 @@ class Limiter:
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():
                     self._woken -= 1
-                    self._wake()  # hand the slot we were woken for to the next waiter
+                    self._wake()  # hand the wake-up we got to the next waiter
                 else:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(fut)
                 raise
             self._woken -= 1
-            if time.monotonic() >= self.pause_until:
-                self.in_flight += 1  # the slot we were woken for is ours: take it now
-                return
-            # A pause began after we were woken: pass the wake-up on and sleep through it.
-            self._wake()
+            woken = True
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
 
     def _wake(self) -> None:
         # `_woken` counts waiters woken but not yet running: their slots are spoken for, so a
         # newcomer cannot take them, and no more are woken than there are free slots.
+        if self.breaker.is_open:
+            self._arm_probe_timer()
+            return
         while self._waiters and self.in_flight + self._woken < self._allowed():
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
                 self._woken += 1
+                return
 
-    def release(self, *, success: bool = False, throttled: bool = False,
-                retry_after: float | None = None) -> None:
-        self.in_flight -= 1
-        now = time.monotonic()
-        if throttled:
-            self.throttle_streak += 1
-            if now - self._last_decrease >= self.decrease_interval:
-                self.window = max(float(self.min_window), self.window * self.decrease_factor)
-                self._last_decrease = now
-            pause = retry_after if retry_after is not None else min(
-                30.0, 0.25 * 2 ** min(self.throttle_streak, 8)) * random.random()
-            self.pause_until = max(self.pause_until, now + min(pause, self.max_pause))
-        elif success:
-            self.throttle_streak = 0
-            self.window = min(float(self.max_in_flight), self.window + self.increase_per_success)
-        self._wake()
+    def _arm_probe_timer(self) -> None:
+        if self._probe_timer is not None or self.breaker.probe_busy:
+            return
+        loop = asyncio.get_running_loop()
+        self._probe_timer = loop.call_at(max(loop.time(), self.breaker.next_probe_at),
+                                         self._probe_due)
+
+    def _probe_due(self) -> None:
+        self._probe_timer = None
+        if self.breaker.is_open and not self.breaker.probe_busy and self._woken == 0:
+            self._wake_one()
+
+    # -- feedback ------------------------------------------------------------------------------
+    def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False
+                 ) -> str | None:
+        """Learn from one answer (the slot is still held). For a throttled answer, returns
+        HOLD (wait holding the slot), RELEASE or YIELD (the slot was given back)."""
+        event = self.breaker.record(outcome.server_failure, probe=probe)
+        if event == "opened":
+            # Flapping (down again within seconds of coming back) keeps the window from before.
+            if time.monotonic() - self.breaker.closed_at > 10.0:
+                self._pre_outage_window = max(self.window, float(self.initial_window))
+        elif event == "closed":
+            # Back from an outage: restart small and grow back to where we were.
+            self.ssthresh = max(self._pre_outage_window, float(self.initial_window))
+            self.window = float(self.initial_window)
+            self.share = self.share_ra = self.share_slow = 0.0
+            self._wake()
+        throttled = outcome.throttled
+        self.share += (float(throttled) - self.share) / 32
+        self.share_slow += (float(throttled) - self.share_slow) / 256
+        self.share_ra += (float(throttled and outcome.retry_after is not None)
+                          - self.share_ra) / 64
+        if outcome.kind is Kind.OK:
+            # Grow only a window that is used: prompts wait for a slot, or all are taken.
+            if self._waiters or self.in_flight + self._woken >= self._allowed() - 1:
+                if self.window < self.ssthresh:
+                    self.window += max(0.0, 1.0 - 4.0 * self.share_ra)
+                else:
+                    self.window += 1.0 / self.window
+                self.window = min(self.window, float(self.max_in_flight))
+            return None
+        if not throttled:
+            return None
+        if (self.share_ra > SLOW_START_EXIT_SHARE and self.window < self.ssthresh
+                and not self.sporadic):
+            # Told to wait by a growing share of answers: stop doubling until the retries
+            # tell a full server from sporadic throttling.
+            self.ssthresh = self.window
+        if repeat:
+            self._learn_repeat(refused=True)
+            if self.repeat_rate > max(1.5 * self.share, self.share + 0.2):
+                # Refused again after waiting, far more often than answers in general: the
+                # server is full. Give this slot up for good.
+                self.capacity_events += 1
+                self.window = max(float(self.min_window), self.window - 1.0)
+                self.ssthresh = min(self.ssthresh, max(self.window, float(self.min_window)))
+                self.in_flight -= 1
+                self._wake()
+                return YIELD
+        if self.sporadic:
+            self.in_flight -= 1  # the wait does not need the slot: others may go now
+            self._wake()
+            return RELEASE
+        return HOLD
+
+    @property
+    def sporadic(self) -> bool:
+        """Retries after a throttle fare about as well as any request: throttling is
+        sporadic, not a full server."""
+        return (self.repeat_samples >= REPEAT_EVIDENCE and self.share < 0.15
+                and self.repeat_rate < min(0.25, self.share + 0.1))
+
+    def retried_ok(self) -> None:
+        """A prompt that waited after a throttle got through: repeats are not (all) refused."""
+        self._learn_repeat(refused=False)
+
+    def _learn_repeat(self, *, refused: bool) -> None:
+        self.repeat_samples += 1
+        self.repeat_rate += (float(refused) - self.repeat_rate) / 16
+        if self.sporadic:
+            # A slow-start exit was a false alarm: grow again as fast as before.
+            self.ssthresh = float(self.max_in_flight)
+
+    def throttle_wait(self, retry_after: float | None, throttles_in_a_row: int) -> float:
+        """How long a throttled prompt waits: the server's Retry-After (already capped), else a
+        short jittered exponential delay whose ceiling grows with the share of throttled
+        answers (0.25 s at a few percent, 0.5 s at half, 25 s when nearly all are)."""
+        if retry_after is not None:
+            return retry_after
+        ceiling = min(30.0, 0.25 / max(0.01, 1.0 - self.share_slow))
+        delay = min(ceiling, 0.1 * 2 ** min(throttles_in_a_row - 1, 16))
+        return delay * random.uniform(0.5, 1.0)
+
+    def close(self) -> None:
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
 
 
 def backoff_delay(attempt: int, base: float, cap: float = 60.0,

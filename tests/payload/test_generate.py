@@ -86,7 +86,7 @@ def test_exactly_once_under_fault_mix_and_repeated_kill9(fake_factory, key_file,
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 1500)
     args = gen_args(fake, key_file, inp, out, "--concurrency", "100", "--request-timeout", "1",
-                    "--max-attempts", "30")
+                    "--max-attempts", "30", "--max-failed", "10%")
     rng = random.Random(3)
     for round_no in range(1, 5):
         proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(),
@@ -232,15 +232,22 @@ def test_permanent_errors_recorded_and_retry_failed(fake_factory, key_file, tmp_
     ids = write_prompts(inp, 30)
     args = gen_args(fake, key_file, inp, out, "--concurrency", "1")
     proc = run_payload(*args)
-    assert proc.returncode == 0, proc.stderr
+    # 3 of 30 failed: more than the default --max-failed 1%, so the run says so (exit 1).
+    assert proc.returncode == 1, proc.stderr
+    assert "3 of 30 ids failed, more than --max-failed 1%" in proc.stderr
+    assert "--retry-failed" in proc.stderr
+    st = status_of(out)
+    assert (st["state"], st["exit_code"], st["failed"], st["max_failed"]) == (
+        "finished", 1, 3, 0)
     _, failed = assert_exactly_once(ids, out)
     assert sorted((f["error"]["status"], f["error"]["type"]) for f in failed) == [
         (400, "bad_request"), (403, "forbidden"), (404, "not_found")]
     assert all(f["attempts"] == 1 and f["error"]["message"] for f in failed)
     assert list(failed[0]) == ["id", "error", "attempts"]
-    # Rerun without --retry-failed: nothing to do. With it: the three are asked again.
+    # Rerun without --retry-failed: nothing to do (a count of 3 failures is allowed: exit 0).
+    # With it: the three are asked again.
     requests = fake.stats.requests
-    assert run_payload(*args).returncode == 0
+    assert run_payload(*args, "--max-failed", "3").returncode == 0
     assert fake.stats.requests == requests
     again = run_payload(*args, "--retry-failed")
     assert again.returncode == 0, again.stderr
@@ -254,9 +261,9 @@ def test_retryable_errors_give_up_after_max_attempts(fake_factory, key_file, tmp
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 3)
     proc = run_payload(*gen_args(fake, key_file, inp, out, "--max-attempts", "3"))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # every id failed: more than --max-failed
     _, failed = assert_exactly_once(ids, out)
-    assert fake.stats.requests == 9
+    assert fake.stats.requests == 9  # 9 failures in all: too few to be an outage
     assert all(f["attempts"] == 3 and "gave up after 3 attempts" in f["error"]["message"]
                and f["error"]["status"] == 502 for f in failed)
 
