@@ -65,10 +65,11 @@ class Limiter:
         self.repeat_rate = 0.5
         self.repeat_samples = 0
         self.capacity_events = 0
-        self._pre_outage_window = self.window
+        self._pre_outage_window = float(max_in_flight)
         self._woken = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._probe_timer: asyncio.TimerHandle | None = None
+        self._stopped = False
 
     # -- slots ---------------------------------------------------------------------------------
     def _allowed(self) -> int:
@@ -84,6 +85,9 @@ class Limiter:
         outage probe: the one request that tests whether the server is back."""
         woken = False
         while True:
+            if self._stopped:  # the run is stopping: let every caller see it at once
+                self.in_flight += 1
+                return False
             if self.breaker.is_open:
                 if self.breaker.take_probe(time.monotonic()):
                     self.in_flight += 1
@@ -149,10 +153,13 @@ class Limiter:
         if event == "opened":
             # Flapping (down again within seconds of coming back) keeps the window from before.
             if time.monotonic() - self.breaker.closed_at > 10.0:
-                self._pre_outage_window = max(self.window, float(self.initial_window))
+                # Where to grow back to: the capacity found before, else (still in slow start)
+                # as far as before, then on by slow start up to --concurrency.
+                self._pre_outage_window = max(min(self.ssthresh, self.max_in_flight),
+                                              float(self.initial_window))
         elif event == "closed":
             # Back from an outage: restart small and grow back to where we were.
-            self.ssthresh = max(self._pre_outage_window, float(self.initial_window))
+            self.ssthresh = self._pre_outage_window
             self.window = float(self.initial_window)
             self.share = self.share_ra = self.share_slow = 0.0
             self._wake()
@@ -221,6 +228,13 @@ class Limiter:
         ceiling = min(30.0, 0.25 / max(0.01, 1.0 - self.share_slow))
         delay = min(ceiling, 0.1 * 2 ** min(throttles_in_a_row - 1, 16))
         return delay * random.uniform(0.5, 1.0)
+
+    def stop(self) -> None:
+        """The run stops: nobody waits for a slot any more (callers check the stop)."""
+        self._stopped = True
+        while self._waiters:
+            self._wake_one()
+        self.close()
 
     def close(self) -> None:
         if self._probe_timer is not None:

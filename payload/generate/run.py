@@ -204,6 +204,7 @@ class Generator:
         self.failures_since_success = 0
         self._outage_reported = 0
         self._mean_line_bytes = 0
+        self._dispatched = 0  # sequence number of the last request sent
 
     # -- stopping ------------------------------------------------------------------------------
     def request_stop(self, reason: str, message: str, code: int = EXIT_STOPPED) -> None:
@@ -215,6 +216,7 @@ class Generator:
             print(redact(message), file=sys.stderr, flush=True)
             self.exit_code = code
         self.stop_event.set()
+        self.limiter.stop()
 
     @property
     def stopping(self) -> bool:
@@ -302,6 +304,8 @@ class Generator:
                                   "(raise --max-cost and rerun the same command)")
                 return
             sent += 1
+            self._dispatched += 1
+            seq = self._dispatched
             c.in_flight += 1
             try:
                 outcome = await client.attempt(self.session, self.url, body, self.headers,
@@ -319,7 +323,7 @@ class Generator:
             if outcome.kind is Kind.OK:
                 if repeat:
                     lim.retried_ok()
-                self._on_success(p, outcome, cost, sent)
+                self._on_success(p, outcome, cost, sent, seq)
                 return
             self.failures_since_success += 1
             if cost:
@@ -339,7 +343,7 @@ class Generator:
                                   "same command once credit is added.")
                 return
             if outcome.kind is Kind.PERMANENT:
-                if self.systematic.permanent(Held(p, outcome, sent)):
+                if self.systematic.permanent(Held(p, outcome, sent, seq)):
                     self.request_stop("systematic_error", self.systematic.describe())
                 return
             if outcome.throttled:
@@ -406,7 +410,8 @@ class Generator:
               "million tokens) to price answers from their tokens; the run goes on.",
               file=sys.stderr, flush=True)
 
-    def _on_success(self, p: Prompt, o: Outcome, cost: float | None, attempts: int) -> None:
+    def _on_success(self, p: Prompt, o: Outcome, cost: float | None, attempts: int,
+                    seq: int) -> None:
         self.last_success = time.monotonic()
         self.failures_since_success = 0
         r = o.result
@@ -431,7 +436,7 @@ class Generator:
         c.prompt_tokens += pt if isinstance(pt, int) else 0
         c.completion_tokens += ct if isinstance(ct, int) else 0
         c.tokens_this_run += ct if isinstance(ct, int) else 0
-        self.systematic.success()
+        self.systematic.success(seq)
 
     def _write_held(self, item: Held) -> None:
         self._record_error(item.prompt, item.outcome, item.attempts)

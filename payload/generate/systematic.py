@@ -13,7 +13,9 @@ all look alike:
 
 "The same" is the same status, type and message. Any other answer (a success, or a
 different permanent error) releases the held records: they were real, per-prompt
-failures, and are written. On a stop, the held ids are not written, so a fixed rerun
+failures, and are written. A success only counts if its request was sent after the first
+held failure's: requests the server accepted before it started refusing still finish
+fine for a while, and prove nothing about it now. On a stop, the held ids are not written, so a fixed rerun
 asks them again. Retryable errors (429, 5xx) neither count nor break the run: they say
 nothing about whether the prompts themselves are acceptable.
 """
@@ -35,6 +37,7 @@ class Held:
     prompt: Any
     outcome: Outcome
     attempts: int
+    sent: int  # dispatch sequence number of the failing attempt
 
 
 @dataclass
@@ -48,8 +51,11 @@ class SystematicError:
     written: int = 0  # held failures released (written) so far: other answers existed
     verdict: Outcome | None = None  # set once the error is judged systematic
 
-    def success(self) -> None:
+    def success(self, sent: int) -> None:
+        """An answer; `sent` is its request's dispatch sequence number."""
         self.any_success = True
+        if self.held and sent < self.held[0].sent:
+            return  # sent before the refusals began: says nothing about the server now
         self.flush()
 
     def permanent(self, item: Held) -> bool:

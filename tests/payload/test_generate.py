@@ -10,43 +10,26 @@ import random
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from handoff.testing.fakeapi import RETRYABLE_FAULTS, FaultPlan, answer_digest
+from handoff.testing.fakeapi import RETRYABLE_FAULTS, FaultPlan
 from payload.records import derive_id, errors_path
 from tests.payload.helpers import (
     REPO,
+    assert_exactly_once,
+    assert_paired,
     gen_args,
     payload_cmd,
     payload_env,
     read_jsonl,
     run_payload,
+    status_of,
     write_private,
     write_prompts,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def status_of(out: Path) -> dict:
-    return json.loads(out.with_name(out.name.replace(".jsonl", ".status.json")).read_text())
-
-
-def assert_paired(records: list[dict]) -> None:
-    """Every answer embeds the digest of its own prompt's last user message."""
-    for r in records:
-        assert r["response"] == f"answer {answer_digest(r['messages'])}", r["id"]
-
-
-def assert_exactly_once(ids: list[str], out: Path) -> tuple[list[dict], list[dict]]:
-    done = read_jsonl(out)
-    failed = read_jsonl(errors_path(out))
-    seen = [str(r["id"]) for r in done] + [str(r["id"]) for r in failed]
-    assert len(seen) == len(set(seen)), "an id was recorded twice"
-    assert sorted(seen) == sorted(ids), "an id was lost"
-    return done, failed
 
 
 def test_answers_every_prompt_once_paired_and_reports_bad_lines(fake_factory, key_file, tmp_path):
