@@ -147,8 +147,10 @@ def test_402_with_retry_after_is_a_backoff_not_a_stop(fake_factory, key_file, tm
     assert status_of(out)["errors_by_kind"]["inflight_limited"] == 39
 
 
-def test_budget_is_never_exceeded_exit_3_then_resumes(fake_factory, key_file, tmp_path):
-    # The fake's endpoint list prices a request at $0.001: the worst case reserved per request.
+def test_budget_stops_at_the_expected_cost_exit_3_then_resumes(fake_factory, key_file,
+                                                               tmp_path):
+    # The fake's endpoint list prices a request at $0.001, and every answer costs that: the
+    # expectation is exact, so the run stops with no overshoot at all.
     fake = fake_factory(cost_per_request=0.001)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 100)
