@@ -202,22 +202,29 @@ def test_capacity_repeats_shrink_the_window_sporadic_ones_do_not():
     asyncio.run(full_server())
 
     async def sporadic() -> None:
-        lim = Limiter(500, initial_window=200)
-        decisions = []
-        for i in range(4000):
-            await lim.acquire()
-            if i % 20 == 0:  # 5% refused; their retries go through like anything else
-                d = lim.answered(throttle())
-                decisions.append(d)
-                if d == HOLD:
-                    lim.release()
+        lim = Limiter(500)
+        decisions: list[str | None] = []
+        n = 0
+
+        async def worker() -> None:
+            nonlocal n
+            for _ in range(10):
                 await lim.acquire()
-                lim.answered(OK, repeat=True)
-                lim.retried_ok()
+                await asyncio.sleep(0.001)
+                n += 1
+                if n % 20 == 0:  # 5% refused; their retries go through like anything else
+                    d = lim.answered(throttle(0.001))
+                    decisions.append(d)
+                    await asyncio.sleep(0.001)
+                    if d != HOLD:
+                        await lim.acquire()
+                    lim.answered(OK, repeat=True)
+                    lim.retried_ok()
+                else:
+                    lim.answered(OK)
                 lim.release()
-            else:
-                lim.answered(OK)
-                lim.release()
+
+        await asyncio.gather(*(worker() for _ in range(600)))
         assert lim.capacity_events == 0
         assert lim.sporadic and decisions[-1] == RELEASE  # the wait needs no slot
         assert lim.allowed == 500  # never shrank; grew to --concurrency
