@@ -29,7 +29,6 @@ import asyncio
 import collections
 import contextlib
 import random
-import time
 
 from .client import Kind, Outcome
 from .outage import Breaker
@@ -37,9 +36,9 @@ from .outage import Breaker
 INITIAL_WINDOW = 32
 # Slow start stops doubling once this share of answers (EWMA over ~64) says "Retry-After":
 # far above the noise of a few percent of sporadic 429s.
-SLOW_START_EXIT_SHARE = 0.15
+SLOW_START_EXIT_SHARE = 0.3
 # Retries after a throttle needed before throttling may be judged sporadic.
-REPEAT_EVIDENCE = 16
+REPEAT_EVIDENCE = 8
 HOLD = "hold"  # keep the slot while waiting: the server may be full (or it is undecided)
 RELEASE = "release"  # the slot was given back: throttling is sporadic, others may go now
 YIELD = "yield"  # the slot was given back for good: the server is full, the window shrank
@@ -62,7 +61,7 @@ class Limiter:
         self.share_slow = 0.0  # over ~256 answers: the few unlucky prompts of a run's tail
         #                        must not read as "the server refuses everything"
         # How often a prompt that waited after a throttle is throttled again (EWMA).
-        self.repeat_rate = 0.5
+        self.repeat_rate = 0.25
         self.repeat_samples = 0
         self.capacity_events = 0
         self._pre_outage_window = float(max_in_flight)
@@ -89,7 +88,7 @@ class Limiter:
                 self.in_flight += 1
                 return False
             if self.breaker.is_open:
-                if self.breaker.take_probe(time.monotonic()):
+                if self.breaker.take_probe(self.breaker.clock()):
                     self.in_flight += 1
                     return True
                 self._arm_probe_timer()
@@ -152,7 +151,7 @@ class Limiter:
         event = self.breaker.record(outcome.server_failure, probe=probe)
         if event == "opened":
             # Flapping (down again within seconds of coming back) keeps the window from before.
-            if time.monotonic() - self.breaker.closed_at > 10.0:
+            if self.breaker.clock() - self.breaker.closed_at > 10.0:
                 # Where to grow back to: the capacity found before, else (still in slow start)
                 # as far as before, then on by slow start up to --concurrency.
                 self._pre_outage_window = max(min(self.ssthresh, self.max_in_flight),
@@ -172,7 +171,7 @@ class Limiter:
             # Grow only a window that is used: prompts wait for a slot, or all are taken.
             if self._waiters or self.in_flight + self._woken >= self._allowed() - 1:
                 if self.window < self.ssthresh:
-                    self.window += max(0.0, 1.0 - 4.0 * self.share_ra)
+                    self.window += max(0.0, 1.0 - 2.0 * self.share_ra)
                 else:
                     self.window += 1.0 / self.window
                 self.window = min(self.window, float(self.max_in_flight))
@@ -209,7 +208,9 @@ class Limiter:
                 and self.repeat_rate < min(0.25, self.share + 0.1))
 
     def retried_ok(self) -> None:
-        """A prompt that waited after a throttle got through: repeats are not (all) refused."""
+        """A prompt that waited after a throttle (holding its slot, or released as sporadic)
+        got through: repeats are not (all) refused. Not after a YIELD: that retry got a slot
+        only once the window had shrunk to fit, and proves nothing about throttling."""
         self._learn_repeat(refused=False)
 
     def _learn_repeat(self, *, refused: bool) -> None:
@@ -222,11 +223,11 @@ class Limiter:
     def throttle_wait(self, retry_after: float | None, throttles_in_a_row: int) -> float:
         """How long a throttled prompt waits: the server's Retry-After (already capped), else a
         short jittered exponential delay whose ceiling grows with the share of throttled
-        answers (0.25 s at a few percent, 0.5 s at half, 25 s when nearly all are)."""
+        answers (0.1 s at a few percent, 0.2 s at half, 10 s when 99% are, 30 s at most)."""
         if retry_after is not None:
             return retry_after
-        ceiling = min(30.0, 0.25 / max(0.01, 1.0 - self.share_slow))
-        delay = min(ceiling, 0.1 * 2 ** min(throttles_in_a_row - 1, 16))
+        ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.share_slow))
+        delay = min(ceiling, 0.05 * 2 ** min(throttles_in_a_row - 1, 16))
         return delay * random.uniform(0.5, 1.0)
 
     def stop(self) -> None:

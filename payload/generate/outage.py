@@ -21,6 +21,7 @@ not bad luck (at a 50% 5xx rate that run has odds of 1 in 65536 per answer).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 OPEN_AFTER = 16
 PROBE_FIRST_S = 0.25
@@ -29,7 +30,9 @@ PROBE_MAX_S = 1.0
 
 class Breaker:
     def __init__(self, *, open_after: int = OPEN_AFTER, probe_first_s: float = PROBE_FIRST_S,
-                 probe_max_s: float = PROBE_MAX_S) -> None:
+                 probe_max_s: float = PROBE_MAX_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # injectable: the limiter's simulation tests run on virtual time
         self.open_after = open_after
         self.probe_first_s = probe_first_s
         self.probe_max_s = probe_max_s
@@ -55,11 +58,11 @@ class Breaker:
             self.streak = 0
             if self.is_open:
                 self.is_open = False
-                self.closed_at = time.monotonic()
+                self.closed_at = self.clock()
                 return "closed"
             return None
         self.streak += 1
-        now = time.monotonic()
+        now = self.clock()
         if self.is_open:
             if probe:  # the server is still down: wait longer before the next probe
                 self.next_probe_at = now + self._probe_gap
@@ -86,7 +89,7 @@ class Breaker:
         """Seconds the current outage has lasted (0 when closed)."""
         if not self.is_open:
             return 0.0
-        return (time.monotonic() if now is None else now) - self.opened_at
+        return (self.clock() if now is None else now) - self.opened_at
 
     def free_failure(self, generation_at_failure: int, was_open: bool) -> bool:
         """Does a server failure cost its prompt an attempt? Not if the breaker was open when

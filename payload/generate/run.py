@@ -48,7 +48,7 @@ from .journal import (
     id_hash,
     load_index,
 )
-from .limiter import HOLD, Limiter, backoff_delay
+from .limiter import HOLD, YIELD, Limiter, backoff_delay
 from .outage import Breaker
 from .preflight import PreflightRefused, check_endpoints
 from .progress import Counters, Display, StatusWriter
@@ -294,6 +294,7 @@ class Generator:
             temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         sent = charged = throttles = 0
+        last_decision: str | None = None  # the limiter's word on this prompt's last throttle
         while True:
             if self.stopping:
                 return
@@ -321,7 +322,7 @@ class Generator:
             slot.probe = False
             self._note_outage(outcome)
             if outcome.kind is Kind.OK:
-                if repeat:
+                if repeat and last_decision != YIELD:
                     lim.retried_ok()
                 self._on_success(p, outcome, cost, sent, seq)
                 return
@@ -349,6 +350,7 @@ class Generator:
             if outcome.throttled:
                 # Not the prompt's fault: no attempt is spent; it waits as told.
                 throttles += 1
+                last_decision = decision
                 c.retries += 1
                 wait = lim.throttle_wait(outcome.retry_after, throttles)
                 if decision != HOLD or wait > HOLD_MAX_S:
@@ -362,7 +364,7 @@ class Generator:
                 else:
                     await self._sleep_unless_stopped(wait)
                 continue
-            if repeat:
+            if repeat and last_decision != YIELD:
                 lim.retried_ok()
             throttles = 0
             # Any other retryable error: back off without the slot.

@@ -234,10 +234,10 @@ def test_capacity_repeats_shrink_the_window_sporadic_ones_do_not():
 def test_throttle_wait_honours_retry_after_else_grows_with_the_share():
     lim = Limiter(10)
     assert lim.throttle_wait(7.5, 1) == 7.5
-    assert all(0.05 <= lim.throttle_wait(None, 1) <= 0.1 for _ in range(50))
-    assert all(lim.throttle_wait(None, 9) <= 0.25 for _ in range(50))  # a few % throttled
+    assert all(0.025 <= lim.throttle_wait(None, 1) <= 0.05 for _ in range(50))
+    assert all(lim.throttle_wait(None, 9) <= 0.11 for _ in range(50))  # a few % throttled
     lim.share_slow = 0.99  # nearly everything is throttled: wait much longer
-    assert max(lim.throttle_wait(None, 12) for _ in range(50)) > 10
+    assert max(lim.throttle_wait(None, 12) for _ in range(50)) > 5
 
 
 def test_breaker_opens_on_a_run_of_server_failures_and_only_a_probe_closes_it():
