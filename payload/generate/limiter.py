@@ -1,26 +1,35 @@
 """How many requests may be in flight: slow start, throttling, outages.
 
-The window starts small (`initial_window`, tens) and grows by one per success (doubling
+The window starts small (`initial_window`, tens) and grows by two per success (tripling
 every round trip) up to `--concurrency`, so a run whose every answer is an error has
-sent a few dozen requests, not 2000, before it stops. A *slot* is held by a request in
-flight and by a throttled prompt that waits (as the server told it to) before asking
-again: while a share of the answers is throttled, that share of the slots sits out its
-wait, so dispatch slows in proportion to the share of throttled answers, and a server
-at capacity is not flooded with the refills a freed slot would otherwise send.
+sent a few dozen requests, not 2000, before it stops. A window nobody fills does not grow.
 
-Telling a capacity limit from sporadic throttling. Both answer 429; what differs is
-the retry. A prompt that waited and asks again is refused again almost always when the
-server is full (its free places go to the requests already running), but only at the
-base rate when throttling is random. So the window gives up a slot (one per such
-repeat) only while repeats are refused far more often than answers in general; random
-429s, even at 50%, never shrink it. A success above the window's ceiling (`ssthresh`)
-grows it by one per round trip; below it, by one per answer (slow start), damped by the
-share of throttled answers so a start against a full server does not overshoot.
+Throttling (429, or 402 with Retry-After) spends no attempt; the prompt waits as told.
+The question is whether to keep its *slot* while it waits, and whether the window should
+shrink. A server at capacity refuses at the door, so a slot given back during the wait
+would be refilled at once and refused again (a refusal storm at CPU speed); a server that
+throttles at random (even half of all answers) is not helped by a smaller window at all.
+Both answer 429: what tells them apart is the retry. A prompt that waited and asks again
+is refused again almost always when the server is full (its free places go to requests
+already running), but only as often as any request when throttling is random. So:
 
-The outage breaker (outage.py) gates the same slots: while it is open only one probe
-is in flight, and when the server answers again the window restarts from
-`initial_window`, growing back to where it was before the outage within a few round
-trips instead of releasing 2000 requests at once.
+- HOLD (undecided, or the server looks full): the throttled prompt keeps its slot while it
+  waits, so dispatch slows in proportion to the share of throttled answers;
+- YIELD: a retry refused again, while repeats are refused far more often than answers in
+  general (the server is full): the slot is given up for good, the window shrinks by one
+  and grows back by one per round trip only (ssthresh), settling at the capacity;
+- RELEASE: retries fare like any request (sporadic throttling, judged on a few of them):
+  the waiting prompt gives its slot back and the window never shrinks.
+
+Slow start is also damped by the share of answers carrying Retry-After, and stops growing fast
+when that share is high, so a start against a full server does not overshoot by 2x.
+
+The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
+flight, and when the server answers again the window restarts from `initial_window` and
+grows back (slow start) to where it was, instead of releasing 2000 requests at once.
+
+tests/payload/test_limiter_model.py checks these rules on a virtual-time model of a
+provider (capacity, outages, sporadic 429s); the benchmark measures them for real.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ INITIAL_WINDOW = 32
 # Slow start stops doubling once this share of answers (EWMA over ~64) says "Retry-After":
 # far above the noise of a few percent of sporadic 429s.
 SLOW_START_EXIT_SHARE = 0.3
+# Slots added per success in slow start: the window triples every round trip (32, 96,
+# 288, ...), reaching 2000 in four round trips; a start against a full server is damped.
+SLOW_START_GAIN = 2.0
 # Retries after a throttle needed before throttling may be judged sporadic.
 REPEAT_EVIDENCE = 8
 HOLD = "hold"  # keep the slot while waiting: the server may be full (or it is undecided)
@@ -171,7 +183,7 @@ class Limiter:
             # Grow only a window that is used: prompts wait for a slot, or all are taken.
             if self._waiters or self.in_flight + self._woken >= self._allowed() - 1:
                 if self.window < self.ssthresh:
-                    self.window += max(0.0, 1.0 - 2.0 * self.share_ra)
+                    self.window += SLOW_START_GAIN * max(0.0, 1.0 - 2.0 * self.share_ra)
                 else:
                     self.window += 1.0 / self.window
                 self.window = min(self.window, float(self.max_in_flight))
@@ -180,7 +192,7 @@ class Limiter:
             return None
         if (self.share_ra > SLOW_START_EXIT_SHARE and self.window < self.ssthresh
                 and not self.sporadic):
-            # Told to wait by a growing share of answers: stop doubling until the retries
+            # Told to wait by a growing share of answers: stop growing fast until the retries
             # tell a full server from sporadic throttling.
             self.ssthresh = self.window
         if repeat:

@@ -460,16 +460,18 @@ class Generator:
         self.c.failed += 1
 
     def _note_outage(self, o: Outcome) -> None:
-        b = self.breaker
+        """Say when an outage begins and ends (once each), and keep the status's gauge."""
+        b, c = self.breaker, self.c
         if b.is_open and self._outage_reported != b.outages:
             self._outage_reported = b.outages
+            c.outage_s, c.outages = 0.0, b.outages
             print(f"outage: {b.streak} answers in a row failed (last: {o.status or ''} {o.type}: "
                   f"{o.message[:200]}); dispatch paused, one probe at a time; stops after "
                   f"{self.s.outage_timeout:g}s (--outage-timeout)", file=sys.stderr, flush=True)
-        elif not b.is_open and self.c.outage_s is not None:
-            print(f"outage over after {self.c.outage_s:.1f}s: resuming (slow start)",
+        elif not b.is_open and c.outage_s is not None:
+            print(f"outage over after {b.closed_at - b.opened_at:.1f}s: resuming (slow start)",
                   file=sys.stderr, flush=True)
-            self.c.outage_s = None
+            c.outage_s = None
 
     def _cancel_workers(self) -> None:
         current = asyncio.current_task()
