@@ -4,25 +4,30 @@ The window starts small (`initial_window`, tens) and grows by two per success (t
 every round trip) up to `--concurrency`, so a run whose every answer is an error has
 sent a few dozen requests, not 2000, before it stops. A window nobody fills does not grow.
 
-Throttling (429, or 402 with Retry-After) spends no attempt; the prompt waits as told.
-The question is whether to keep its *slot* while it waits, and whether the window should
-shrink. A server at capacity refuses at the door, so a slot given back during the wait
-would be refilled at once and refused again (a refusal storm at CPU speed); a server that
-throttles at random (even half of all answers) is not helped by a smaller window at all.
-Both answer 429: what tells them apart is the retry. A prompt that waited and asks again
-is refused again almost always when the server is full (its free places go to requests
-already running), but only as often as any request when throttling is random. So:
+Throttling (429, or 402 with Retry-After) spends no attempt: the prompt waits as told,
+and keeps its *slot* while it waits (up to HOLD_MAX_S). That is what slows dispatch in
+proportion to the share of throttled answers, and what keeps a full server from being
+flooded: a slot given back during the wait would be refilled at once and refused again,
+a refusal storm at CPU speed.
 
-- HOLD (undecided, or the server looks full): the throttled prompt keeps its slot while it
-  waits, so dispatch slows in proportion to the share of throttled answers;
-- YIELD: a retry refused again, while repeats are refused far more often than answers in
-  general (the server is full): the slot is given up for good, the window shrinks by one
-  and grows back by one per round trip only (ssthresh), settling at the capacity;
-- RELEASE: retries fare like any request (sporadic throttling, judged on a few of them):
-  the waiting prompt gives its slot back and the window never shrinks.
+Telling a capacity limit from sporadic throttling. Both answer 429; what differs is the
+retry. A prompt that waited and asks again is refused again far more often than a first
+try when the server is full (a fresh request goes out when a success has just freed a
+place; a retry lands whenever its wait ends), but about as often when throttling is
+random. Each refused retry, while retries are refused at least half the time and twice
+as often as first tries (or, with Retry-After, three times in four), gives its slot up for good
+(YIELD): the window shrinks by one and from then on grows by one per round trip only
+(ssthresh), settling at the capacity. Random 429s, even half of all answers, never
+shrink it.
 
-Slow start is also damped by the share of answers carrying Retry-After, and stops growing fast
-when that share is high, so a start against a full server does not overshoot by 2x.
+Answers arrive out of order (refusals at the door at once, successes a round trip
+later), so shares and ratios are counted by *when the request was sent* (the answer's
+time less its latency), in 50 ms bins, over the requests of about the last round trip
+that have all been answered: never over the last N answers, which in slow start would
+read several times the true share. Many requests of a round trip answered "Retry-After"
+also stop slow start's fast growth (a start against a full server would otherwise
+overshoot it); if no refused retry confirms a full server within a few seconds, fast
+growth resumes.
 
 The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
 flight, and when the server answers again the window restarts from `initial_window` and
@@ -43,17 +48,30 @@ from .client import Kind, Outcome
 from .outage import Breaker
 
 INITIAL_WINDOW = 32
-# Slow start stops doubling once this share of answers (EWMA over ~64) says "Retry-After":
-# far above the noise of a few percent of sporadic 429s.
-SLOW_START_EXIT_SHARE = 0.3
 # Slots added per success in slow start: the window triples every round trip (32, 96,
 # 288, ...), reaching 2000 in four round trips; a start against a full server is damped.
 SLOW_START_GAIN = 2.0
-# Retries after a throttle needed before throttling may be judged sporadic.
+# Slow start stops growing fast once this share of a round trip's answers says
+# "Retry-After": far above the noise of a few percent of sporadic 429s.
+SLOW_START_EXIT_SHARE = 0.3
+# Answers a share needs before it counts (fewer: 5% would read as 0% or 20%).
+MIN_ANSWERS = 32
+# Refused retries needed before they say anything about the server.
 REPEAT_EVIDENCE = 8
-HOLD = "hold"  # keep the slot while waiting: the server may be full (or it is undecided)
-RELEASE = "release"  # the slot was given back: throttling is sporadic, others may go now
+BIN_S = 0.05  # width of a send-time bin
+# A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
+# rate limit for minutes) gives the slot to prompts that may go now.
+HOLD_MAX_S = 5.0
+HOLD = "hold"  # the throttled prompt keeps its slot while it waits
+RELEASE = "release"  # the slot was given back: the wait is too long to hold it
 YIELD = "yield"  # the slot was given back for good: the server is full, the window shrank
+
+
+# The counters of one send-time bin.
+(SENT, ANSWERS, THROTTLED, THROTTLED_RA, FIRST, FIRST_REFUSED, REPEATS,
+ REPEATS_REFUSED) = range(8)
+NEWEST_S = 0.0  # requests sent this recently are not counted (0: their refusals, at the door,
+#                 are back at once; the rest only makes the share read low, never high)
 
 
 class Limiter:
@@ -66,16 +84,21 @@ class Limiter:
         self.min_window = min(min_window, max_in_flight)
         self.breaker = breaker or Breaker()
         self.in_flight = 0  # slots taken: requests in flight + throttled prompts waiting
-        # Share of throttled answers (EWMA over answers): all throttles, and those that came
-        # with Retry-After (the server said how long: that share damps slow start).
+        # Shares of throttled requests among those sent in about the last round trip and
+        # answered since (`share`; `share_ra`: with Retry-After), refreshed every bin;
+        # `share_slow` over ~256 answers (the unlucky few of a run's tail must not read as
+        # "the server refuses everything").
         self.share = 0.0
         self.share_ra = 0.0
-        self.share_slow = 0.0  # over ~256 answers: the few unlucky prompts of a run's tail
-        #                        must not read as "the server refuses everything"
-        # How often a prompt that waited after a throttle is throttled again (EWMA).
-        self.repeat_rate = 0.25
-        self.repeat_samples = 0
+        self.share_slow = 0.0
+        self.srtt = 0.0  # smoothed latency of successful answers
+        self._bins: dict[int, list[int]] = {}
+        self._settled: list[int] = [0] * 8  # the counters summed over the settled bins
+        self._refreshed_at = -1.0
         self.capacity_events = 0
+        self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
+        self._yielded_at = -1e9
+        self._longest_wait = 0.0
         self._pre_outage_window = float(max_in_flight)
         self._woken = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -159,7 +182,9 @@ class Limiter:
     def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False
                  ) -> str | None:
         """Learn from one answer (the slot is still held). For a throttled answer, returns
-        HOLD (wait holding the slot), RELEASE or YIELD (the slot was given back)."""
+        HOLD (wait holding the slot), RELEASE (the slot was given back: a long wait) or
+        YIELD (given back for good: the window shrank). `repeat`: the prompt's previous
+        request was throttled too."""
         event = self.breaker.record(outcome.server_failure, probe=probe)
         if event == "opened":
             # Flapping (down again within seconds of coming back) keeps the window from before.
@@ -173,64 +198,139 @@ class Limiter:
             self.ssthresh = self._pre_outage_window
             self.window = float(self.initial_window)
             self.share = self.share_ra = self.share_slow = 0.0
+            self._bins.clear()
+            self._settled = [0] * 8
             self._wake()
-        throttled = outcome.throttled
-        self.share += (float(throttled) - self.share) / 32
-        self.share_slow += (float(throttled) - self.share_slow) / 256
-        self.share_ra += (float(throttled and outcome.retry_after is not None)
-                          - self.share_ra) / 64
+        self._count(outcome, repeat)
         if outcome.kind is Kind.OK:
             # Grow only a window that is used: prompts wait for a slot, or all are taken.
             if self._waiters or self.in_flight + self._woken >= self._allowed() - 1:
                 if self.window < self.ssthresh:
-                    self.window += SLOW_START_GAIN * max(0.0, 1.0 - 2.0 * self.share_ra)
+                    damp = max(0.0, 1.0 - 2.0 * self.share_ra)
+                    self.window += SLOW_START_GAIN * damp
                 else:
                     self.window += 1.0 / self.window
                 self.window = min(self.window, float(self.max_in_flight))
             return None
-        if not throttled:
+        if not outcome.throttled:
             return None
-        if (self.share_ra > SLOW_START_EXIT_SHARE and self.window < self.ssthresh
-                and not self.sporadic):
-            # Told to wait by a growing share of answers: stop growing fast until the retries
-            # tell a full server from sporadic throttling.
+        now = self.breaker.clock()
+        if outcome.retry_after is not None:
+            self._longest_wait = max(self._longest_wait, outcome.retry_after)
+        if (self.window < self.ssthresh and self._exited_at is None and
+                self.share_ra > SLOW_START_EXIT_SHARE):
+            # Told to wait by a large share of a round trip's answers: stop growing fast
+            # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
-        if repeat:
-            self._learn_repeat(refused=True)
-            if self.repeat_rate > max(1.5 * self.share, self.share + 0.2):
-                # Refused again after waiting, far more often than answers in general: the
-                # server is full. Give this slot up for good.
-                self.capacity_events += 1
-                self.window = max(float(self.min_window), self.window - 1.0)
-                self.ssthresh = min(self.ssthresh, max(self.window, float(self.min_window)))
-                self.in_flight -= 1
-                self._wake()
-                return YIELD
-        if self.sporadic:
-            self.in_flight -= 1  # the wait does not need the slot: others may go now
+            self._exited_at = now
+        if repeat and self._full_server():
+            # Refused again after waiting, as a full server refuses: give this slot up.
+            self.capacity_events += 1
+            self._yielded_at = now
+            self._exited_at = None  # confirmed
+            self.window = max(float(self.min_window), self.window - 1.0)
+            self.ssthresh = min(self.ssthresh, max(self.window, float(self.min_window)))
+            self.in_flight -= 1
+            self._wake()
+            return YIELD
+        wait = outcome.retry_after if outcome.retry_after is not None else 0.0
+        if wait > HOLD_MAX_S:
+            self.in_flight -= 1
             self._wake()
             return RELEASE
         return HOLD
 
-    @property
-    def sporadic(self) -> bool:
-        """Retries after a throttle fare about as well as any request: throttling is
-        sporadic, not a full server."""
-        return (self.repeat_samples >= REPEAT_EVIDENCE and self.share < 0.15
-                and self.repeat_rate < min(0.25, self.share + 0.1))
+    def sending(self) -> None:
+        """A request is about to be sent (counted in its send-time bin)."""
+        sent = int(self.breaker.clock() / BIN_S)
+        row = self._bins.get(sent)
+        if row is None:
+            row = self._bins[sent] = [0] * 8
+        row[SENT] += 1
 
-    def retried_ok(self) -> None:
-        """A prompt that waited after a throttle (holding its slot, or released as sporadic)
-        got through: repeats are not (all) refused. Not after a YIELD: that retry got a slot
-        only once the window had shrunk to fit, and proves nothing about throttling."""
-        self._learn_repeat(refused=False)
+    def _count(self, outcome: Outcome, repeat: bool) -> None:
+        throttled = outcome.throttled
+        self.share_slow += (float(throttled) - self.share_slow) / 256
+        if outcome.kind is Kind.OK:
+            self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
+        now = self.breaker.clock()
+        sent = int((now - outcome.latency_s) / BIN_S)
+        row = self._bins.get(sent)
+        if row is None:
+            row = self._bins[sent] = [0] * 8
+        row[ANSWERS] += 1
+        row[THROTTLED] += throttled
+        row[THROTTLED_RA] += throttled and outcome.retry_after is not None
+        if outcome.kind is Kind.OK or throttled:
+            if repeat:
+                row[REPEATS] += 1
+                row[REPEATS_REFUSED] += throttled
+            else:
+                row[FIRST] += 1
+                row[FIRST_REFUSED] += throttled
+        if now - self._refreshed_at >= BIN_S / 2:
+            self._refresh(now)
 
-    def _learn_repeat(self, *, refused: bool) -> None:
-        self.repeat_samples += 1
-        self.repeat_rate += (float(refused) - self.repeat_rate) / 16
-        if self.sporadic:
-            # A slow-start exit was a false alarm: grow again as fast as before.
+    def _refresh(self, now: float) -> None:
+        """Shares: throttled among the requests sent in about the last round trip (bar the
+        newest NEWEST_S): a refusal at the door is counted at once, and against what was
+        sent, not against answers (a success's answer is a round trip late). Retry ratios:
+        over the bins of requests sent at least 1.5 round trips ago (all answered), going
+        further back until REPEAT_EVIDENCE retries, at most 10 s."""
+        self._refreshed_at = now
+        rtt = max(self.srtt, BIN_S)
+        newest = int((now - NEWEST_S) / BIN_S)
+        oldest_shares = int((now - NEWEST_S - rtt) / BIN_S)
+        settled = int((now - 1.5 * rtt) / BIN_S)
+        floor = int((now - 10.0) / BIN_S)
+        shares = [0] * 8
+        total = [0] * 8
+        b = newest
+        while b >= floor:
+            row = self._bins.get(b)
+            if row is not None:
+                if b >= oldest_shares or shares[SENT] < MIN_ANSWERS:
+                    for i in range(8):
+                        shares[i] += row[i]
+                if b <= settled:
+                    for i in range(8):
+                        total[i] += row[i]
+            if (b <= oldest_shares and shares[SENT] >= MIN_ANSWERS and b <= settled
+                    and total[REPEATS] >= REPEAT_EVIDENCE):
+                break
+            b -= 1
+        if shares[SENT] >= MIN_ANSWERS:
+            self.share = min(1.0, shares[THROTTLED] / shares[SENT])
+            self.share_ra = min(1.0, shares[THROTTLED_RA] / shares[SENT])
+        self._settled = total
+        for old in [k for k in self._bins if k < floor]:
+            del self._bins[old]
+        # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
+        # 429s): grow fast again.
+        quiet = max(2.0, 2.0 * self._longest_wait, 4.0 * self.srtt)
+        if (self._exited_at is not None and now - self._exited_at > quiet
+                and now - self._yielded_at > quiet):
             self.ssthresh = float(self.max_in_flight)
+            self._exited_at = None
+
+    def _full_server(self) -> bool:
+        """Are retries refused as a full server refuses them: at least half the time and at
+        least twice as often as first tries, or (where the server says how long to wait)
+        three times in four? Judged on the retries sent recently (up to 10 s back);
+        undecided (no) without REPEAT_EVIDENCE of them."""
+        t = self._settled
+        if t[REPEATS] < REPEAT_EVIDENCE:
+            return False
+        repeat_ratio = t[REPEATS_REFUSED] / t[REPEATS]
+        first_ratio = t[FIRST_REFUSED] / t[FIRST] if t[FIRST] else 0.0
+        if repeat_ratio >= 0.5 and repeat_ratio >= 2.0 * first_ratio + 0.05:
+            return True
+        # A full server refuses most retries even while it also refuses first tries (an
+        # overshoot). Judged only where refusals come with Retry-After (a server that says
+        # "wait" about its load): random throttling without it, even at half of all
+        # answers, is not taken for capacity.
+        told = self.share_ra > 0 and self.share_ra >= 0.5 * self.share
+        return told and repeat_ratio >= 0.75
 
     def throttle_wait(self, retry_after: float | None, throttles_in_a_row: int) -> float:
         """How long a throttled prompt waits: the server's Retry-After (already capped), else a

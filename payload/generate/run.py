@@ -48,7 +48,7 @@ from .journal import (
     id_hash,
     load_index,
 )
-from .limiter import HOLD, YIELD, Limiter, backoff_delay
+from .limiter import HOLD, HOLD_MAX_S, Limiter, backoff_delay
 from .outage import Breaker
 from .preflight import PreflightRefused, check_endpoints
 from .progress import Counters, Display, StatusWriter
@@ -57,9 +57,6 @@ from .systematic import Held, SystematicError
 EXIT_OK, EXIT_FAILED = ExitCode.OK, ExitCode.FAILED
 EXIT_USAGE, EXIT_STOPPED = ExitCode.USAGE, ExitCode.STOPPED
 STATUS_EVERY_S = 2.0
-# A throttled prompt keeps its slot while it waits at most this long; a longer Retry-After
-# (a rate limit for minutes) gives the slot to prompts that may go now.
-HOLD_MAX_S = 5.0
 # Completion tokens assumed for the budget's first expectation when --max-tokens is unset.
 FIRST_COMPLETION_GUESS = 8192
 
@@ -294,7 +291,7 @@ class Generator:
             temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         sent = charged = throttles = 0
-        last_decision: str | None = None  # the limiter's word on this prompt's last throttle
+        held = False  # this prompt kept its slot through a throttle wait: its retry tells
         while True:
             if self.stopping:
                 return
@@ -308,6 +305,7 @@ class Generator:
             self._dispatched += 1
             seq = self._dispatched
             c.in_flight += 1
+            lim.sending()
             try:
                 outcome = await client.attempt(self.session, self.url, body, self.headers,
                                                self.timeout, self.proxy)
@@ -317,13 +315,10 @@ class Generator:
             finally:
                 c.in_flight -= 1
             cost = self._settle(outcome)
-            repeat = throttles > 0
-            decision = lim.answered(outcome, probe=slot.probe, repeat=repeat)
-            slot.probe = False
+            decision = lim.answered(outcome, probe=slot.probe, repeat=held)
+            slot.probe = held = False
             self._note_outage(outcome)
             if outcome.kind is Kind.OK:
-                if repeat and last_decision != YIELD:
-                    lim.retried_ok()
                 self._on_success(p, outcome, cost, sent, seq)
                 return
             self.failures_since_success += 1
@@ -350,7 +345,6 @@ class Generator:
             if outcome.throttled:
                 # Not the prompt's fault: no attempt is spent; it waits as told.
                 throttles += 1
-                last_decision = decision
                 c.retries += 1
                 wait = lim.throttle_wait(outcome.retry_after, throttles)
                 if decision != HOLD or wait > HOLD_MAX_S:
@@ -363,9 +357,8 @@ class Generator:
                     slot.probe, slot.held = await lim.acquire(), True
                 else:
                     await self._sleep_unless_stopped(wait)
+                    held = True
                 continue
-            if repeat and last_decision != YIELD:
-                lim.retried_ok()
             throttles = 0
             # Any other retryable error: back off without the slot.
             generation, was_open = self.breaker.generation, self.breaker.is_open

@@ -10,8 +10,9 @@ payload against the real fake API; this model lets the controller's rules be che
 exactly, free of a busy machine's noise.
 
 `prompt()` mirrors `Generator._attempts` (payload/generate/run.py) for what matters to flow
-control: a slot per prompt, HOLD/RELEASE/YIELD after a throttle, the wait the limiter asks
-for, and a slot given back during a backoff or an outage.
+control: a slot per prompt, HOLD/RELEASE/YIELD after a throttle (a retry made on a kept slot
+is the `repeat` the limiter learns from), the wait the limiter asks for, and a slot given
+back during a backoff or an outage.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from payload.generate.client import Kind, Outcome
-from payload.generate.limiter import HOLD, YIELD, Limiter
+from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter
 from payload.generate.outage import Breaker
 
 DOOR_S = 0.002  # how long a refusal at the door takes
@@ -179,22 +180,20 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
         probe = await lim.acquire()
         held = True
         throttles = 0
-        last: str | None = None
+        kept = False  # kept the slot through the last throttle wait
         try:
             while True:
+                lim.sending()
                 o = await server.request(loop)
-                decision = lim.answered(o, probe=probe, repeat=throttles > 0)
-                probe = False
+                decision = lim.answered(o, probe=probe, repeat=kept)
+                probe = kept = False
                 if o.kind is Kind.OK:
-                    if throttles and last != YIELD:
-                        lim.retried_ok()
                     done += 1
                     return
                 if o.throttled:
                     throttles += 1
-                    last = decision
                     wait = lim.throttle_wait(o.retry_after, throttles)
-                    if decision != HOLD or wait > 5.0:
+                    if decision != HOLD or wait > HOLD_MAX_S:
                         if decision == HOLD:
                             lim.release()
                         held = False
@@ -202,9 +201,8 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                         probe, held = await lim.acquire(), True
                     else:
                         await asyncio.sleep(wait)
+                        kept = True
                     continue
-                if throttles and last != YIELD:
-                    lim.retried_ok()
                 throttles = 0
                 lim.release()
                 held = False
@@ -222,9 +220,10 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
     async def tracer() -> None:
         while True:
             await asyncio.sleep(trace)
+            t = lim._settled
             print(f"t={loop.time():6.1f} window {lim.window:7.1f} ssthresh {lim.ssthresh:7.1f} "
                   f"slots {lim.in_flight:5d} serving {server.serving:5d} share {lim.share:.2f} "
-                  f"repeat {lim.repeat_rate:.2f} sporadic {lim.sporadic} done {done} "
+                  f"repeats {t[7]}/{t[6]} first {t[5]}/{t[4]} done {done} "
                   f"refusals {server.refusals}")
 
     tracing = asyncio.ensure_future(tracer()) if trace else None

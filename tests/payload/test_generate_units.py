@@ -26,7 +26,7 @@ from payload.generate.journal import (
     load_index,
     truncate_torn_tail,
 )
-from payload.generate.limiter import HOLD, RELEASE, YIELD, Limiter, backoff_delay
+from payload.generate.limiter import HOLD, RELEASE, Limiter, backoff_delay
 from payload.generate.outage import Breaker
 from payload.generate.preflight import endpoint_allowed
 from payload.generate.run import MaxFailed, parse_max_failed, provider_for
@@ -183,52 +183,18 @@ def test_slow_start_doubles_per_round_trip_up_to_the_concurrency():
     asyncio.run(scenario())
 
 
-def test_capacity_repeats_shrink_the_window_sporadic_ones_do_not():
-    async def full_server() -> None:
-        lim = Limiter(500, initial_window=200)
-        for _ in range(200):
+def test_throttled_prompts_hold_their_slot_unless_the_wait_is_long():
+    """Capacity and sporadic throttling, over time, are checked on the model
+    (test_limiter_model.py); here the per-answer decisions."""
+    async def scenario() -> None:
+        lim = Limiter(100)
+        for _ in range(10):
             await lim.acquire()
-        # 150 served; 50 refused at the door hold their slot while they wait (HOLD)...
-        assert {lim.answered(throttle()) for _ in range(50)} == {HOLD}
-        # ...and, retried, are refused again while answers in general go through.
-        again = []
-        for _ in range(50):
-            for _ in range(3):
-                lim.answered(OK)
-            again.append(lim.answered(throttle(), repeat=True))
-        assert again.count(YIELD) >= 40  # the server is full: slots given up for good
-        assert lim.allowed <= 200 - 40 + 1 and lim.capacity_events >= 40
-        assert lim.ssthresh <= lim.window + 1  # no more doubling past the capacity found
-    asyncio.run(full_server())
-
-    async def sporadic() -> None:
-        lim = Limiter(500)
-        decisions: list[str | None] = []
-        n = 0
-
-        async def worker() -> None:
-            nonlocal n
-            for _ in range(10):
-                await lim.acquire()
-                await asyncio.sleep(0.001)
-                n += 1
-                if n % 20 == 0:  # 5% refused; their retries go through like anything else
-                    d = lim.answered(throttle(0.001))
-                    decisions.append(d)
-                    await asyncio.sleep(0.001)
-                    if d != HOLD:
-                        await lim.acquire()
-                    lim.answered(OK, repeat=True)
-                    lim.retried_ok()
-                else:
-                    lim.answered(OK)
-                lim.release()
-
-        await asyncio.gather(*(worker() for _ in range(600)))
-        assert lim.capacity_events == 0
-        assert lim.sporadic and decisions[-1] == RELEASE  # the wait needs no slot
-        assert lim.allowed == 500  # never shrank; grew to --concurrency
-    asyncio.run(sporadic())
+        assert lim.answered(throttle(1.0)) == HOLD and lim.in_flight == 10  # slot kept
+        assert lim.answered(throttle(60.0)) == RELEASE and lim.in_flight == 9  # too long
+        assert lim.answered(throttle(None)) == HOLD
+        assert lim.answered(throttle(1.0), repeat=True) == HOLD  # no evidence yet: undecided
+    asyncio.run(scenario())
 
 
 def test_throttle_wait_honours_retry_after_else_grows_with_the_share():
