@@ -103,3 +103,47 @@ class RemoteError(HandoffError):
 
 class NotDeployed(RemoteError):
     """The host lacks the release or the key a task needs."""
+
+
+class ManagementKeyMissing(SecretError):
+    """key_mode minted, but no management key in the keyring."""
+
+    def __init__(self, service: str, username: str) -> None:
+        super().__init__(
+            f"key_mode is minted but the OS keyring holds no management key for service "
+            f"{service!r}, username {username!r}. Store one with `fab set-key --username "
+            f"{username}` (an OpenRouter management key), or set key_mode: plain to place the "
+            f"API key itself."
+        )
+
+
+# --- the management API (handoff.keyapi) ------------------------------------------------------
+
+
+class KeyAPIError(SecretError):
+    """OpenRouter's key-management API did not do what was asked. Never carries a key: the
+    messages name the key's keyring entry, and whatever the server said passes redaction."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ManagementKeyRefused(KeyAPIError):
+    """401: the management key is wrong, revoked or expired."""
+
+
+class NotAManagementKey(KeyAPIError):
+    """403: the stored key is a plain API key, or lacks the right."""
+
+
+class KeyAPIRateLimited(KeyAPIError):
+    """429: too many management calls; waiting fixes it."""
+
+
+class KeyAPIUnreachable(KeyAPIError):
+    """No answer at all: DNS, refused connection, timeout, TLS."""
+
+
+class KeyAPIFailed(KeyAPIError):
+    """Any other failure: a 4xx we did not expect, a 5xx, an answer not in the spec's shape."""

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,37 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]
     console._console = None
     console._err_console = None
     station.kill_jobs()
+
+
+@dataclass
+class KeyedAPI:
+    """The fake OpenRouter on loopback with its management API on."""
+
+    fake: Any  # handoff.testing.fakeapi.FakeOpenRouter
+    api_key: str  # the account's own key (plain mode)
+    management_key: str
+
+    @property
+    def url(self) -> str:
+        return str(self.fake.base_url)
+
+    @property
+    def keys(self) -> Any:  # handoff.testing.fakekeys.KeyStore
+        return self.fake.keys
+
+
+@pytest.fixture
+def keyed_api() -> Iterator[KeyedAPI]:
+    import secrets as pysecrets
+
+    from handoff.testing.fakeapi import FakeOpenRouter
+
+    api_key = "sk-or-v1-" + pysecrets.token_hex(32)
+    management = "sk-or-v1-" + pysecrets.token_hex(32)
+    fake = FakeOpenRouter(api_key=api_key)
+    fake.keys.enable(management)
+    fake.start_in_thread()
+    try:
+        yield KeyedAPI(fake, api_key, management)
+    finally:
+        fake.stop_thread()
