@@ -201,6 +201,7 @@ def launch(
     dry_run: bool = False,
 ) -> int:
     """Start the role's job detached on each host, sharded i/n."""
+    from handoff import secrets
     from handoff.jobs import launch as launch_plan
 
     flags = dict(flags)
@@ -212,6 +213,9 @@ def launch(
         flags["max_cost"] = float(flags["max_cost"])
     p = launch_plan.plan(targets_for(host, role, flags), local_input=local_input,
                          remote_input=remote_input, job_flag=job_flag, shard=shard)
+    # A budget limits the hosts' child keys too: the management key is read (once, on this
+    # workstation) only if a host turns out to hold one.
+    p.private["management"] = secrets.ManagementKeys()
     return run_plan(p, dry_run)
 
 
@@ -221,9 +225,12 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
     import json
 
+    from handoff import secrets
     from handoff.jobs import status as st
 
-    watcher = st.Watcher(targets_for(host, role), job, CONNECT)
+    # Child keys' usage, limit and expiry: from the management API, on this workstation.
+    watcher = st.Watcher(targets_for(host, role), job, CONNECT,
+                         key_lookup=secrets.ManagementKeys().lookup)
     live = wait and console.console().is_terminal and not as_json
     try:
         views = watcher.collect()
@@ -236,6 +243,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
         console.say(st.table(views))
+    for note in st.table_notes(views):
+        console.warn(note)
     bad = [v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {', '.join(bad)}")

@@ -106,14 +106,16 @@ class NotDeployed(RemoteError):
 
 
 class ManagementKeyMissing(SecretError):
-    """key_mode minted, but no management key in the keyring."""
+    """A child key is to be minted, read, limited or revoked, but the keyring holds no
+    management key."""
 
-    def __init__(self, service: str, username: str) -> None:
+    def __init__(self, service: str, username: str,
+                 why: str = "mint child keys (key_mode minted)") -> None:
         super().__init__(
-            f"key_mode is minted but the OS keyring holds no management key for service "
-            f"{service!r}, username {username!r}. Store one with `fab set-key --username "
-            f"{username}` (an OpenRouter management key), or set key_mode: plain to place the "
-            f"API key itself."
+            f"no management key in the OS keyring (service {service!r}, username "
+            f"{username!r}), needed to {why}. Store your OpenRouter management key with "
+            f"`fab set-key --username {username}`; to place the API key itself instead, set "
+            f"key_mode: plain."
         )
 
 

@@ -247,9 +247,9 @@ class Credentials:
             return "minted" if self.management_key else "plain"
         return settings.mode
 
-    def client(self, api: str) -> keyapi.Client:
+    def client(self, api: str, why: str = "mint child keys (key_mode minted)") -> keyapi.Client:
         if not self.management_key:
-            raise ManagementKeyMissing(self.service, MANAGEMENT_KEY_USERNAME)
+            raise ManagementKeyMissing(self.service, MANAGEMENT_KEY_USERNAME, why)
         return keyapi.Client(api, self.management_key, f"{self.service}/{MANAGEMENT_KEY_USERNAME}")
 
 
@@ -298,13 +298,16 @@ class ManagementKeys:
                     None, read_optional(service, MANAGEMENT_KEY_USERNAME), service)
             return self._read[service]
 
-    def client(self, api: str, service: str = SECRET_SERVICE) -> keyapi.Client:
-        """A management client for `api`; ManagementKeyMissing when none is stored."""
-        return self.credentials(service or SECRET_SERVICE).client(api)
+    def client(self, api: str, service: str = SECRET_SERVICE,
+               why: str = "manage child keys") -> keyapi.Client:
+        """A management client for `api`; ManagementKeyMissing (saying `why`) when none is
+        stored."""
+        return self.credentials(service or SECRET_SERVICE).client(api, why)
 
     def lookup(self, record: keyapi.KeyRecord) -> keyapi.ChildKey | None:
         """What the API says about the child key a host's record names (None: revoked)."""
-        return self.client(record.api, record.service).get(record.hash)
+        return self.client(record.api, record.service,
+                           "read the child keys' usage").get(record.hash)
 
 
 # --- placement -----------------------------------------------------------------------------
@@ -748,7 +751,7 @@ def revoke_all(todo: list[Revocation], keys: ManagementKeys) -> list[Revoked]:
     def one(result: Revoked) -> None:
         r = result.revocation
         try:
-            result.deleted = keys.client(r.api, r.service).revoke(r.key_hash)
+            result.deleted = keys.client(r.api, r.service, "revoke child keys").revoke(r.key_hash)
         except HandoffError as exc:
             result.error = str(exc)
             return

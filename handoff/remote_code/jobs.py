@@ -84,7 +84,9 @@ def state(a: dict[str, Any]) -> dict[str, Any]:
         "meta": load_json(os.path.join(job_dir, "job.json")),
         "pid": pid,
         "alive": bool(pid) and is_alive(pid, job_dir),  # type: ignore[arg-type]
-        "keys": {p: os.path.exists(expand(p)) for p in a.get("keys", [])},
+        # By absolute path: `~/…` (the host's key_path) and the ledger's absolute path of
+        # the same file are one entry.
+        "keys": {expand(p): os.path.exists(expand(p)) for p in a.get("keys", [])},
         "records": {p: load_json(expand(p)) for p in a.get("records", [])},
     }
 
