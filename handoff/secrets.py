@@ -466,7 +466,9 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     except BaseException as exc:
         undone = _undo_mint(session, client, minted, path, child)
         if isinstance(exc, HandoffError | OSError):
-            raise RemoteError(f"{session.label}: placing the minted key failed ({exc}); {undone}") from None
+            detail = str(exc).removeprefix(f"{session.label}: ")
+            raise RemoteError(f"{session.label}: placing the minted key failed ({detail}); "
+                              f"{undone}") from None
         raise
     note = ""
     if replaced is not None and replaced.hash != minted.info.hash:
@@ -520,14 +522,15 @@ def _revoke_replaced(session: Session, client: keyapi.Client, old: keyapi.KeyRec
     """Revoke the child key a new one replaced (no orphan); a failure is a note, not an
     error: the new key is in place, and the ledger keeps the old one for cleanup."""
     try:
-        client.at(old.api).revoke(old.hash)
+        deleted = client.at(old.api).revoke(old.hash)
     except KeyAPIError as exc:
         return (f"could not revoke the child key {old.hash[:12]} it replaces ({exc}); "
                 f"`fab cleanup-secrets` will")
     state.record(ledger_entry(session, session.abs(str(session.vars["key_path"])), old.fingerprint,
                               "revoked", key_hash=old.hash, api=old.api, service=old.service,
                               name=old.name))
-    return f"revoked the child key {old.hash[:12]} it replaces"
+    return (f"revoked the child key {old.hash[:12]} it replaces" if deleted else
+            f"the child key {old.hash[:12]} it replaces was already revoked")
 
 
 def _remember(session: Session, path: str, record: keyapi.KeyRecord, info: keyapi.ChildKey) -> None:

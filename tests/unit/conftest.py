@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import keyring
+import keyring.backend
 import pytest
 
 from handoff import commands, console, paths
@@ -133,3 +135,32 @@ def keyed_api() -> Iterator[KeyedAPI]:
         yield KeyedAPI(fake, api_key, management)
     finally:
         fake.stop_thread()
+
+
+class MemoryKeyring(keyring.backend.KeyringBackend):
+    """A keyring backend in a dict (set with keyring.set_keyring): what the keyring holds
+    is the test's to decide."""
+
+    priority = 1  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.store.get((service, username))
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        self.store[(service, username)] = password
+
+    def delete_password(self, service: str, username: str) -> None:
+        self.store.pop((service, username), None)
+
+
+@pytest.fixture
+def memory() -> Iterator[MemoryKeyring]:
+    previous = keyring.get_keyring()
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)
