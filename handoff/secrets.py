@@ -470,9 +470,10 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
             raise RemoteError(f"{session.label}: placing the minted key failed ({detail}); "
                               f"{undone}") from None
         raise
-    note = ""
+    note = ("; NOTE: no key_limit is set, so this key is uncapped until `fab launch "
+            "--max-cost` limits it" if settings.limit is None else "")
     if replaced is not None and replaced.hash != minted.info.hash:
-        note = "; " + _revoke_replaced(session, client, replaced)
+        note += "; " + _revoke_replaced(session, client, replaced)
     return (f"minted child key {minted.info.hash[:12]} ({minted.info.describe()}; {why}) and "
             f"{placed.replace('placed key', 'placed it as key', 1)}{note}")
 
