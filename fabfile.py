@@ -67,8 +67,7 @@ def push_script(c: Context, host: str | None = None, role: str | None = None, dr
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_key(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
-    """Place the key on the hosts, 0600 from birth: a child key minted per host when a
-    management key is stored (key_mode auto/minted), else the keyring's API key."""
+    """Place each host's key, 0600 (minted child key or API key)."""
     from handoff import commands
 
     _done(commands.push_key(host, role, dry_run=dry_run))
@@ -89,7 +88,7 @@ def trust_host(c: Context, host: str | None = None, role: str | None = None, yes
                                                f"management key: hosts then get minted child keys)"})
 def set_key(c: Context, service: str = defaults.SECRET_SERVICE,
             username: str = defaults.API_KEY_USERNAME) -> None:
-    """Store the API key (or the management key) in the OS keyring (hidden prompt)."""
+    """Store the API key (or a management key) in the OS keyring."""
     from handoff import commands
 
     _done(commands.set_key(service, username))
@@ -185,7 +184,7 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
                                            "every inventory host and the last deploy's hosts)",
                                    "dry_run": DRY})
 def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) -> None:
-    """Remove the placed keys, revoke the minted child keys, verify both are gone."""
+    """Remove placed keys, revoke child keys, verify all gone."""
     from handoff import commands
 
     _done(commands.cleanup_secrets(host, dry_run=dry_run))
