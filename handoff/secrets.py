@@ -438,9 +438,10 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     replaced: keyapi.KeyRecord | None = record
     why = "the host holds no minted key"
     if record is not None:
-        intact = (remote.exists and bool(remote.sha256) and remote.mode == 0o600
-                  and remote.uid == facts.uid
-                  and str(remote.sha256).startswith(record.fingerprint) and record.fingerprint)
+        # The file beside the record is the key the record names, still private.
+        intact = bool(remote.exists and remote.sha256 and record.fingerprint
+                      and remote.sha256.startswith(record.fingerprint)
+                      and remote.mode == 0o600 and remote.uid == facts.uid)
         info = client.at(record.api).get(record.hash) if intact else None
         if info is not None and info.live(margin_s=KEY_RENEW_BEFORE_S):
             _remember(session, path, record, info)
@@ -813,16 +814,19 @@ def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[
         head += f"; {len(down)} host(s) not cleaned: {', '.join(r.target.label for r in down)}"
     lines = [head]
     for r in down:
-        dead = [x.revocation for x in revoked if x.revocation.host == r.target.label and not x.error]
+        label = r.target.label
+        why = str(r.error or "not reachable")
+        why = why if why.startswith(label) else f"{label}: {why}"
+        why += "" if why.endswith((".", "?", "!")) else "."
+        dead = [x.revocation for x in revoked if x.revocation.host == label and not x.error]
         if dead:
             keys = ", ".join(f"{d.key_hash[:12]} ({d.path})" for d in dead)
-            lines.append(f"{r.target.label}: {r.error}. Its key file may remain there, but the "
-                         f"child key it holds is revoked, so it is dead: {keys}. Rerun `fab "
-                         f"cleanup-secrets` when the host is back to remove the file.")
+            lines.append(f"{why} Its key file may remain there, but the child key it holds is "
+                         f"revoked, so it is dead: {keys}. Rerun `fab cleanup-secrets` when the "
+                         f"host is back to remove the file.")
         else:
-            lines.append(f"{r.target.label}: {r.error}. Its key file may remain there and still "
-                         f"work; rerun `fab cleanup-secrets` when the host is reachable (the "
-                         f"ledger keeps it).")
+            lines.append(f"{why} Its key file may remain there and still work; rerun `fab "
+                         f"cleanup-secrets` when the host is reachable (the ledger keeps it).")
     for x in failed:
         lines.append(f"child key {x.revocation.key_hash[:12]} ({x.revocation.host}) is NOT "
                      f"revoked: {x.error}")
