@@ -57,6 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
+from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
 
 PREFIX = "/api/v1"
@@ -229,6 +230,7 @@ class FakeOpenRouter:
         self._outage_until = 0.0
         self._site: web.TCPSite | None = None
         self.stats = FakeStats()
+        self.keys = KeyStore(lambda: self.api_key)  # child keys, the management API (handoff.testing.fakekeys)
         self.base_url = ""
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -241,6 +243,7 @@ class FakeOpenRouter:
         app.router.add_get(PREFIX + "/key", self._key)
         app.router.add_get(PREFIX + "/models/{author}/{slug}/endpoints", self._endpoints)
         app.router.add_get("/_fake/stats", self._stats)
+        self.keys.add_routes(app, PREFIX)
         return app
 
     async def start(self) -> str:
@@ -344,7 +347,7 @@ class FakeOpenRouter:
 
     # -- handlers ------------------------------------------------------------------------------
     def _authorized(self, request: web.Request) -> bool:
-        return request.headers.get("Authorization", "") == f"Bearer {self.api_key}"
+        return self.keys.authorize(request)  # the account's key, or a live child key
 
     def _error(self, status: int, message: str | None = None, *,
                retry_after: float | None = None,
@@ -391,7 +394,7 @@ class FakeOpenRouter:
             request.transport.abort()  # reset, or a connection kept alive across "refuse"
             raise ConnectionResetError("fake outage")
         if not self._authorized(request):
-            return self._error(401)
+            return self._error(401, self.keys.refusal(request))
         try:
             body = await request.json()
             messages = body["messages"]
@@ -425,6 +428,8 @@ class FakeOpenRouter:
             response = await self._fault(fault, request)
             if response is not None:
                 return response
+        if (key_limit := self.keys.over_limit(request, self.cost_per_request)) is not None:
+            return self._error(402, **key_limit)
         if self.credit_limit is not None and (
                 self.stats.total_cost + self.cost_per_request > self.credit_limit + 1e-12):
             return self._error(402, "Key limit exceeded: this key's credit limit is reached",
@@ -433,6 +438,7 @@ class FakeOpenRouter:
         self.stats.successes += 1
         self.stats.successes_by_prompt[prompt_id] += 1
         self.stats.total_cost += self.cost_per_request
+        self.keys.charge(request, self.cost_per_request)
         if self.record_timeline:
             self._tick(time.monotonic(), 1)
         content = f"answer {answer_digest(messages)}"
@@ -538,7 +544,9 @@ class FakeOpenRouter:
     async def _key(self, request: web.Request) -> web.Response:
         self.stats.key_calls += 1
         if not self._authorized(request):
-            return self._error(401)
+            return self._error(401, self.keys.refusal(request))
+        if (child := self.keys.child_of(request)) is not None:
+            return web.json_response({"data": child.current_key()})
         limit = self.credit_limit
         usage = round(self.stats.total_cost, 10)
         return web.json_response({"data": {
