@@ -86,7 +86,7 @@ def push_script(c: Context, host: str | None = None, role: str | None = None, dr
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_key(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
-    """Place the keyring's API key on the hosts, 0600 from birth."""
+    """Place each host's key, 0600 (minted child key or API key)."""
     from handoff import commands
 
     host = _host(c, host)
@@ -106,10 +106,12 @@ def trust_host(c: Context, host: str | None = None, role: str | None = None, yes
 
 
 @task(auto_shortflags=False, help={"service": f"keyring service (default {defaults.SECRET_SERVICE})",
-                                   "username": f"keyring username (default {defaults.API_KEY_USERNAME})"})
+                                   "username": f"keyring username (default {defaults.API_KEY_USERNAME}; "
+                                               f"{defaults.MANAGEMENT_KEY_USERNAME} for an OpenRouter "
+                                               f"management key: hosts then get minted child keys)"})
 def set_key(c: Context, service: str = defaults.SECRET_SERVICE,
             username: str = defaults.API_KEY_USERNAME) -> None:
-    """Store the API key in the OS keyring (hidden prompt)."""
+    """Store the API key (or a management key) in the OS keyring."""
     from handoff import commands
 
     _done(commands.set_key(service, username))
@@ -213,10 +215,11 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
     _done(commands.fetch(host, role, job=job, dest=dest))
 
 
-@task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists)",
+@task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists, "
+                                           "every inventory host and the last deploy's hosts)",
                                    "dry_run": DRY})
 def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) -> None:
-    """Remove every key the ledger lists, and verify it is gone."""
+    """Remove placed keys, revoke child keys, verify all gone."""
     from handoff import commands
 
     host = _host(c, host)

@@ -116,10 +116,12 @@ def deploy(
 
     targets = targets_for(host, role)
     entry = secrets.keyring_entry(targets, required=title == "push-key") if key else None
+    # Each host's key_mode says which keyring entries are needed (checked before anything).
+    modes = secrets.key_modes(targets) if entry is not None else set()
     if dry_run:
         unavailable = None
         try:
-            secret = None if entry is None else secrets.read_key(*entry)
+            secret = None if entry is None else secrets.read_credentials(*entry, modes)
         except SecretError as exc:
             # A dry run still shows the whole plan; the missing key becomes a note in it.
             secret, unavailable = None, str(exc)
@@ -127,7 +129,7 @@ def deploy(
                                           install=install, title=title, key_unavailable=unavailable),
                         dry_run=True)
     # Read on a thread while the hosts connect and probe; the plan's changing steps wait.
-    pending = None if entry is None else secrets.read_key_soon(*entry)
+    pending = None if entry is None else secrets.read_credentials_soon(*entry, modes)
     p = deploy_plan.build(targets, verify=verify, script=script, key=pending, install=install,
                           title=title)
     reports = plan.execute(p, connect=CONNECT)
@@ -224,6 +226,7 @@ def launch(
     dry_run: bool = False,
 ) -> int:
     """Start the role's job detached on each host, sharded i/n."""
+    from handoff import secrets
     from handoff.jobs import launch as launch_plan
 
     values = dict(flags)
@@ -233,6 +236,9 @@ def launch(
     values["max_cost"] = _flag.real("--max-cost", values.get("max_cost"), minimum=0)
     p = launch_plan.plan(targets_for(host, role, values), local_input=local_input,
                          remote_input=remote_input, job_flag=job_flag, shard=shard)
+    # A budget limits the hosts' child keys too: the management key is read (once, on this
+    # workstation) only if a host turns out to hold one.
+    p.private["management"] = secrets.ManagementKeys()
     return run_plan(p, dry_run)
 
 
@@ -242,11 +248,14 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
     import json
 
+    from handoff import secrets
     from handoff.jobs import status as st
 
     every = _flag.real("--interval", interval, minimum=0.2, default=2.0)
     assert every is not None
-    watcher = st.Watcher(targets_for(host, role), job, CONNECT)
+    # Child keys' usage, limit and expiry: from the management API, on this workstation.
+    watcher = st.Watcher(targets_for(host, role), job, CONNECT,
+                         key_lookup=secrets.ManagementKeys().lookup)
     live = wait and console.console().is_terminal and not as_json
     try:
         views = watcher.collect()
@@ -264,6 +273,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
         console.say(st.table(views))
+    for note in st.table_notes(views):
+        console.warn(note)
     bad = [v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {', '.join(bad)}")
@@ -309,22 +320,40 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
 
 @guarded
 def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
-    """Remove every key the ledger lists (and the key_path of hosts named with --host),
-    and verify each is gone."""
-    from handoff import secrets
+    """Remove the key files (the ledger's, and key_path on every inventory and remembered
+    host, or on the --host hosts), revoke the child keys, and verify each is gone."""
+    from handoff import secrets, state
+    from handoff.errors import InventoryError
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
-    # Named hosts are checked even if the ledger lost track of them (e.g. a wiped state
-    # dir): their key_path is removed too, or reported already absent.
-    entries = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True))
-    if not entries:
-        console.say("the ledger lists no placed keys: nothing to clean (already absent)")
+    everywhere: list[str] = []
+    if wanted is None:
+        # The hosts themselves are checked, not only the ledger: a wiped state dir or another
+        # clone's deploy leaves keys this ledger does not list.
+        try:
+            everywhere = list(load_inventory().hosts)
+        except InventoryError as exc:
+            console.warn(f"{exc}; checking only the hosts the ledger and the last deploy name")
+        everywhere += state.load_targets()[0]
+    scope = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True),
+                                    everywhere)
+    for skipped in scope.skipped:
+        console.warn(f"not checked: {skipped}")
+    if not scope.entries and not scope.minted:
+        console.say("the ledger lists no placed or minted keys and there is no host to check: "
+                    "nothing to clean (already absent)")
         return 0
-    p = secrets.cleanup_plan(entries)
+    p = secrets.cleanup_plan(scope)
     if dry_run:
-        return run_plan(p, dry_run=True)
-    reports = plan.execute(p, connect=CONNECT)
-    failed = [r.target.label for r in reports if not r.ok]
-    if failed:
-        console.error(f"could not clean: {', '.join(failed)} (the ledger keeps them; rerun when reachable)")
-    return 1 if failed else 0
+        run_plan(p, dry_run=True)
+        console.say(secrets.revocation_plan(secrets.revocations(scope)))
+        return 0
+    reports = plan.execute(p, connect=CONNECT) if p.hosts else []
+    todo = secrets.revocations(scope, reports)
+    revoked = secrets.revoke_all(todo, secrets.ManagementKeys()) if todo else []
+    if revoked:
+        console.say(secrets.revocation_table(revoked))
+    ok, lines = secrets.cleanup_summary(reports, revoked)
+    for line in lines:
+        (console.say if ok else console.error)(line)
+    return 0 if ok else 1

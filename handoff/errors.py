@@ -133,3 +133,49 @@ class RemoteError(HandoffError):
 
 class NotDeployed(RemoteError):
     """The host lacks the release or the key a task needs."""
+
+
+class ManagementKeyMissing(SecretError):
+    """A child key is to be minted, read, limited or revoked, but the keyring holds no
+    management key."""
+
+    def __init__(self, service: str, username: str,
+                 why: str = "mint child keys (key_mode minted)") -> None:
+        super().__init__(
+            f"no management key in the OS keyring (service {service!r}, username "
+            f"{username!r}), needed to {why}. Store your OpenRouter management key with "
+            f"`fab set-key --username {username}`; to place the API key itself instead, set "
+            f"key_mode: plain."
+        )
+
+
+# --- the management API (handoff.keyapi) ------------------------------------------------------
+
+
+class KeyAPIError(SecretError):
+    """OpenRouter's key-management API did not do what was asked. Never carries a key: the
+    messages name the key's keyring entry, and whatever the server said passes redaction."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ManagementKeyRefused(KeyAPIError):
+    """401: the management key is wrong, revoked or expired."""
+
+
+class NotAManagementKey(KeyAPIError):
+    """403: the stored key is a plain API key, or lacks the right."""
+
+
+class KeyAPIRateLimited(KeyAPIError):
+    """429: too many management calls; waiting fixes it."""
+
+
+class KeyAPIUnreachable(KeyAPIError):
+    """No answer at all: DNS, refused connection, timeout, TLS."""
+
+
+class KeyAPIFailed(KeyAPIError):
+    """Any other failure: a 4xx we did not expect, a 5xx, an answer not in the spec's shape."""

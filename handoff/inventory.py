@@ -115,13 +115,13 @@ _NUMBERS: dict[str, dict[str, Any]] = {
     "max_tokens": {"whole": True, "minimum": 1},
     "gpus": {"whole": True, "minimum": 1},
     "max_cost": {"minimum": 0},
-    "key_limit": {"minimum": 0},
-    "key_ttl_hours": {"minimum": 0.001},
     "io_timeout": {"minimum": 0.1},
 }
 _STRINGS = ("python", "remote_dir", "key_path", "secret_service", "secret_username", "base_url",
             "model", "job", "input")
-_CHOICES = {"key_mode": ("auto", "plain", "minted")}
+_CHOICES: dict[str, tuple[str, ...]] = {}
+# key_mode, key_limit and key_ttl_hours are checked together by handoff.secrets.key_settings
+# (they depend on each other), also before any host is contacted.
 
 
 def check_var(name: str, value: Any, where: str) -> Any:

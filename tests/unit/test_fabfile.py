@@ -87,7 +87,10 @@ def test_dry_runs_through_fab_connect_to_nothing(tmp_path: Path) -> None:
         assert out.returncode == 0 and "dry run" in out.stdout and expect in out.stdout, out
     out = subprocess.run([str(FAB), "cleanup-secrets", "--dry-run"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "nothing to clean" in out.stdout, out
+    # The ledger is empty, yet the inventory's host is still to be checked for a key file
+    # (a wiped state dir must not hide one): planned, not contacted.
+    assert out.returncode == 0 and "remove the key file .handoff/secrets/openrouter.key" in \
+        out.stdout and "then revoke the child keys" in out.stdout, out
 
 
 def test_dash_h_is_one_run_over_exactly_the_named_hosts(tmp_path: Path) -> None:

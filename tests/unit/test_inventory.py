@@ -104,7 +104,6 @@ def test_key_path_follows_remote_dir(tmp_path: Path) -> None:
     ("defaults", "concurrency: lots", "var concurrency: expected a whole number >= 1, got 'lots'"),
     ("host", "max_cost: ten", "var max_cost: expected a number >= 0, got 'ten'"),
     ("group", "io_timeout: -1", "var io_timeout: expected a number >= 0.1, got -1"),
-    ("host", "key_mode: sometimes", "var key_mode: expected one of auto, plain, minted"),
     ("host", "python: [a, b]", "var python: expected a non-empty string"),
 ])
 def test_standard_var_types_are_checked_with_file_and_line(tmp_path: Path, where: str, value: str,

@@ -58,7 +58,12 @@ def test_parse_smoke_and_credit() -> None:
     )
     f = smoke.parse(text)
     assert f["served by"].startswith("DeepInfra") and f["latency"] == "0.42 s" and f["smoke"] == "OK"
-    assert smoke.credit(f["key"]) == "$9.999700 left (used $0.000300)"
+    assert smoke.credit(f["key"]) == "$9.999700 left of $10.000000 (used $0.000300)"
+    child = "usage $0.000100, limit $0.500000, left $0.499900, expires 2026-12-01T10:00:00Z"
+    assert smoke.credit(child) == \
+        "$0.499900 left of $0.500000 (used $0.000100), expires 2026-12-01T10:00:00Z"
+    assert smoke.credit("usage $0.1, limit none, left unlimited, expires never") == \
+        "unlimited left (used $0.1)"
     assert smoke.credit("usage unknown (GET /key answered 404)") == "usage unknown (GET /key answered 404)"
 
 

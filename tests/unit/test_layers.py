@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the session seam", {"session"}),
     ("running on many hosts", {"parallel"}),
     ("host facts, moving bytes", {"facts", "transfer"}),
+    ("child keys: the management API, the record beside a key", {"keyapi"}),
     ("plans and their executor", {"plan"}),
     ("operations, grouped by what they act on", {"verify", "releases", "secrets", "jobs", "trust"}),
     ("fetching jobs' outputs", {"fetch"}),

@@ -2,7 +2,9 @@
 
 Each container is a private sshd on its own 127.0.0.N address that admits one throwaway
 unprivileged user; next to them run a fake OpenRouter and a throwaway keyring holding a
-throwaway API key. The workstation side gets its own $HOME (ssh config, client key,
+throwaway API key (and, with `management=True`, a throwaway management key the fake
+accepts, so deploys mint a child key per container; `key_limit`/`key_mode`/`key_ttl_hours`
+then go into the inventory's defaults). The workstation side gets its own $HOME (ssh config, client key,
 known_hosts), inventory and state dir, so `fab` pointed at `Sandbox.env()` acts on the
 sandbox and never on the user's real ~/.ssh, keyring or hosts.
 
@@ -44,6 +46,7 @@ __all__ = ["Container", "Sandbox", "SandboxError"]
 
 SECRET_SERVICE_NAME = defaults.SECRET_SERVICE  # where handoff reads the key by default
 SECRET_USERNAME = defaults.API_KEY_USERNAME
+MANAGEMENT_USERNAME = defaults.MANAGEMENT_KEY_USERNAME
 # api=False still needs a base_url that can never leave loopback (the inventory default is
 # the real OpenRouter): port 9 is "discard", nothing listens there.
 DEAD_API_URL = "http://127.0.0.1:9/api/v1"
@@ -75,8 +78,10 @@ class Sandbox:
 
     def __init__(self, root: Path, *, hosts: int = 2, api: bool = True, keyring: str = "auto",
                  name_prefix: str = "sbx", first_address: int = 2,
-                 api_latency_s: float = 0.0, host_key_types: tuple[str, ...] = ("ed25519",),
-                 host_ca: bool = False) -> None:
+                 api_latency_s: float = 0.0, management: bool = False,
+                 key_limit: float | None = None, key_mode: str | None = None,
+                 key_ttl_hours: float | None = None,
+                 host_key_types: tuple[str, ...] = ("ed25519",), host_ca: bool = False) -> None:
         """`host_key_types`: the host keys each sshd offers, the first one written to
         known_hosts (("ed25519", "ecdsa", "rsa") is a stock sshd); `host_ca`: a sandbox CA
         signs every host key into a host certificate (see `host_ca_line`)."""
@@ -91,6 +96,8 @@ class Sandbox:
         self.name_prefix = name_prefix
         self.first_address = first_address
         self.api_latency_s = api_latency_s
+        self.key_vars = {k: v for k, v in (("key_mode", key_mode), ("key_limit", key_limit),
+                                           ("key_ttl_hours", key_ttl_hours)) if v is not None}
         self.host_key_types = host_key_types
         self.use_host_ca = host_ca
 
@@ -107,6 +114,8 @@ class Sandbox:
 
         self.containers: list[Container] = []
         self.api_key = new_api_key()
+        # Stored in the keyring (and accepted by the fake's /keys) only with `management`.
+        self.management_key = new_api_key() if management else None
         self.api_url = DEAD_API_URL
         self.api: FakeOpenRouter | None = None
         self.keyring_backend = ""
@@ -163,12 +172,16 @@ class Sandbox:
         self._keyring.start()
         self.notes.extend(self._keyring.notes)
         self._keyring.store(SECRET_SERVICE_NAME, SECRET_USERNAME, self.api_key)
+        if self.management_key is not None:
+            self._keyring.store(SECRET_SERVICE_NAME, MANAGEMENT_USERNAME, self.management_key)
         self.keyring_backend = self._keyring.backend
 
         if self.use_api:
             from handoff.testing.fakeapi import FakeOpenRouter
 
             self.api = FakeOpenRouter(api_key=self.api_key, latency_s=self.api_latency_s)
+            if self.management_key is not None:
+                self.api.keys.enable(self.management_key)
             self.api_url = self.api.start_in_thread()
 
         for index in range(self.hosts):
@@ -275,7 +288,10 @@ class Sandbox:
                 "identity": str(self.identity), "roles": ["generator"],
                 "vars": {"python": c.python, "base_url": self.api_url, "concurrency": 50},
             }
-        return {"hosts": hosts}
+        data: dict[str, Any] = {"hosts": hosts}
+        if self.key_vars:
+            data = {"defaults": dict(self.key_vars), **data}
+        return data
 
     # -- breaking and repairing hosts ------------------------------------------------------------
     def container(self, name: str) -> Container:
@@ -366,9 +382,10 @@ class Sandbox:
 
     def describe(self) -> str:
         """A short human summary (never the key)."""
+        entries = [SECRET_USERNAME] + ([MANAGEMENT_USERNAME] if self.management_key else [])
         lines = [f"sandbox root: {self.root}",
                  f"keyring: {self.keyring_backend} (service {SECRET_SERVICE_NAME!r}, "
-                 f"username {SECRET_USERNAME!r})",
+                 f"usernames {', '.join(repr(e) for e in entries)})",
                  f"fake OpenRouter: {self.api_url if self.api else 'off'}",
                  f"container python: {self.python}"]
         for c in self.containers:
