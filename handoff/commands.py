@@ -28,20 +28,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handoff import console, plan
+from handoff import console, plan, ssh
+from handoff import flags as _flag
 from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
 from handoff.errors import HandoffError, SecretError, UsageError
 from handoff.inventory import load_inventory
 from handoff.parallel import HostReport, run_on_hosts
 from handoff.session import Connector, SSHSession
-from handoff.targets import Target, resolve
+from handoff.targets import Targets, resolve
 
 # How commands reach a host. Tests may point it at handoff.testing.local.LocalSession.
 CONNECT: Connector = SSHSession
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C with a message saying what it means for the hosts (e.g. the job runs on)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
-    """Turn expected failures into a message and an exit code."""
+    """Turn expected failures into a message and an exit code. Ctrl-C closes every SSH
+    connection in flight (their threads stop at once) and exits 130 without a traceback."""
 
     def wrapper(*args: Any, **kwargs: Any) -> int:
         console.install()
@@ -50,8 +60,12 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         except HandoffError as exc:
             console.error(str(exc))
             return exc.exit_code
-        except KeyboardInterrupt:
-            console.error("interrupted")
+        except KeyboardInterrupt as exc:
+            ssh.abort_all()
+            message = exc.message if isinstance(exc, Interrupted) else (
+                "interrupted: what a host was doing may be half done; rerun the command (each "
+                "step is safe to repeat)")
+            console.error(message)
             return 130
 
     wrapper.__name__ = fn.__name__
@@ -59,9 +73,13 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
-def targets_for(host: str | None, role: str | None, flags: dict[str, Any] | None = None) -> list[Target]:
-    """The hosts a command acts on (see handoff.targets)."""
-    return resolve(host, load_inventory(), role, flags)
+def targets_for(host: str | None, role: str | None, values: dict[str, Any] | None = None,
+                *, quiet: bool = False) -> Targets:
+    """The hosts a command acts on (see handoff.targets), said on stderr with why these."""
+    targets = resolve(host, load_inventory(), role, values)
+    if not quiet:
+        console.note(targets.describe())
+    return targets
 
 
 def exit_code(reports: list[HostReport]) -> int:
@@ -98,10 +116,12 @@ def deploy(
 
     targets = targets_for(host, role)
     entry = secrets.keyring_entry(targets, required=title == "push-key") if key else None
+    # Each host's key_mode says which keyring entries are needed (checked before anything).
+    modes = secrets.key_modes(targets) if entry is not None else set()
     if dry_run:
         unavailable = None
         try:
-            secret = None if entry is None else secrets.read_key(*entry)
+            secret = None if entry is None else secrets.read_credentials(*entry, modes)
         except SecretError as exc:
             # A dry run still shows the whole plan; the missing key becomes a note in it.
             secret, unavailable = None, str(exc)
@@ -109,16 +129,23 @@ def deploy(
                                           install=install, title=title, key_unavailable=unavailable),
                         dry_run=True)
     # Read on a thread while the hosts connect and probe; the plan's changing steps wait.
-    pending = None if entry is None else secrets.read_key_soon(*entry)
+    pending = None if entry is None else secrets.read_credentials_soon(*entry, modes)
     p = deploy_plan.build(targets, verify=verify, script=script, key=pending, install=install,
                           title=title)
     reports = plan.execute(p, connect=CONNECT)
     failure = None if pending is None else pending.exception()
     if isinstance(failure, SecretError):
         raise failure  # how to store the key: printed once, after the hosts' "nothing changed"
+    code = exit_code(reports)
     if remember and host:
-        state.save_targets([t.spec for t in targets], role)
-    return exit_code(reports)
+        # Only a deploy that succeeded on every host becomes what later bare commands act on;
+        # a failed one (a dead or mistyped host) leaves the remembered targets as they were.
+        if code == 0:
+            state.save_targets([t.spec for t in targets], role)
+        else:
+            console.note("the remembered hosts are unchanged (deploy failed on "
+                         f"{', '.join(r.target.label for r in reports if not r.ok)})")
+    return code
 
 
 def verify(host: str | None = None, role: str | None = None, install: bool = False,
@@ -199,34 +226,46 @@ def launch(
     dry_run: bool = False,
 ) -> int:
     """Start the role's job detached on each host, sharded i/n."""
+    from handoff import secrets
     from handoff.jobs import launch as launch_plan
 
-    flags = dict(flags)
-    job_flag = flags.pop("job", None)
-    for key in ("concurrency", "max_tokens"):
-        if flags.get(key) is not None:
-            flags[key] = int(flags[key])
-    if flags.get("max_cost") is not None:
-        flags["max_cost"] = float(flags["max_cost"])
-    p = launch_plan.plan(targets_for(host, role, flags), local_input=local_input,
+    values = dict(flags)
+    job_flag = values.pop("job", None)
+    values["concurrency"] = _flag.whole("--concurrency", values.get("concurrency"), minimum=1)
+    values["max_tokens"] = _flag.whole("--max-tokens", values.get("max_tokens"), minimum=1)
+    values["max_cost"] = _flag.real("--max-cost", values.get("max_cost"), minimum=0)
+    p = launch_plan.plan(targets_for(host, role, values), local_input=local_input,
                          remote_input=remote_input, job_flag=job_flag, shard=shard)
+    # A budget limits the hosts' child keys too: the management key is read (once, on this
+    # workstation) only if a host turns out to hold one.
+    p.private["management"] = secrets.ManagementKeys()
     return run_plan(p, dry_run)
 
 
 @guarded
 def status(host: str | None, role: str | None, *, job: str | None = None, as_json: bool = False,
-           wait: bool = False, interval: float = 2.0) -> int:
+           wait: bool = False, interval: float | str | None = None) -> int:
     """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
     import json
 
+    from handoff import secrets
     from handoff.jobs import status as st
 
-    watcher = st.Watcher(targets_for(host, role), job, CONNECT)
+    every = _flag.real("--interval", interval, minimum=0.2, default=2.0)
+    assert every is not None
+    # Child keys' usage, limit and expiry: from the management API, on this workstation.
+    watcher = st.Watcher(targets_for(host, role), job, CONNECT,
+                         key_lookup=secrets.ManagementKeys().lookup)
     live = wait and console.console().is_terminal and not as_json
     try:
         views = watcher.collect()
         if wait:
-            views = st.watch(watcher, views, interval, live)
+            try:
+                views = st.watch(watcher, views, every, live)
+            except KeyboardInterrupt:
+                raise Interrupted(
+                    "stopped watching; the jobs keep running on the hosts (`fab status` shows "
+                    "them again, `fab stop` ends them)") from None
     finally:
         watcher.close()
     if as_json:
@@ -234,6 +273,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
         console.say(st.table(views))
+    for note in st.table_notes(views):
+        console.warn(note)
     bad = [v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {', '.join(bad)}")
@@ -242,23 +283,27 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
 
 @guarded
 def logs(host: str | None, role: str | None, *, job: str | None = None, follow: bool = False,
-         lines: int = 40) -> int:
+         lines: int | str | None = None) -> int:
     """The job's last log lines; `follow` streams from every host until Ctrl-C."""
     from handoff.jobs import logs as job_logs
 
+    count = _flag.whole("--lines", lines, minimum=0, default=40)
+    assert count is not None
     targets = targets_for(host, role)
     if follow:
-        return job_logs.follow(targets, job, int(lines), CONNECT)
-    return exit_code(job_logs.tail(targets, job, int(lines), CONNECT))
+        return job_logs.follow(targets, job, count, CONNECT)
+    return exit_code(job_logs.tail(targets, job, count, CONNECT))
 
 
 @guarded
-def stop(host: str | None, role: str | None, *, job: str | None = None, timeout: float = 60.0,
-         dry_run: bool = False) -> int:
+def stop(host: str | None, role: str | None, *, job: str | None = None,
+         timeout: float | str | None = None, dry_run: bool = False) -> int:
     """SIGTERM the job: graceful drain, stays resumable."""
     from handoff.jobs import stop as stop_plan
 
-    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=timeout), dry_run)
+    wait_s = _flag.real("--timeout", timeout, minimum=0, default=60.0)
+    assert wait_s is not None
+    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=wait_s), dry_run)
 
 
 @guarded
@@ -275,22 +320,40 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
 
 @guarded
 def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
-    """Remove every key the ledger lists (and the key_path of hosts named with --host),
-    and verify each is gone."""
-    from handoff import secrets
+    """Remove the key files (the ledger's, and key_path on every inventory and remembered
+    host, or on the --host hosts), revoke the child keys, and verify each is gone."""
+    from handoff import secrets, state
+    from handoff.errors import InventoryError
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
-    # Named hosts are checked even if the ledger lost track of them (e.g. a wiped state
-    # dir): their key_path is removed too, or reported already absent.
-    entries = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None))
-    if not entries:
-        console.say("the ledger lists no placed keys: nothing to clean (already absent)")
+    everywhere: list[str] = []
+    if wanted is None:
+        # The hosts themselves are checked, not only the ledger: a wiped state dir or another
+        # clone's deploy leaves keys this ledger does not list.
+        try:
+            everywhere = list(load_inventory().hosts)
+        except InventoryError as exc:
+            console.warn(f"{exc}; checking only the hosts the ledger and the last deploy name")
+        everywhere += state.load_targets()[0]
+    scope = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True),
+                                    everywhere)
+    for skipped in scope.skipped:
+        console.warn(f"not checked: {skipped}")
+    if not scope.entries and not scope.minted:
+        console.say("the ledger lists no placed or minted keys and there is no host to check: "
+                    "nothing to clean (already absent)")
         return 0
-    p = secrets.cleanup_plan(entries)
+    p = secrets.cleanup_plan(scope)
     if dry_run:
-        return run_plan(p, dry_run=True)
-    reports = plan.execute(p, connect=CONNECT)
-    failed = [r.target.label for r in reports if not r.ok]
-    if failed:
-        console.error(f"could not clean: {', '.join(failed)} (the ledger keeps them; rerun when reachable)")
-    return 1 if failed else 0
+        run_plan(p, dry_run=True)
+        console.say(secrets.revocation_plan(secrets.revocations(scope)))
+        return 0
+    reports = plan.execute(p, connect=CONNECT) if p.hosts else []
+    todo = secrets.revocations(scope, reports)
+    revoked = secrets.revoke_all(todo, secrets.ManagementKeys()) if todo else []
+    if revoked:
+        console.say(secrets.revocation_table(revoked))
+    ok, lines = secrets.cleanup_summary(reports, revoked)
+    for line in lines:
+        (console.say if ok else console.error)(line)
+    return 0 if ok else 1

@@ -14,6 +14,16 @@ from payload import defaults as payload_defaults
 # The OS keyring entry the API key is read from (`keyring.get_password(service, username)`).
 SECRET_SERVICE = "openrouter"
 API_KEY_USERNAME = "api-key"
+# The keyring username of an OpenRouter management key (same service). With one stored,
+# handoff mints a spend-capped, expiring child key per host instead of placing the API key.
+MANAGEMENT_KEY_USERNAME = "management-key"
+
+# How a host gets its key (the `key_mode` var): `plain` places the keyring's API key,
+# `minted` a child key minted for that host, `auto` minted when a management key is stored.
+KEY_MODES = ("plain", "minted", "auto")
+# A child key is replaced rather than reused when it expires within this many seconds: a
+# redeploy must not hand a job a key that dies an hour into the run.
+KEY_RENEW_BEFORE_S = 3600.0
 
 # Where handoff keeps everything it places on a host, unless the `remote_dir` var moves it.
 REMOTE_DIR = "~/.handoff"
@@ -23,6 +33,10 @@ KEY_FILE = "secrets/openrouter.key"
 KEEP_RELEASES = 3
 # The role a target gets when neither `--role`, the inventory nor the last deploy names one.
 DEFAULT_ROLE = "generator"
+
+# Seconds one SSH request (an SFTP operation, opening a channel) may wait for a host before
+# that host fails (a stalled SFTP server must not hold the whole command).
+IO_TIMEOUT_S = 60.0
 
 # The standard vars, with their defaults (lowest precedence: the inventory's `defaults`,
 # role vars, group vars, host vars and task flags all override them). `key_path` follows
@@ -39,4 +53,8 @@ BUILTIN_VARS: dict[str, Any] = {
     "concurrency": payload_defaults.CONCURRENCY,
     "max_cost": None,
     "gpus": None,
+    "io_timeout": IO_TIMEOUT_S,
+    "key_mode": "auto",
+    "key_limit": None,  # USD; required with key_mode minted
+    "key_ttl_hours": 24,
 }

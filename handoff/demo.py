@@ -1,7 +1,8 @@
 """`fab demo`: the whole checklist against a throwaway local sandbox.
 
 Two sshd "containers" on 127.0.0.x (throwaway users, client key, known_hosts, all in
-a temp dir), the fake OpenRouter on loopback and a throwaway keyring entry come from
+a temp dir), the fake OpenRouter on loopback and throwaway keyring entries (an API key and
+a management key, so each container gets its own minted, capped child key) come from
 `handoff.testing.sandbox.Sandbox`. For the demo's duration this process's HOME, XDG dirs,
 keyring selection, inventory and state dir point into the sandbox (and
 SSH_AUTH_SOCK is unset), so the user's real ~/.ssh and keyring are never read or
@@ -26,6 +27,7 @@ from types import FrameType
 from handoff import console, paths
 
 PROMPTS = paths.demo_prompts()
+DEMO_KEY_LIMIT = 0.5  # USD per container's child key; the demo spends a few hundredths
 _SCRUB = ("SSH_AUTH_SOCK", "PYTHON_KEYRING_BACKEND", "DBUS_SESSION_BUS_ADDRESS",
           "HANDOFF_INVENTORY", "HANDOFF_STATE_DIR", "XDG_RUNTIME_DIR")
 
@@ -81,12 +83,16 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
     started = time.monotonic()
     try:
         console.say(f"[bold]handoff demo[/]: {hosts} sshd containers + fake OpenRouter on loopback, in {root}")
-        with Sandbox(root / "sandbox", hosts=int(hosts), api_latency_s=0.4) as sbx:
+        # A management key in the sandbox's keyring: each container gets its own child key,
+        # capped at DEMO_KEY_LIMIT and expiring, revoked again by cleanup-secrets.
+        with Sandbox(root / "sandbox", hosts=int(hosts), api_latency_s=0.4, management=True,
+                     key_limit=DEMO_KEY_LIMIT) as sbx:
             console.say(console.r(sbx.describe()))
             names = ",".join(c.name for c in sbx.containers)
             with sandbox_env(sbx.env()):
                 steps = [
-                    ("deploy: verify → push-script → push-key", lambda: commands.deploy(names)),
+                    ("deploy: verify → push-script → push-key (a child key minted per "
+                     "container)", lambda: commands.deploy(names)),
                     ("smoke-test: one real request per container", lambda: commands.smoke_test(None, None)),
                     (f"launch: {PROMPTS.name} sharded over {hosts} hosts",
                      lambda: commands.launch(None, None, local_input=str(PROMPTS), remote_input=None,
@@ -94,7 +100,8 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
                     ("status --wait: until every shard is done",
                      lambda: commands.status(None, None, wait=True, interval=1.0)),
                     (f"fetch → {results_dir}", lambda: commands.fetch(None, None, dest=str(results_dir))),
-                    ("cleanup-secrets: remove every placed key, verify", lambda: commands.cleanup_secrets()),
+                    ("cleanup-secrets: remove every placed key and revoke the child keys, verify",
+                     lambda: commands.cleanup_secrets()),
                 ]
                 for title, step in steps:
                     _step(title)
@@ -133,4 +140,4 @@ def _summary(results_dir: Path, seconds: float) -> None:
                      console.r(out.parent)])
     console.say(console.table("demo results", ["host", "responses", "errors", "folder"], rows))
     console.say(f"[bold green]demo done[/] in {seconds:.1f} s; results are in {console.r(results_dir)} "
-                f"(sandbox and key removed)")
+                f"(sandbox removed, child keys revoked)")

@@ -10,6 +10,7 @@ secrets.place_step); this module only puts them in order per host.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import Any
 
 from handoff import releases, secrets
 from handoff.plan import HostPlan, Plan
@@ -22,21 +23,27 @@ def build(
     *,
     verify: bool = True,
     script: bool = True,
-    key: str | Future[str] | None = None,
+    key: str | secrets.Credentials | Future[Any] | None = None,
     key_unavailable: str | None = None,
     install: bool = False,
     title: str = "deploy",
 ) -> Plan:
     """Plan for deploy (all three) or one checklist step alone.
 
-    `key` may still be on its way from the keyring (a Future, see secrets.read_key_soon):
-    hosts connect and probe meanwhile, and every step that changes a host waits for it
-    first, so a keyring failure still changes nothing anywhere. `key_unavailable` (dry
-    run only) is why there is no key: the plan still shows the step, with that note.
+    `key` is what the keyring gave (secrets.Credentials: the API key and/or the management
+    key; a bare string is an API key) and may still be on its way (a Future, see
+    secrets.read_credentials_soon): hosts connect and probe meanwhile, and every step that
+    changes a host waits for it first, so a keyring failure still changes nothing anywhere.
+    Each host's `key_mode` then decides whether it gets the API key or a child key minted
+    for it. `key_unavailable` (dry run only) is why there is no key: the plan still shows
+    the step, with that note.
     """
     release = releases.build() if script else None
     plan = Plan(title, [], private={"release": release, "key": key},
                 pending={"key": "the API key could not be read from the keyring"})
+    for t in targets:  # bad key vars stop the whole command before any host is touched
+        if (key is not None or key_unavailable is not None) and secrets.takes_key(t):
+            secrets.key_settings(t)
     for i, t in enumerate(targets):
         places_key = (key is not None or key_unavailable is not None) and secrets.takes_key(t)
         # The folders later steps may create: the probe reports which exist, so creating

@@ -27,11 +27,13 @@ from handoff.session import Session
 
 # The name the probe reports the placed API key under (`Facts.file(KEY_FILE)`).
 KEY_FILE = "key"
+# ... and the record beside a minted key (handoff.layout.key_record).
+KEY_RECORD = "key_record"
 # Stands for `{python}` in a preflight argv: the probe runs it with its own interpreter,
 # the one verify just checked (it may be the venv `verify --install` made).
 SELF_PYTHON = "@@probe-python@@"
 
-__all__ = ["KEY_FILE", "SELF_PYTHON", "Facts", "FileFacts", "PreflightFacts", "ReleaseFacts", "TorchFacts",
+__all__ = ["KEY_FILE", "KEY_RECORD", "SELF_PYTHON", "Facts", "FileFacts", "PreflightFacts", "ReleaseFacts", "TorchFacts",
            "check_vars", "deep_args", "gather"]
 
 

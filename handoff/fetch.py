@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from handoff import console, remote_code
-from handoff.errors import RemoteError
+from handoff.errors import HandoffError, RemoteError
 from handoff.jobs.state import job_name
 from handoff.parallel import HostReport
 from handoff.session import Session
@@ -157,6 +157,9 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
         except OSError as exc:
             raise RemoteError(f"{s.label}: fetching {rel} failed after {done.fetched} file(s): "
                               f"{exc}; run fetch again to resume") from None
+        except HandoffError as exc:  # the connection dropped or stalled (the session says which)
+            raise RemoteError(f"{exc} (fetching {rel}, after {done.fetched} file(s); run fetch "
+                              f"again to resume)") from None
         done.fetched += 1
         done.nbytes += size - start.offset
     return done

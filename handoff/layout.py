@@ -5,6 +5,7 @@
   releases/<sha12>/payload.pyz   one folder per payload release (push-script)
   current -> releases/<sha12>    the release jobs run
   secrets/openrouter.key         the API key (0700 folder, 0600 file; `key_path` moves it)
+  secrets/openrouter.key.minted.json  which child key the file holds (hash, API; minted mode)
   data/<file>                    inputs pushed by `fab launch --input`
   jobs/<job>/                    one folder per job: output, status, log, pid, job.json
   venv/                          made by `fab verify --install`, used from then on
@@ -48,6 +49,12 @@ def parents(path: str) -> list[str]:
         out.append(path)
         path = path.rsplit("/", 1)[0] if "/" in path else ""
     return out + (["~"] if path == "~" else [])
+
+
+def key_record(key_path: str) -> str:
+    """The record beside a minted key (`<key_path>.minted.json`): the child key's public
+    hash and the API it belongs to, so the host itself says what to revoke."""
+    return f"{key_path}.minted.json"
 
 
 @dataclass(frozen=True)

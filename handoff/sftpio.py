@@ -3,18 +3,20 @@
 Why not paramiko's own file reads and writes: `SFTPFile` moves 32 KiB per request, builds
 and parses a `Message` for each, and its channel asks the server for 32 KiB SSH packets
 in a 2 MiB window. On loopback that made `fab fetch` of 1 GB take 2.2x the time of `scp`
-and 8 s of CPU (BENCHMARKS.md, "Transfers"). Here a file moves in requests of
-`REQUEST` bytes (255 KiB: what OpenSSH's sftp-server serves in one answer), `DEPTH` of
-them in flight, on a channel opened with 256 KiB packets and a 32 MiB window (`channel`),
-and read answers are parsed as a byte stream: their data is handed on as slices of what
-the channel delivered, never gathered into one message first.
+and 8 s of CPU (BENCHMARKS.md, "Transfers"). Here a file moves in requests of REQUEST
+bytes (255 KiB: what OpenSSH's sftp-server serves in one answer), DEPTH of them in
+flight, on a channel with PACKET (256 KiB) packets and a WINDOW (32 MiB) window (which
+handoff.session opens), and read answers are parsed as a byte stream: their data is handed
+on as slices of what the channel delivered, never gathered into one message first.
 
 The protocol is SFTP v3 (draft-ietf-secsh-filexfer-02), the version OpenSSH speaks. Files
 are opened and closed through paramiko's `SFTPClient`; this module shares its request
 numbers (taken under its lock) and always collects every answer it asked for before it
-returns, also on failure, so the client never sees a stray answer. A server that answers
-a read with fewer bytes than asked (a smaller limit than OpenSSH's) gets the rest asked
+returns, also on failure, so the client never sees a stray answer. A server that answers a
+read with fewer bytes than asked (a smaller limit than OpenSSH's) gets the rest asked
 again; one that answers out of order is buffered back into order (at most DEPTH answers).
+A channel that fails raises what paramiko raises (EOFError, SSHException, a timeout); the
+session turns those into its own errors.
 """
 
 from __future__ import annotations
@@ -33,11 +35,6 @@ PACKET = 2**18  # largest SSH packet we accept (OpenSSH sends up to 256 KiB)
 # SFTP v3 packet types and status codes (draft-ietf-secsh-filexfer-02, section 3 and 7).
 FXP_READ, FXP_WRITE, FXP_STATUS, FXP_DATA = 5, 6, 101, 103
 FX_OK, FX_EOF = 0, 1
-
-
-def channel(transport: paramiko.Transport) -> paramiko.SFTPClient | None:
-    """An SFTP client on a channel sized for bulk data (see the module docstring)."""
-    return paramiko.SFTPClient.from_transport(transport, window_size=WINDOW, max_packet_size=PACKET)
 
 
 def _next_id(sftp: paramiko.SFTPClient) -> int:
@@ -60,17 +57,6 @@ def _status_error(body: bytes, what: str) -> OSError:
     return OSError(f"{what}: SFTP error {code}: {message or 'failure'}")
 
 
-def _send(chan: Any, *parts: bytes | memoryview) -> None:
-    """Send on the channel; a dropped connection is an OSError like any other I/O failure
-    (paramiko raises EOFError or SSHException for it)."""
-    try:
-        for part in parts:
-            chan.sendall(part)
-    except (EOFError, paramiko.SSHException) as exc:
-        detail = f": {exc}" if str(exc) else ""
-        raise OSError(f"the connection dropped ({type(exc).__name__}{detail})") from None
-
-
 class _Inbound:
     """The channel's bytes, with what was read but not yet consumed kept aside."""
 
@@ -82,10 +68,7 @@ class _Inbound:
     def chunk(self) -> memoryview:
         """What is buffered, else the next bytes from the channel (blocking)."""
         if not self.pending:
-            try:
-                data = self.chan.recv(WINDOW)  # all that is buffered: one copy out of paramiko
-            except (EOFError, paramiko.SSHException):
-                data = b""
+            data = self.chan.recv(WINDOW)  # all that is buffered: one copy out of paramiko
             if not data:
                 raise OSError("the SFTP channel closed (connection dropped)")
             self.pending = memoryview(data)
@@ -122,7 +105,7 @@ def read(sftp: paramiko.SFTPClient, handle: bytes, offset: int, end: int, what: 
     def ask(at: int, length: int) -> None:
         num = _next_id(sftp)
         body = struct.pack(">BI", FXP_READ, num) + prefix + struct.pack(">QI", at, length)
-        _send(chan, struct.pack(">I", len(body)) + body)
+        chan.sendall(struct.pack(">I", len(body)) + body)
         asked[num] = (at, length)
 
     def refill() -> None:
@@ -209,7 +192,8 @@ class Writer:
             num = _next_id(self.sftp)
             header = struct.pack(">BI", FXP_WRITE, num) + self.prefix + struct.pack(
                 ">QI", self.offset, len(piece))
-            _send(self.chan, struct.pack(">I", len(header) + len(piece)) + header, piece)
+            self.chan.sendall(struct.pack(">I", len(header) + len(piece)) + header)
+            self.chan.sendall(piece)
             self.asked.add(num)
             self.offset += len(piece)
             while self.asked and (len(self.asked) >= self.depth or self.inbound.ready()):

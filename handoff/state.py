@@ -3,7 +3,9 @@
 `$HANDOFF_STATE_DIR`, default `.handoff/` in the project directory (handoff.paths;
 git-ignored). The dir is 0700 and every file in it 0600: it holds no secret, but the
 ledger maps hosts to where keys lie, which is nobody else's business. The ledger stores
-host, path, time and an 8-hex fingerprint of the key, never the key. Files are replaced
+host, path, time and an 8-hex fingerprint of the key, never the key; for a minted child
+key also its public `hash` and the API that minted it, so cleanup can revoke it even when
+its host is unreachable. Files are replaced
 through payload.atomic (temp name, fsync, rename); the ledger is append-only.
 """
 
@@ -20,8 +22,9 @@ from typing import Any
 from handoff.paths import state_dir
 from payload import atomic
 
-__all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "load_targets",
-           "pinned_keys_path", "placed", "record", "save_targets", "state_dir", "write_pinned"]
+__all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "live_minted",
+           "load_targets", "pinned_keys_path", "placed", "record", "save_targets", "state_dir",
+           "targets_saved_at", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
 
@@ -59,12 +62,29 @@ def load_targets() -> tuple[list[str], str | None]:
     return hosts, role if isinstance(role, str) else None
 
 
+def targets_saved_at() -> float | None:
+    """When the remembered targets were saved (the last successful deploy), if known."""
+    try:
+        data = json.loads((state_dir() / "targets.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    saved = data.get("time") if isinstance(data, dict) else None
+    return float(saved) if isinstance(saved, (int, float)) else None
+
+
 # --- the ledger -------------------------------------------------------------------------
+
+
+# Events about a key FILE on a host (its slot) and about a minted child KEY at the API.
+SLOT_EVENTS = ("placed", "removed")
+CHILD_EVENTS = ("minted", "revoked")
+_CHILD_FIELDS = ("key_hash", "api", "service", "name")
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One placement (or removal) of a key: enough to find the file again, never the key."""
+    """One placement (or removal) of a key file, or one child key minted (or revoked):
+    enough to find the file again and to revoke the child key, never the key."""
 
     host: str  # the label the user knows it by (inventory name or spec)
     hostname: str  # resolved address, so cleanup works after the host left the inventory
@@ -74,7 +94,11 @@ class LedgerEntry:
     path: str  # absolute remote path of the key file
     fingerprint: str  # first 8 hex of sha256(key)
     time: float
-    event: str = "placed"  # placed | removed
+    event: str = "placed"  # placed | removed (the file), minted | revoked (the child key)
+    key_hash: str = ""  # the child key's public hash at the API (minted keys only)
+    api: str = ""  # the management API that minted it (the host's base_url)
+    service: str = ""  # the keyring service whose management key minted it
+    name: str = ""  # the child key's name at the API
 
     @property
     def slot(self) -> tuple[str, int, str, str]:
@@ -90,8 +114,10 @@ def record(entry: LedgerEntry) -> None:
     with _lock:
         path = ensure_state_dir() / "ledger.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # A plain key's events keep their old shape: the child-key fields only when set.
+        data = {k: v for k, v in asdict(entry).items() if k not in _CHILD_FIELDS or v}
         with os.fdopen(fd, "a", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(entry), sort_keys=True) + "\n")
+            f.write(json.dumps(data, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -115,8 +141,20 @@ def placed() -> list[LedgerEntry]:
     """Keys the ledger says are still on a host: the last event per slot is `placed`."""
     last: dict[tuple[str, int, str, str], LedgerEntry] = {}
     for event in ledger_events():
-        last[event.slot] = event
+        if event.event in SLOT_EVENTS:
+            last[event.slot] = event
     return [e for e in last.values() if e.event == "placed"]
+
+
+def live_minted() -> list[LedgerEntry]:
+    """Child keys minted and not (yet) known to be revoked: the last event per hash is
+    `minted`. A key whose placement was cut off by a crash is among them, so cleanup still
+    revokes it."""
+    last: dict[str, LedgerEntry] = {}
+    for event in ledger_events():
+        if event.event in CHILD_EVENTS and event.key_hash:
+            last[event.key_hash] = event
+    return [e for e in last.values() if e.event == "minted"]
 
 
 # --- pinned host keys -------------------------------------------------------------------

@@ -16,8 +16,16 @@ from typing import Any
 
 from handoff import console, remote_code
 from handoff.errors import HandoffError, RoleError
-from handoff.facts import KEY_FILE, SELF_PYTHON, Facts, PreflightFacts, check_vars, gather
-from handoff.layout import RemoteLayout
+from handoff.facts import (
+    KEY_FILE,
+    KEY_RECORD,
+    SELF_PYTHON,
+    Facts,
+    PreflightFacts,
+    check_vars,
+    gather,
+)
+from handoff.layout import RemoteLayout, key_record
 from handoff.parallel import HostReport
 from handoff.plan import HostContext, Skipped, Step
 from handoff.roles import Preflight, Role, render_argv, render_value, unset_vars
@@ -275,7 +283,8 @@ def probe_step(target: Target, *, check: bool, install: bool = False, key: bool 
 def _probe(ctx: HostContext, step: Step) -> str:
     s = ctx.session
     p = step.params
-    files = {KEY_FILE: str(s.vars["key_path"])} if p.get("key") else {}
+    key_path = str(s.vars["key_path"])
+    files = {KEY_FILE: key_path, KEY_RECORD: key_record(key_path)} if p.get("key") else {}
     role = s.target.role
     check = bool(p.get("check"))
 

@@ -1,7 +1,9 @@
 """`python -m payload generate|smoke|extract` (and `python payload.pyz …`, same entry).
 
 Everything printed goes through redaction of the API key: stdout and stderr are wrapped
-for the duration of `main`, so no code path can print the key by accident.
+for the duration of `main`, so no code path can print the key by accident. The wrapper
+also drops what cannot be written (the log on a full disk): a message lost is better
+than a run that dies, or loops, on its own log.
 """
 
 from __future__ import annotations
@@ -18,6 +20,26 @@ from .records import parse_shard, sibling_path
 from .redact import RedactingStream, redact
 
 EXIT_USAGE = ExitCode.USAGE
+
+
+class _LogStream(RedactingStream):
+    """Redacts, and swallows write errors (ENOSPC, EPIPE) instead of raising them into
+    whatever code path was reporting something."""
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except (OSError, ValueError):
+            return 0
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except (OSError, ValueError):
+            pass
+
+
+_UNSET: Any = object()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +82,32 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _checked(parse: Any) -> Any:
+    def run(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return run
+
+
+def parse_prices_arg(text: str) -> Any:
+    from .generate.budget import parse_prices
+    return parse_prices(text)
+
+
+def parse_max_failed_arg(text: str) -> Any:
+    from .generate.run import parse_max_failed
+    return parse_max_failed(text)
+
+
+def _provider(args: argparse.Namespace) -> dict[str, Any] | None:
+    from .generate.run import provider_for
+    explicit = args.provider is not _UNSET
+    return provider_for(args.base_url, args.provider if explicit else defaults.PROVIDER,
+                        explicit)
+
+
 def _add_key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", help="file holding the key, mode 0600 "
                    "(default: $OPENROUTER_API_KEY)")
@@ -68,9 +116,10 @@ def _add_key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=defaults.BASE_URL)
     p.add_argument("--model", default=defaults.MODEL)
     p.add_argument("--provider", type=_json_object("--provider", allow_null=True),
-                   default=defaults.PROVIDER,
-                   help="provider routing JSON, sent as given; 'null' sends none "
-                        f"(default: {json.dumps(defaults.PROVIDER)})")
+                   default=_UNSET,
+                   help="provider routing JSON, sent as given; 'null' sends none (default: "
+                        f"{json.dumps(defaults.PROVIDER)} when the base URL is openrouter.ai, "
+                        "none elsewhere)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reasoning", type=_json_object("--reasoning"),
                    help="reasoning JSON passed through, e.g. '{\"effort\": \"high\"}'")
     g.add_argument("--max-cost", type=_positive(float), help="USD budget (cumulative over "
-                   "resumed runs); never exceeded, exit 3 when reached")
+                   "resumed runs): dispatch while spent + expected cost of the requests in "
+                   "flight fits; exit 3 when reached")
+    g.add_argument("--prices", type=_checked(parse_prices_arg),
+                   help="PROMPT,COMPLETION[,REQUEST]: USD per million prompt / completion "
+                        "tokens (and per request), to price answers when the server reports "
+                        "no usage.cost (default: the endpoint list's prices)")
+    g.add_argument("--max-failed", type=_checked(parse_max_failed_arg), default="1%",
+                   help="ids that may fail permanently before the run exits 1: a count (50) "
+                        "or a share (2%%); default 1%%")
+    g.add_argument("--outage-timeout", type=_positive(float), default=600.0,
+                   help="seconds the server may fail as a whole (no connection, 5xx) before "
+                        "the run stops, resumable (exit 3); default 600")
     g.add_argument("--shard", type=_shard, default=parse_shard("0/1"),
                    help="I/N: this host's share of the ids (I is 0-based)")
     g.add_argument("--retry-failed", action="store_true",
@@ -143,11 +203,14 @@ def _generate(args: argparse.Namespace) -> int:
         status_file=args.status_file or sibling_path(args.output, ".status.json"),
         model=args.model, base_url=args.base_url, api_key=key,
         concurrency=args.concurrency, max_tokens=args.max_tokens,
-        temperature=args.temperature, top_p=args.top_p, provider=args.provider,
-        reasoning=args.reasoning, max_cost=args.max_cost, shard=args.shard,
+        temperature=args.temperature, top_p=args.top_p, provider=_provider(args),
+        reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices, shard=args.shard,
         retry_failed=args.retry_failed, request_timeout=args.request_timeout,
         max_attempts=args.max_attempts, backoff_base=args.backoff_base,
-        drain_timeout=args.drain_timeout, preflight=not args.no_preflight)
+        drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
+        max_failed=args.max_failed if not isinstance(args.max_failed, str)
+        else parse_max_failed_arg(args.max_failed),
+        preflight=not args.no_preflight)
     return run(settings)
 
 
@@ -157,7 +220,7 @@ def _smoke(args: argparse.Namespace) -> int:
     if key is None:
         return EXIT_USAGE
     return run_smoke(base_url=args.base_url, api_key=key, model=args.model,
-                     provider=args.provider, max_tokens=args.max_tokens,
+                     provider=_provider(args), max_tokens=args.max_tokens,
                      timeout=args.request_timeout)
 
 
@@ -173,7 +236,7 @@ def _extract(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
+    sys.stdout, sys.stderr = _LogStream(out), _LogStream(err)
     try:
         parser = build_parser()
         args, unknown = parser.parse_known_args(argv)

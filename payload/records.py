@@ -74,7 +74,10 @@ def derive_id(messages: list[dict[str, Any]]) -> str:
 
 
 def to_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's conversation as OpenAI-style messages, trailing assistant turn kept."""
+    """The record's conversation as OpenAI-style messages, trailing assistant turn kept.
+
+    Accepted shapes (docs/records.md): `messages` (OpenAI), `conversations` (ShareGPT), or
+    a plain `prompt` string (one user message)."""
     if "messages" in record:
         msgs = record["messages"]
         if not isinstance(msgs, list):
@@ -98,7 +101,13 @@ def to_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
                 raise BadRecord(f"conversations[{i}] has unknown 'from': {t.get('from')!r}")
             out.append({"role": role, "content": t["value"]})
         return out
-    raise BadRecord("no 'messages' or 'conversations' field")
+    if "prompt" in record:
+        prompt = record["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise BadRecord("'prompt' must be a non-empty string")
+        return [{"role": "user", "content": prompt}]
+    keys = ", ".join(repr(k) for k in list(record)[:6]) or "none"
+    raise BadRecord(f"no 'messages', 'conversations' or 'prompt' field (keys: {keys})")
 
 
 def to_prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -133,6 +142,21 @@ def parse_prompt(line: str, line_no: int) -> Prompt:
     elif not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise BadRecord(f"'id' must be a string or an integer, got {type(rid).__name__}")
     return Prompt(id=rid, key=str(rid), messages=messages, line_no=line_no)
+
+
+def iter_input(path: Path) -> Iterator[tuple[int, str | BadRecord]]:
+    """Stream (1-based line number, text) without loading the file; blank lines are skipped.
+    A line that is not valid UTF-8 comes as a BadRecord instead of its text: decoding it
+    with replacement characters would send (and pay for) a prompt nobody wrote."""
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield line_no, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield line_no, BadRecord(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                                         f"byte {exc.start + 1} of the line)")
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:

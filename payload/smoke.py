@@ -65,9 +65,11 @@ async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, An
     if key is not None:
         limit = key.get("limit")
         left = key.get("limit_remaining")
+        expires = key.get("expires_at")
         print(f"key:       usage {_money(key.get('usage'))}, limit "
               f"{_money(limit) if limit is not None else 'none'}, left "
-              f"{_money(left) if left is not None else 'unlimited'}")
+              f"{_money(left) if left is not None else 'unlimited'}, expires "
+              f"{expires if isinstance(expires, str) and expires else 'never'}")
     else:
         print(f"key:       usage unknown (GET /key answered {key_status or 'nothing'})")
     if outcome.kind is Kind.OK:

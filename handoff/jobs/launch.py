@@ -5,6 +5,8 @@ Per host, in order:
    host, and the job is not already running (a second copy is refused);
 2. `push-input` (with `--input`): the local prompts file to `<remote_dir>/data/<name>`,
    skipped when the host already holds the same bytes (sha256 compared on the host);
+   `set-key-limit` (with a budget): the host's minted child key limited to its share of
+   the job's budget (handoff.jobs.budget);
 3. `start-job`: the role's `launch` command, detached, in `<remote_dir>/jobs/<job>/`;
    host i of n runs `--shard i/n`. A command that dies at once fails the host with its
    log's last lines; one that finished within that second (nothing left to do) is fine.
@@ -25,6 +27,7 @@ from typing import Any
 from handoff import remote_code
 from handoff.errors import HandoffError, RemoteError, UsageError
 from handoff.facts import KEY_FILE, gather
+from handoff.jobs import budget
 from handoff.jobs.state import JobState, command_vars, job_name, job_vars, read, require_deployed
 from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
 from handoff.roles import render_command
@@ -97,6 +100,9 @@ def plan(targets: list[Target], *, local_input: str | None, remote_input: str | 
                 f"sftp put {folder}/{temp_prefix(local.path.name)}* then rename to {input_path}",
                 "unless the host holds the same file (sha256 compared on the host)", params,
                 run=_push_input))
+        if target.vars.get("max_cost") is not None and role.secret:
+            # The key's own limit enforces this host's share too (handoff.jobs.budget).
+            steps.append(budget.limit_step(target, budget.host_share(float(target.vars["max_cost"]), n), [job]))
         steps.append(Step(
             "start-job", f"start job {job} detached in {lay.job(job)}"
                          + (f", shard {shard_spec}" if shard_spec else ""),
@@ -118,7 +124,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
     if current.alive:
         raise HandoffError(
             f"{s.label}: job {job!r} is already running (pid {current.pid}); "
-            f"watch it with `fab status`, or `fab stop --host {s.label}` first"
+            f"watch it with `fab status {s.target.flags(job)}`, or stop it first with "
+            f"`fab stop {s.target.flags(job)}`"
         )
     return Skipped(f"release {'and key ' if s.target.role and s.target.role.secret else ''}"
                    f"in place; job {job} is {current.state}")

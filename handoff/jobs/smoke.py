@@ -29,11 +29,14 @@ def parse(text: str) -> dict[str, str]:
 
 
 def credit(key_line: str) -> str:
-    """`usage $x, limit $y, left $z` -> `$z left (used $x)`: the credit is what matters."""
+    """`usage $x, limit $y, left $z, expires T` -> `$z left of $y (used $x), expires T`: what
+    the key placed on the host may still spend (a minted child key: its own limit)."""
     parts = dict(p.strip().split(" ", 1) for p in key_line.split(",") if " " in p.strip())
-    if "left" in parts:
-        return f"{parts['left']} left (used {parts.get('usage', '?')})"
-    return key_line
+    if "left" not in parts:
+        return key_line
+    limit = f" of {parts['limit']}" if parts.get("limit", "none") != "none" else ""
+    expires = f", expires {parts['expires']}" if parts.get("expires", "never") != "never" else ""
+    return f"{parts['left']} left{limit} (used {parts.get('usage', '?')}){expires}"
 
 
 def smoke(s: Session, report: HostReport) -> None:

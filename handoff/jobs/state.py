@@ -7,10 +7,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from handoff import remote_code, state
+from handoff import keyapi, remote_code, state
 from handoff.errors import NotDeployed, UsageError
 from handoff.facts import KEY_FILE, Facts
-from handoff.layout import RemoteLayout
+from handoff.layout import RemoteLayout, key_record
 from handoff.roles import Role
 from handoff.session import Session
 from handoff.targets import Target
@@ -41,6 +41,7 @@ class JobState:
     pid: int | None = None
     alive: bool = False
     keys: dict[str, bool] = field(default_factory=dict)  # key file -> still present
+    records: dict[str, Any] = field(default_factory=dict)  # minted key record path -> JSON
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> JobState:
@@ -48,7 +49,8 @@ class JobState:
         return cls(str(raw.get("job_dir") or ""), status if isinstance(status, dict) else None,
                    meta if isinstance(meta, dict) else None,
                    int(raw["pid"]) if raw.get("pid") else None, bool(raw.get("alive")),
-                   {str(k): bool(v) for k, v in (raw.get("keys") or {}).items()})
+                   {str(k): bool(v) for k, v in (raw.get("keys") or {}).items()},
+                   {str(k): v for k, v in (raw.get("records") or {}).items()})
 
     @property
     def state(self) -> str:
@@ -66,28 +68,43 @@ class JobState:
     def keys_placed(self) -> list[str]:
         return [path for path, present in self.keys.items() if present]
 
+    @property
+    def key_record(self) -> keyapi.KeyRecord | None:
+        """The record of the minted child key the host's key file holds, if it is one."""
+        for raw in self.records.values():
+            record = keyapi.KeyRecord.from_json(raw)
+            if record is not None:
+                return record
+        return None
+
 
 def placed_keys(target: Target) -> list[str]:
-    """The key files the ledger says are placed on this host."""
+    """The key files to look for on this host: its own key_path (what the host holds, even
+    if the ledger was lost) and any other the ledger says was placed there."""
     ep = target.endpoint
-    return [e.path for e in state.placed()
-            if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user)]
+    own = [str(target.vars["key_path"])] if target.vars.get("key_path") else []
+    return list(dict.fromkeys([*own, *(e.path for e in state.placed()
+                                       if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user))]))
 
 
 def read(session: Session, job: str) -> JobState:
-    """The job's state on the host (one round trip), with the placed keys' presence."""
-    args = {"op": "state", "job_dir": session.target.layout.job(job),
-            "keys": placed_keys(session.target)}
+    """The job's state on the host (one round trip), with the key files' presence read on
+    the host itself and the record of a minted key."""
+    target = session.target
+    records = [key_record(str(target.vars["key_path"]))] if target.vars.get("key_path") else []
+    args = {"op": "state", "job_dir": target.layout.job(job), "keys": placed_keys(target),
+            "records": records}
     return JobState.from_json(session.run_code(remote_code.JOBS, args, "reading the job state"))
 
 
 def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:
     """The host has a release and, when the role takes it, the key."""
     if not facts.current:
-        raise NotDeployed(f"{session.label}: no release on the host; run `fab deploy --host {session.label}` first")
+        raise NotDeployed(f"{session.label}: no release on the host; run "
+                          f"`fab deploy {session.target.flags()}` first")
     if role is not None and role.secret and not facts.file(KEY_FILE).exists:
         raise NotDeployed(f"{session.label}: no API key at {session.vars['key_path']}; run "
-                          f"`fab push-key --host {session.label}` (or deploy) first")
+                          f"`fab push-key {session.target.flags()}` (or deploy) first")
 
 
 def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any]) -> dict[str, Any]:

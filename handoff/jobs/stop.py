@@ -45,7 +45,8 @@ def _stop(ctx: HostContext, step: Step) -> str:
     if not answer.get("drained") and wait_s > 0:
         raise RemoteError(
             f"{s.label}: job {job!r} (pid {pid}) still draining after {wait_s:.0f} s; "
-            f"check `fab status`, or wait and rerun `fab stop`"
+            f"check `fab status {s.target.flags(job)}`, or wait and rerun "
+            f"`fab stop {s.target.flags(job)}`"
         )
     st = after.status or {}
     ctx.report.summary = f"stopped ({after.state})"

@@ -8,13 +8,15 @@ one round trip including the check that follows it.
 - `state`: status.json, job.json, the pid and whether it is alive: alive means the pid
   exists, is not a zombie and its command line names the job folder (a pid reused by an
   unrelated process is not the job). `keys` lists files whose presence to report (the
-  placed API key).
+  placed API key), `records` small JSON files to return (the minted key's record).
 - `start`: `mkdir -p`, job.json, then the command under `sh -c 'exec nohup …'` in a new
   session (setsid), stdin from /dev/null and stdout/stderr appended to `log`, so it
   survives the SSH session and never waits on input; its pid goes to `pid`. It then
   watches ~1 s to catch a command that dies at once (a bad flag, a missing file).
 - `stop`: SIGTERM to the job's pid when alive, then waits up to `timeout` s for it to
   exit: the payload drains its in-flight requests and stays resumable.
+- `running`: every job under `jobs_dir` whose process is alive (cleanup-secrets warns
+  before removing the key under one).
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def state(a: dict[str, Any]) -> dict[str, Any]:
         "meta": load_json(os.path.join(job_dir, "job.json")),
         "pid": pid,
         "alive": bool(pid) and is_alive(pid, job_dir),  # type: ignore[arg-type]
-        "keys": {p: os.path.exists(expand(p)) for p in a.get("keys", [])},
+        # By absolute path: `~/…` (the host's key_path) and the ledger's absolute path of
+        # the same file are one entry.
+        "keys": {expand(p): os.path.exists(expand(p)) for p in a.get("keys", [])},
+        "records": {p: load_json(expand(p)) for p in a.get("records", [])},
     }
 
 
@@ -136,7 +141,22 @@ def stop(a: dict[str, Any]) -> dict[str, Any]:
             "state": state(a)}
 
 
-OPS = {"state": state, "start": start, "stop": stop}
+def running(a: dict[str, Any]) -> dict[str, Any]:
+    jobs_dir = expand(a["jobs_dir"])
+    try:
+        names = sorted(os.listdir(jobs_dir))
+    except OSError:
+        names = []
+    alive = []
+    for name in names:
+        job_dir = os.path.join(jobs_dir, name)
+        pid = read_pid(job_dir)
+        if pid and is_alive(pid, job_dir):
+            alive.append({"job": name, "pid": pid})
+    return {"running": alive}
+
+
+OPS = {"state": state, "start": start, "stop": stop, "running": running}
 
 
 def main(argv: list[str]) -> int:

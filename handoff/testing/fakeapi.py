@@ -12,6 +12,25 @@ payload uses for records without an id. Every answer embeds a digest of the prom
 user message (`answer_digest`), so a test can check each response is paired with its own
 prompt.
 
+Modes that stand in for real servers and real trouble (all off by default):
+- `capacity=K`: at most K requests served at once; the rest are refused at the door with
+  `capacity_status` (429, or 402 as OpenRouter's in-flight budget does) and Retry-After;
+- `outage_at_s` / `outage_for_s` / `outage_kind` (or `start_outage()`): every request
+  fails for T seconds: "503", "reset" (the connection is cut), or "refuse" (the port is
+  closed: connection refused), then the server is back;
+- `known_models`: any other model is a 400 "Invalid model name" (a misconfigured run);
+- `stream_only`: every answer is an SSE stream, as a streaming-only server sends;
+- `error_null` (`"error": null` beside a valid choice), `content_parts` (content as a list
+  of text parts), `report_cost=False` (no `usage.cost`), `pricing=False` (the endpoint
+  list has no prices);
+- fault kinds for sporadic trouble: `429` (with Retry-After), `429_bare` (without),
+  `429_quota` (OpenAI's insufficient_quota), `429_huge` (Retry-After: 86400), `429_date`
+  (an HTTP-date Retry-After), `429_ms` (retry-after-ms), `409`, `422_detail` (a FastAPI
+  `{"detail": ...}` error), `sse`; `fast_faults=True` draws them at the door, before the
+  latency, as a rate limiter in front of a server answers;
+- `timeline=True` records, per 100 ms, arrivals, successes, refusals and the peak number
+  of requests in the server (the benchmark reads recovery after an outage from it).
+
 Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
 `base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
 `$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
@@ -22,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import email.utils
 import hashlib
 import json
 import os
@@ -37,6 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
+from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
 
 PREFIX = "/api/v1"
@@ -44,7 +65,8 @@ PREFIX = "/api/v1"
 # Fault kinds the plan understands. Retryable ones first: `FaultPlan.mix` spreads over them.
 RETRYABLE_FAULTS = ("429", "500", "502", "503", "504", "524", "529", "reset", "malformed",
                     "choice_error", "finish_error", "empty", "length_empty", "402_inflight")
-OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404")
+OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404", "429_bare", "429_quota",
+                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse")
 ALL_FAULTS = RETRYABLE_FAULTS + OTHER_FAULTS
 
 _MESSAGES = {
@@ -122,17 +144,24 @@ class FakeStats:
     peak_concurrency: int = 0
     successes: int = 0
     total_cost: float = 0.0
+    capacity_refusals: int = 0
+    outage_refusals: int = 0
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     successes_by_prompt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     bodies: list[dict[str, Any]] = field(default_factory=list)  # only when record_bodies
     endpoint_calls: int = 0
     key_calls: int = 0
+    # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
+    timeline: dict[int, list[int]] = field(default_factory=dict)
+    outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["faults"] = dict(self.faults)
         out["successes_by_prompt"] = dict(self.successes_by_prompt)
         out["bodies"] = list(self.bodies)
+        out["timeline"] = {str(k): v for k, v in self.timeline.items()}
+        out["outage_windows"] = [list(w) for w in self.outage_windows]
         return out
 
 
@@ -157,7 +186,13 @@ class FakeOpenRouter:
                  cost_per_request: float = 0.0001, credit_limit: float | None = None,
                  endpoints: list[dict[str, Any]] | None = None, serve_endpoints: bool = True,
                  record_bodies: bool = False, completion_tokens: int = 32,
-                 echo_key_in_errors: bool = False) -> None:
+                 echo_key_in_errors: bool = False, capacity: int | None = None,
+                 capacity_status: int = 429, capacity_retry_after: float | None = 1.0,
+                 outage_at_s: float | None = None, outage_for_s: float = 0.0,
+                 outage_kind: str = "503", known_models: set[str] | None = None,
+                 stream_only: bool = False, error_null: bool = False,
+                 content_parts: bool = False, report_cost: bool = True, pricing: bool = True,
+                 fast_faults: bool = False, timeline: bool = False) -> None:
         if not host.startswith("127.") and host not in ("localhost", "::1"):
             raise ValueError("the fake API only listens on loopback")
         self.api_key = api_key
@@ -174,7 +209,28 @@ class FakeOpenRouter:
         # Some proxies echo the Authorization header in error texts: lets tests prove that
         # the payload redacts whatever an API sends back.
         self.echo_key_in_errors = echo_key_in_errors
+        self.capacity = capacity
+        self.capacity_status = capacity_status
+        self.capacity_retry_after = capacity_retry_after
+        if outage_kind not in ("503", "reset", "refuse"):
+            raise ValueError("outage_kind is one of 503, reset, refuse")
+        self.outage_at_s = outage_at_s
+        self.outage_for_s = outage_for_s
+        self.outage_kind = outage_kind
+        self.known_models = known_models
+        self.stream_only = stream_only
+        self.error_null = error_null
+        self.content_parts = content_parts
+        self.report_cost = report_cost
+        self.pricing = pricing
+        self.fast_faults = fast_faults
+        self.record_timeline = timeline
+        self.serving = 0  # requests past the capacity gate
+        self._t0: float | None = None  # first chat request (monotonic)
+        self._outage_until = 0.0
+        self._site: web.TCPSite | None = None
         self.stats = FakeStats()
+        self.keys = KeyStore(lambda: self.api_key)  # child keys, the management API (handoff.testing.fakekeys)
         self.base_url = ""
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -187,19 +243,65 @@ class FakeOpenRouter:
         app.router.add_get(PREFIX + "/key", self._key)
         app.router.add_get(PREFIX + "/models/{author}/{slug}/endpoints", self._endpoints)
         app.router.add_get("/_fake/stats", self._stats)
+        self.keys.add_routes(app, PREFIX)
         return app
 
     async def start(self) -> str:
         self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False,
                                      shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await self._listen()
+        self.base_url = f"http://{self.host}:{self.port}{PREFIX}"
+        return self.base_url
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096,
+                           reuse_address=True)
         await site.start()
         server = site._server
         assert server is not None and isinstance(server, asyncio.base_events.Server)
         self.port = server.sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{self.port}{PREFIX}"
-        return self.base_url
+        self._site = site
+
+    # -- outages -------------------------------------------------------------------------------
+    def start_outage(self, seconds: float, kind: str | None = None) -> None:
+        """From any thread: every request fails for `seconds` (kind: 503, reset, refuse)."""
+        kind = kind or self.outage_kind
+        if self._loop is not None and threading.current_thread() is not self._thread:
+            self._loop.call_soon_threadsafe(self._begin_outage, seconds, kind)
+        else:
+            self._begin_outage(seconds, kind)
+
+    def _begin_outage(self, seconds: float, kind: str) -> None:
+        now = time.monotonic()
+        self.outage_kind = kind
+        self._outage_until = now + seconds
+        t0 = self._t0 if self._t0 is not None else now
+        self.stats.outage_windows.append((round(now - t0, 3), round(now - t0 + seconds, 3)))
+        if kind == "refuse" and self._site is not None:
+            site, self._site = self._site, None
+            loop = asyncio.get_running_loop()
+            stopping = loop.create_task(site.stop())
+            loop.call_later(seconds, lambda: loop.create_task(self._reopen(stopping)))
+
+    async def _reopen(self, stopping: asyncio.Task[None]) -> None:
+        await stopping
+        await self._listen()
+
+    def _in_outage(self, now: float) -> bool:
+        if self.outage_at_s is not None and self._t0 is not None \
+                and now - self._t0 >= self.outage_at_s:
+            self.outage_at_s = None  # scheduled once
+            self._begin_outage(self.outage_for_s, self.outage_kind)
+        return now < self._outage_until
+
+    def _tick(self, now: float, column: int, peak: int | None = None) -> None:
+        assert self._t0 is not None
+        row = self.stats.timeline.setdefault(int((now - self._t0) * 10), [0, 0, 0, 0])
+        row[column] += 1
+        if peak is not None and peak > row[3]:
+            row[3] = peak
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -245,7 +347,7 @@ class FakeOpenRouter:
 
     # -- handlers ------------------------------------------------------------------------------
     def _authorized(self, request: web.Request) -> bool:
-        return request.headers.get("Authorization", "") == f"Bearer {self.api_key}"
+        return self.keys.authorize(request)  # the account's key, or a live child key
 
     def _error(self, status: int, message: str | None = None, *,
                retry_after: float | None = None,
@@ -265,14 +367,34 @@ class FakeOpenRouter:
         request_no = stats.requests
         stats.in_flight += 1
         stats.peak_concurrency = max(stats.peak_concurrency, stats.in_flight)
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        if self.record_timeline:
+            self._tick(now, 0, stats.in_flight)
         try:
-            return await self._chat_inner(request, request_no)
+            return await self._chat_inner(request, request_no, now)
         finally:
             stats.in_flight -= 1
 
-    async def _chat_inner(self, request: web.Request, request_no: int) -> web.StreamResponse:
+    def _refuse(self, status: int, retry_after: float | None, now: float) -> web.Response:
+        if self.record_timeline:
+            self._tick(now, 2)
+        if status == 402:
+            return self._error(402, "Too many requests in flight for this key's balance",
+                               retry_after=retry_after)
+        return self._error(status, retry_after=retry_after)
+
+    async def _chat_inner(self, request: web.Request, request_no: int, now: float
+                          ) -> web.StreamResponse:
+        if self._in_outage(now):
+            self.stats.outage_refusals += 1
+            if self.outage_kind == "503" or request.transport is None:
+                return self._refuse(503, None, now)
+            request.transport.abort()  # reset, or a connection kept alive across "refuse"
+            raise ConnectionResetError("fake outage")
         if not self._authorized(request):
-            return self._error(401)
+            return self._error(401, self.keys.refusal(request))
         try:
             body = await request.json()
             messages = body["messages"]
@@ -280,14 +402,34 @@ class FakeOpenRouter:
             return self._error(400, "request body is not a chat completion request")
         if self.record_bodies:
             self.stats.bodies.append(body)
-        if self.latency_s:
+        if self.known_models is not None and body.get("model") not in self.known_models:
+            return self._error(400, f"Invalid model name passed in model={body.get('model')}. "
+                               "Call `/v1/models` to view available models for your key.")
+        if self.capacity is not None:
+            if self.serving >= self.capacity:
+                self.stats.capacity_refusals += 1
+                return self._refuse(self.capacity_status, self.capacity_retry_after, now)
+            self.serving += 1
+        try:
+            return await self._serve(request, request_no, body, messages)
+        finally:
+            if self.capacity is not None:
+                self.serving -= 1
+
+    async def _serve(self, request: web.Request, request_no: int, body: dict[str, Any],
+                     messages: list[dict[str, Any]]) -> web.StreamResponse:
+        fault = self.faults.draw(request_no) if self.fast_faults else None
+        if fault is None and self.latency_s:
             await asyncio.sleep(self.latency_s)
-        fault = self.faults.draw(request_no)
+        if not self.fast_faults:
+            fault = self.faults.draw(request_no)
         if fault is not None:
             self.stats.faults[fault] += 1
             response = await self._fault(fault, request)
             if response is not None:
                 return response
+        if (key_limit := self.keys.over_limit(request, self.cost_per_request)) is not None:
+            return self._error(402, **key_limit)
         if self.credit_limit is not None and (
                 self.stats.total_cost + self.cost_per_request > self.credit_limit + 1e-12):
             return self._error(402, "Key limit exceeded: this key's credit limit is reached",
@@ -296,29 +438,75 @@ class FakeOpenRouter:
         self.stats.successes += 1
         self.stats.successes_by_prompt[prompt_id] += 1
         self.stats.total_cost += self.cost_per_request
+        self.keys.charge(request, self.cost_per_request)
+        if self.record_timeline:
+            self._tick(time.monotonic(), 1)
         content = f"answer {answer_digest(messages)}"
+        if self.stream_only:
+            return self._sse(body, content)
         return web.json_response(self._result(body, content, "stop"))
+
+    def _sse(self, body: dict[str, Any], content: str) -> web.Response:
+        chunk = {"id": f"gen-{self.stats.requests}", "object": "chat.completion.chunk",
+                 "model": body.get("model"), "choices": [
+                     {"index": 0, "delta": {"role": "assistant", "content": content},
+                      "finish_reason": "stop"}]}
+        text = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+        return web.Response(status=200, text=text, content_type="text/event-stream")
 
     def _result(self, body: dict[str, Any], content: str | None, finish: str,
                 choice_error: dict[str, Any] | None = None) -> dict[str, Any]:
         prompt_tokens = sum(len(str(m.get("content", ""))) // 4 + 1 for m in body["messages"])
+        content_field: Any = content
+        if self.content_parts and content:
+            half = len(content) // 2
+            content_field = [{"type": "text", "text": content[:half]},
+                             {"type": "text", "text": content[half:]}]
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
                                   "native_finish_reason": finish,
-                                  "message": {"role": "assistant", "content": content,
+                                  "message": {"role": "assistant", "content": content_field,
                                               "reasoning": "thinking" if content else None}}
         if choice_error is not None:
             choice["error"] = choice_error
         completion = self.completion_tokens if content else 0
-        return {"id": f"gen-{self.stats.requests}", "object": "chat.completion",
-                "created": int(time.time()), "model": body.get("model", "fake/model"),
-                "provider": "DeepInfra", "system_fingerprint": None, "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                          "total_tokens": prompt_tokens + completion,
-                          "cost": self.cost_per_request if content else 0.0,
-                          "is_byok": False}}
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                 "total_tokens": prompt_tokens + completion, "is_byok": False}
+        if self.report_cost:
+            usage["cost"] = self.cost_per_request if content else 0.0
+        result: dict[str, Any] = {
+            "id": f"gen-{self.stats.requests}", "object": "chat.completion",
+            "created": int(time.time()), "model": body.get("model", "fake/model"),
+            "provider": "DeepInfra", "system_fingerprint": None, "choices": [choice],
+            "usage": usage}
+        if self.error_null:
+            result["error"] = None
+        return result
 
     async def _fault(self, fault: str, request: web.Request) -> web.StreamResponse | None:
         ra = self.faults.retry_after_s
+        if fault == "429_bare":
+            return self._error(429)
+        if fault == "429_huge":
+            return self._error(429, retry_after=86400)
+        if fault == "429_date":
+            when = email.utils.formatdate(time.time() + ra, usegmt=True)
+            return web.json_response({"error": {"code": 429, "message": _MESSAGES[429]}},
+                                     status=429, headers={"Retry-After": when})
+        if fault == "429_ms":
+            return web.json_response({"error": {"code": 429, "message": _MESSAGES[429]}},
+                                     status=429, headers={"retry-after-ms": f"{ra * 1000:g}"})
+        if fault == "429_quota":  # OpenAI's shape: string type/code, no integer code
+            return web.json_response({"error": {
+                "message": "You exceeded your current quota, please check your plan and "
+                           "billing details.", "type": "insufficient_quota", "param": None,
+                "code": "insufficient_quota"}}, status=429)
+        if fault == "422_detail":  # FastAPI-style servers
+            return web.json_response({"detail": [{"loc": ["body", "messages"],
+                                                  "msg": "field required",
+                                                  "type": "value_error.missing"}]}, status=422)
+        if fault == "sse":
+            body = await request.json()
+            return self._sse(body, "streamed")
         if fault.isdigit():
             status = int(fault)
             if status == 429:
@@ -356,7 +544,9 @@ class FakeOpenRouter:
     async def _key(self, request: web.Request) -> web.Response:
         self.stats.key_calls += 1
         if not self._authorized(request):
-            return self._error(401)
+            return self._error(401, self.keys.refusal(request))
+        if (child := self.keys.child_of(request)) is not None:
+            return web.json_response({"data": child.current_key()})
         limit = self.credit_limit
         usage = round(self.stats.total_cost, 10)
         return web.json_response({"data": {
@@ -386,6 +576,8 @@ class FakeOpenRouter:
                     "latency_last_30m": {"p50": 0.2, "p75": 0.3, "p90": 0.4, "p99": 0.8},
                     "throughput_last_30m": {"p50": 50, "p75": 40, "p90": 30, "p99": 15}}
             full.update(ep)
+            if not self.pricing:
+                full.pop("pricing", None)
             endpoints.append(full)
         return web.json_response({"data": {"id": model, "name": model, "created": 0,
                                            "description": "fake",
@@ -419,12 +611,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", type=float, default=0.0001)
     parser.add_argument("--credit-limit", type=float, default=None)
     parser.add_argument("--no-endpoints", action="store_true", help="answer 404 to /endpoints")
+    parser.add_argument("--capacity", type=int, help="serve at most K at once; refuse the rest")
+    parser.add_argument("--capacity-status", type=int, default=429, choices=(429, 402))
+    parser.add_argument("--capacity-retry-after", type=float, default=1.0,
+                        help="Retry-After of a refusal (s); negative: none")
+    parser.add_argument("--outage-at", type=float, help="seconds after the first request")
+    parser.add_argument("--outage-for", type=float, default=0.0)
+    parser.add_argument("--outage-kind", default="503", choices=("503", "reset", "refuse"))
+    parser.add_argument("--fast-faults", action="store_true",
+                        help="draw faults at the door, before the latency")
+    parser.add_argument("--no-cost", action="store_true", help="no usage.cost in answers")
+    parser.add_argument("--timeline", action="store_true",
+                        help="record a per-100 ms timeline (in the stats printed at exit)")
     args = parser.parse_args(argv)
     plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
         args.faults)
     fake = FakeOpenRouter(api_key=_read_key(args.key_file), host=args.host, port=args.port,
                           faults=plan, latency_s=args.latency, cost_per_request=args.cost,
-                          credit_limit=args.credit_limit, serve_endpoints=not args.no_endpoints)
+                          credit_limit=args.credit_limit, serve_endpoints=not args.no_endpoints,
+                          capacity=args.capacity, capacity_status=args.capacity_status,
+                          capacity_retry_after=(None if args.capacity_retry_after < 0
+                                                else args.capacity_retry_after),
+                          outage_at_s=args.outage_at, outage_for_s=args.outage_for,
+                          outage_kind=args.outage_kind, fast_faults=args.fast_faults,
+                          report_cost=not args.no_cost, timeline=args.timeline)
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -4,6 +4,14 @@ OpenRouter answers errors with an integer `error.code` in the body, sometimes in
 HTTP 200 (a provider failed after the stream started, or the choice carries `error` /
 `finish_reason: "error"`). So the class of an attempt is decided from the status AND the
 body: the effective code is the body's `error.code` when present, else the HTTP status.
+
+Other OpenAI-compatible servers answer in neighbouring shapes, and each is read for what
+it means rather than dropped as "malformed": `"error": null` beside a valid choice is no
+error; `content` may be a list of text parts; an error may be `{"detail": ...}`
+(FastAPI) or carry a string code (`insufficient_quota`); a server that only streams
+answers a plain request with an SSE body. Two flags on every outcome feed the run's
+controls: `throttled` (the server asked us to slow down: 429, or 402 with Retry-After)
+and `server_failure` (the server as a whole may be down: no connection, a timeout, 5xx).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import asyncio
 import email.utils
 import enum
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +29,11 @@ import aiohttp
 
 from ..redact import redact
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 524, 529})
-# Signals that the API as a whole is overloaded: shrink the in-flight window for these.
-THROTTLE_STATUS = frozenset({429, 503, 529})
+# 409 (a lock or conflict) is retried as the openai SDK does; 5xx are retried below.
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+# A per-request wait the server asks for is honoured up to this (a Retry-After of a day
+# would otherwise park a worker while the status says "running").
+MAX_RETRY_AFTER_S = 300.0
 
 
 class Kind(enum.Enum):
@@ -30,7 +41,7 @@ class Kind(enum.Enum):
     RETRY = "retry"  # transient: back off and try again (up to --max-attempts)
     PERMANENT = "permanent"  # this prompt will never succeed: record it in the errors file
     AUTH = "auth"  # 401: the key was refused; stop everything
-    CREDIT = "credit"  # 402 without Retry-After: out of credit / key limit; stop dispatching
+    CREDIT = "credit"  # out of credit / key limit / quota; stop dispatching
 
 
 @dataclass
@@ -39,10 +50,12 @@ class Outcome:
     status: int | None = None  # effective code (body error.code, else HTTP status)
     type: str = ""  # short machine name: rate_limited, server_error, timeout, ...
     message: str = ""
-    retry_after: float | None = None
-    throttled: bool = False
+    retry_after: float | None = None  # seconds, already capped at MAX_RETRY_AFTER_S
+    throttled: bool = False  # 429 / 402 with Retry-After: the server asks for less load
+    server_failure: bool = False  # no connection, timeout, 5xx: the server may be down
     result: dict[str, Any] = field(default_factory=dict)  # fields for the output record
     cost: float | None = None  # usage.cost when the answer reported one
+    usage: dict[str, Any] | None = None  # usage as returned (tokens price an uncosted answer)
     latency_s: float = 0.0
 
 
@@ -64,83 +77,147 @@ def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str
     return body
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds, fractional tolerated, or HTTP date)."""
+def parse_retry_after(value: str | None, millis: str | None = None) -> float | None:
+    """Seconds to wait, from `retry-after-ms` (preferred: finer) or `Retry-After` (delta
+    seconds, fractional tolerated, or an HTTP date); capped at MAX_RETRY_AFTER_S."""
+    if millis:
+        try:
+            ms = float(millis)
+        except ValueError:
+            ms = math.nan
+        if math.isfinite(ms):
+            return min(MAX_RETRY_AFTER_S, max(0.0, ms / 1000.0))
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
 
 
-def _error_fields(err: Any) -> tuple[int | None, str, dict[str, Any]]:
+def _error_fields(err: Any) -> tuple[int | None, str, str, dict[str, Any]]:
+    """(integer code, string code/type, message, metadata) of an error object in any of the
+    shapes seen: OpenRouter's `{code: 429, message}`, OpenAI's `{type, code:
+    "insufficient_quota", message}`, LiteLLM's string `"400"` codes, or a bare string."""
     if not isinstance(err, dict):
-        return None, str(err), {}
+        return None, "", str(err), {}
     code = err.get("code")
-    try:
-        code_i: int | None = int(code) if code is not None else None
-    except (TypeError, ValueError):
-        code_i = None
+    code_i: int | None = None
+    code_s = ""
+    if isinstance(code, int) and not isinstance(code, bool):
+        code_i = code
+    elif isinstance(code, str):
+        if code.strip().isdigit():
+            code_i = int(code)
+        else:
+            code_s = code
+    etype = err.get("type")
+    if not code_s and isinstance(etype, str):
+        code_s = etype
     meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
-    return code_i, str(err.get("message", "")), meta or {}
+    message = err.get("message")
+    return code_i, code_s, "" if message is None else str(message), meta or {}
+
+
+def _detail_message(detail: Any) -> str:
+    """FastAPI's `{"detail": "text"}` or `{"detail": [{"msg": ...}, ...]}`."""
+    if isinstance(detail, list):
+        parts = [str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail]
+        return "; ".join(parts)
+    return str(detail)
 
 
 _TYPES = {400: "bad_request", 401: "unauthorized", 402: "payment_required", 403: "forbidden",
-          404: "not_found", 408: "timeout", 413: "payload_too_large", 422: "unprocessable",
-          429: "rate_limited", 500: "server_error", 502: "bad_gateway",
-          503: "unavailable", 504: "gateway_timeout", 524: "edge_timeout",
+          404: "not_found", 408: "timeout", 409: "conflict", 413: "payload_too_large",
+          422: "unprocessable", 425: "too_early", 429: "rate_limited", 500: "server_error",
+          502: "bad_gateway", 503: "unavailable", 504: "gateway_timeout", 524: "edge_timeout",
           529: "overloaded"}
+QUOTA_CODES = frozenset({"insufficient_quota", "quota_exceeded", "billing_hard_limit_reached"})
 
 
 def classify_error(code: int, message: str, metadata: dict[str, Any],
-                   retry_after: float | None) -> Outcome:
+                   retry_after: float | None, code_s: str = "") -> Outcome:
     """An error answer (HTTP error status, or an error object in a 200) to an Outcome."""
     etype = _TYPES.get(code, f"http_{code}")
     message = redact(message)[:500]
     if code == 401:
         return Outcome(Kind.AUTH, code, etype, message)
-    if code == 402:
-        if retry_after is not None:
+    if code == 402 or code_s in QUOTA_CODES:
+        if retry_after is not None and code_s not in QUOTA_CODES:
             # OpenRouter's in-flight budget: too many requests for the balance right now.
             return Outcome(Kind.RETRY, code, "inflight_limited", message, retry_after,
                            throttled=True)
-        return Outcome(Kind.CREDIT, code, etype, message)
-    if code in RETRYABLE_STATUS or code >= 500:
-        return Outcome(Kind.RETRY, code, etype, message, retry_after,
-                       throttled=code in THROTTLE_STATUS)
+        # 429 insufficient_quota (OpenAI) is an empty account, not a rate: stop like a 402.
+        return Outcome(Kind.CREDIT, code, code_s if code_s in QUOTA_CODES else etype, message)
+    if code >= 500:
+        return Outcome(Kind.RETRY, code, etype, message, retry_after, server_failure=True)
+    if code in RETRYABLE_STATUS:
+        return Outcome(Kind.RETRY, code, etype, message, retry_after, throttled=code == 429)
     if code == 404 and (metadata.get("retryable") is True):
         return Outcome(Kind.RETRY, code, etype, message, retry_after)
     # 400, 403, 404 (not retryable, e.g. constraint_filtered), 413, 422, other 4xx.
     return Outcome(Kind.PERMANENT, code, etype, message)
 
 
-def classify_body(status: int, raw: bytes, retry_after: float | None) -> Outcome:
+def _looks_like_sse(raw: bytes, content_type: str | None) -> bool:
+    if content_type and content_type.startswith("text/event-stream"):
+        return True
+    head = raw[:64].lstrip()
+    return head.startswith((b"data:", b"event:", b": ")) or head == b":"
+
+
+def _text_of(content: Any) -> str | None:
+    """`content` as text: a string, or a list of parts whose text parts are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)
+                 and p.get("type", "text") in ("text", "output_text")]
+        joined = "".join(t for t in texts if isinstance(t, str))
+        return joined if texts else None
+    return None
+
+
+def classify_body(status: int, raw: bytes, retry_after: float | None,
+                  content_type: str | None = None) -> Outcome:
     """Classify a complete HTTP answer from its status and body."""
     try:
         data = json.loads(raw)
     except ValueError:
+        if status == 200 and _looks_like_sse(raw, content_type):
+            return Outcome(Kind.PERMANENT, status, "streaming_only",
+                           "the server answered a non-streaming request with an event stream "
+                           "(text/event-stream): it serves streaming requests only")
         if status == 200:
             return Outcome(Kind.RETRY, status, "malformed_json", "answer was not valid JSON")
         return classify_error(status, f"HTTP {status} with a non-JSON body", {}, retry_after)
     if not isinstance(data, dict):
         return Outcome(Kind.RETRY, status, "malformed_json", "answer was not a JSON object")
-    if status != 200 or "error" in data:
-        code, message, meta = _error_fields(data.get("error"))
-        return classify_error(code or status, message or f"HTTP {status}", meta, retry_after)
+    err = data.get("error")
+    if status != 200 or err:  # `"error": null` beside a valid choice is no error
+        if err:
+            code, code_s, message, meta = _error_fields(err)
+        elif "detail" in data:
+            code, code_s, message, meta = None, "", _detail_message(data["detail"]), {}
+        else:
+            code, code_s, message, meta = None, "", str(data.get("message") or ""), {}
+        return classify_error(code or status, message or f"HTTP {status}", meta, retry_after,
+                              code_s)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return Outcome(Kind.RETRY, status, "malformed_json", "answer has no choices")
     choice = choices[0]
     if choice.get("error"):
-        code, message, meta = _error_fields(choice["error"])
-        if code is not None and code in (401, 402):
-            return classify_error(code, message, meta, retry_after)
+        code, code_s, message, meta = _error_fields(choice["error"])
+        if code in (401, 402) or code_s in QUOTA_CODES:
+            return classify_error(code or status, message, meta, retry_after, code_s)
         return Outcome(Kind.RETRY, code or status, "provider_error",
                        redact(message or "error in choice")[:500])
     finish = choice.get("finish_reason")
@@ -148,19 +225,20 @@ def classify_body(status: int, raw: bytes, retry_after: float | None) -> Outcome
         return Outcome(Kind.RETRY, status, "provider_error", "finish_reason was 'error'")
     message_obj: dict[str, Any] = (choice["message"] if isinstance(choice.get("message"), dict)
                                    else {})
-    content = message_obj.get("content")
+    content = _text_of(message_obj.get("content"))
     usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
     cost = usage.get("cost")
-    cost_f = float(cost) if isinstance(cost, (int, float)) else None
-    if not isinstance(content, str) or not content.strip():
+    cost_f = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \
+        else None
+    if content is None or not content.strip():
         # An empty answer (also finish_reason "length" with no content: the budget went to
         # reasoning) is not a success; it may still have been billed.
         return Outcome(Kind.RETRY, status, "empty_content",
-                       f"empty content (finish_reason {finish!r})", cost=cost_f)
+                       f"empty content (finish_reason {finish!r})", cost=cost_f, usage=usage)
     result = {"usage": usage, "finish_reason": finish, "provider": data.get("provider"),
               "model": data.get("model"), "response": content,
               "reasoning": message_obj.get("reasoning")}
-    return Outcome(Kind.OK, status, "ok", result=result, cost=cost_f)
+    return Outcome(Kind.OK, status, "ok", result=result, cost=cost_f, usage=usage)
 
 
 def env_proxy(url: str) -> str | None:
@@ -183,12 +261,15 @@ async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
         async with session.post(url, data=body, headers=headers, timeout=timeout,
                                 proxy=proxy) as resp:
             raw = await resp.read()
+            h = resp.headers
             outcome = classify_body(resp.status, raw,
-                                    parse_retry_after(resp.headers.get("Retry-After")))
+                                    parse_retry_after(h.get("Retry-After"),
+                                                      h.get("retry-after-ms")),
+                                    h.get("Content-Type"))
     except asyncio.TimeoutError:
-        outcome = Outcome(Kind.RETRY, None, "timeout", "request timed out")
+        outcome = Outcome(Kind.RETRY, None, "timeout", "request timed out", server_failure=True)
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         outcome = Outcome(Kind.RETRY, None, "connection",
-                          redact(f"{type(exc).__name__}: {exc}")[:300])
+                          redact(f"{type(exc).__name__}: {exc}")[:300], server_failure=True)
     outcome.latency_s = time.monotonic() - started
     return outcome

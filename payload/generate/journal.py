@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import errno
 import hashlib
 import heapq
 import json
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .. import atomic
 
@@ -80,6 +81,11 @@ class Index:
     cost: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Answers whose usage has no `cost` (a server that does not report it): their tokens,
+    # so a resumed budget can price them.
+    uncosted_prompt_tokens: int = 0
+    uncosted_completion_tokens: int = 0
+    uncosted_records: int = 0
     skipped_lines: int = 0  # unreadable lines (reported, not fatal)
     truncated_bytes: int = 0
 
@@ -209,11 +215,17 @@ def _scan(path: Path, target: IdSet, is_output: bool, index: Index, warn: bool) 
                     target.add(h)
                     if fresh and is_output and usage:
                         cost = usage.get("cost")
+                        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                        pt = pt if isinstance(pt, int) else 0
+                        ct = ct if isinstance(ct, int) else 0
+                        index.prompt_tokens += pt
+                        index.completion_tokens += ct
                         if isinstance(cost, (int, float)):
                             index.cost += cost
-                        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-                        index.prompt_tokens += pt if isinstance(pt, int) else 0
-                        index.completion_tokens += ct if isinstance(ct, int) else 0
+                        else:
+                            index.uncosted_records += 1
+                            index.uncosted_prompt_tokens += pt
+                            index.uncosted_completion_tokens += ct
             pos = end + 1
 
 
@@ -269,27 +281,52 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class WriteFailed(OSError):
+    """A record could not be written (disk full, I/O error): the run must stop, resumably.
+    Whatever part of the line reached the file is a torn tail the next run truncates."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(exc.errno, exc.strerror)
+        self.path = path
+        self.disk_full = exc.errno in DISK_FULL_ERRNOS
+
+
 class Writer:
-    """The single writer: appends whole lines and flushes each, so a kill -9 loses at most the
-    line being written (which the next run truncates)."""
+    """The single writer: appends each whole line with unbuffered `write` calls (O_APPEND),
+    so a kill -9 loses at most the line being written (which the next run truncates), and a
+    full disk surfaces on the very record that did not fit, never later from a buffer."""
 
     def __init__(self, output: Path, errors: Path) -> None:
-        self._out: BinaryIO = output.open("ab")
-        self._err: BinaryIO = errors.open("ab")
+        self._paths = (output, errors)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        self._out = os.open(output, flags, 0o644)
+        self._err = os.open(errors, flags, 0o644)
+        self.failed: WriteFailed | None = None
+
+    def _write(self, fd: int, path: Path, line: bytes) -> None:
+        if self.failed is not None:
+            raise self.failed
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            self.failed = WriteFailed(path, exc)
+            raise self.failed from None
 
     def write_output(self, line: bytes) -> None:
-        self._out.write(line)
-        self._out.flush()
+        self._write(self._out, self._paths[0], line)
 
     def write_error(self, line: bytes) -> None:
-        self._err.write(line)
-        self._err.flush()
+        self._write(self._err, self._paths[1], line)
 
     def close(self) -> None:
-        for fh in (self._out, self._err):
+        for fd in (self._out, self._err):
             try:
-                fh.flush()
-                os.fsync(fh.fileno())
+                os.fsync(fd)
             except OSError:
                 pass
-            fh.close()
+            os.close(fd)

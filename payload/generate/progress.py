@@ -1,16 +1,22 @@
 """Where the run stands: counters, the status file, and the progress display.
 
 The status file is the contract `fab status` reads (DESIGN: state, done, failed,
-in_flight, total, tokens, cost, rates, times, last_error), replaced atomically (temp file
-+ rename) so a reader never sees half a file. On a TTY a rich progress bar shows the same
-numbers; without a TTY (a detached job writing a log), or where rich is not installed on
-the container, plain lines are printed every few seconds.
+in_flight, total, tokens, cost, rates, times, last_error; docs/records.md lists every
+field), replaced atomically (temp file + rename) so a reader never sees half a file. On
+a TTY a rich progress bar shows the same numbers; without a TTY (a detached job writing
+a log), or where rich is not installed on the container, plain lines are printed every
+few seconds.
+
+A full disk must not silence the status: the writer keeps a small reserve file beside
+the status file from the start and gives it up to write the final status, and it says
+"cannot write" once, not every two seconds.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -37,12 +43,21 @@ class Counters:
     in_flight: int = 0
     total: int | None = None
     bad_lines: int = 0
+    bad_line_samples: list[dict[str, Any]] = field(default_factory=list)
     duplicates: int = 0
     retries: int = 0
     done_this_run: int = 0
     tokens_this_run: int = 0
     errors_by_kind: collections.Counter[str] = field(default_factory=collections.Counter)
     last_error: str | None = None
+    stop_reason: str | None = None  # auth, credit, budget, signal, disk_full, outage, ...
+    exit_code: int | None = None  # set in the final status
+    max_failed: int | None = None  # failures allowed before exit 1 (resolved --max-failed)
+    budget_enforced: bool | None = None  # None without --max-cost
+    max_cost: float | None = None
+    outage_s: float | None = None  # how long the server has been failing, while it is
+    outages: int = 0
+    window: int | None = None  # requests the limiter allows in flight now
     state: str = "running"
     started: float = field(default_factory=time.time)
     _t0: float = field(default_factory=time.monotonic)
@@ -60,19 +75,64 @@ class Counters:
             "cost": round(self.cost, 8), "rate_rps": round(rps, 3),
             "tokens_per_s": round(tps, 1), "started": _iso(self.started),
             "updated": _iso(time.time()), "last_error": self.last_error,
-            "bad_lines": self.bad_lines, "duplicates": self.duplicates, "retries": self.retries,
-            "errors_by_kind": dict(self.errors_by_kind), "pid": os.getpid()})
+            "bad_lines": self.bad_lines, "bad_line_samples": self.bad_line_samples,
+            "duplicates": self.duplicates, "retries": self.retries,
+            "errors_by_kind": dict(self.errors_by_kind), "stop_reason": self.stop_reason,
+            "exit_code": self.exit_code, "max_failed": self.max_failed,
+            "max_cost": self.max_cost, "budget_enforced": self.budget_enforced,
+            "outage_s": None if self.outage_s is None else round(self.outage_s, 1),
+            "outages": self.outages, "window": self.window, "pid": os.getpid()})
 
 
-def write_status(path: Path | None, counters: Counters) -> None:
-    if path is None:
-        return
-    try:
-        # Rewritten every few seconds: atomic for readers, not fsync'ed (the final one is
-        # rewritten at exit anyway, and a lost update costs nothing).
-        atomic.write_json(path, counters.snapshot(), durable=False)
-    except OSError as exc:
-        print(f"warning: cannot write status file {path}: {exc.strerror}", file=sys.stderr)
+RESERVE_BYTES = 256 * 1024
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class StatusWriter:
+    """Writes the status file; holds the disk-space reserve that guarantees the last one."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.reserve = None if path is None else path.with_name(f".{path.name}.reserve")
+        self._warned: set[int] = set()
+        self.disk_full = False
+
+    def hold_reserve(self) -> None:
+        """Claim RESERVE_BYTES of real blocks (zeros written, not a sparse file)."""
+        if self.reserve is None:
+            return
+        try:
+            with self.reserve.open("wb") as fh:
+                fh.write(bytes(RESERVE_BYTES))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:  # already full: nothing to hold; the final write may still fit
+            self.release_reserve()
+
+    def release_reserve(self) -> None:
+        if self.reserve is not None:
+            with contextlib.suppress(OSError):
+                self.reserve.unlink()
+
+    def write(self, counters: Counters, *, final: bool = False) -> OSError | None:
+        """Replace the status file; returns the error when it could not (said once)."""
+        if self.path is None:
+            return None
+        if final:
+            self.release_reserve()
+        try:
+            # Rewritten every few seconds: atomic for readers, not fsync'ed except the final
+            # one (a lost intermediate update costs nothing).
+            atomic.write_json(self.path, counters.snapshot(), durable=final)
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                self.disk_full = True
+            if exc.errno not in self._warned:
+                self._warned.add(exc.errno or 0)
+                print(f"warning: cannot write status file {self.path}: {exc.strerror}",
+                      file=sys.stderr)
+            return exc
+        return None
 
 
 def _eta(c: Counters) -> str:

@@ -1,12 +1,14 @@
 """Moving bytes over real sshd: a fetch cut mid-file resumes moving only the rest (counted
 by the SFTP server itself), with progress lines; the bulk SFTP reader and writer against
 OpenSSH's sftp-server (short answers, early stops, a file that ends early); AES-GCM is
-what the connection negotiates, and the host key is checked as strictly as before."""
+what the connection negotiates, TCP_NODELAY is set, and the host key is checked as
+strictly as before."""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -116,8 +118,10 @@ def test_bulk_sftp_against_openssh(session: Any) -> None:
             for _ in sftpio.read(sftp, f.handle, 0, len(data) + 10, "t"):
                 pass
     assert s.files.stat(path).size == len(data)
-    # The bulk cipher: AES-GCM, as handoff.ssh prefers, on both directions.
+    # The bulk cipher: AES-GCM, as handoff.ssh prefers, on both directions; and no Nagle
+    # delay on the socket (every round trip would wait for a delayed ACK).
     assert s.transport.remote_cipher == s.transport.local_cipher == "aes128-gcm@openssh.com"
+    assert s.link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
 
 
 def test_fetch_refuses_a_changed_host_key_as_before(make_sandbox, fab, tmp_path: Path) -> None:

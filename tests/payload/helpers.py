@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handoff.testing.fakeapi import FakeOpenRouter
+from handoff.testing.fakeapi import FakeOpenRouter, answer_digest
+from payload.records import errors_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,3 +74,25 @@ def gen_args(fake: FakeOpenRouter, key_file: Path, inp: Path, out: Path, *extra:
     return ["generate", "--input", str(inp), "--output", str(out), "--base-url", fake.base_url,
             "--api-key-file", str(key_file), "--backoff-base", "0.02",
             "--request-timeout", "5", *extra]
+
+
+def status_of(out: Path) -> dict[str, Any]:
+    """The status file beside `out` (`out.jsonl` -> `out.status.json`)."""
+    return json.loads(out.with_name(out.name.replace(".jsonl", ".status.json")).read_text())
+
+
+def assert_paired(records: list[dict[str, Any]]) -> None:
+    """Every answer embeds the digest of its own prompt's last user message."""
+    for r in records:
+        assert r["response"] == f"answer {answer_digest(r['messages'])}", r["id"]
+
+
+def assert_exactly_once(ids: list[str], out: Path
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every id in exactly one of the output and errors files, exactly once."""
+    done = read_jsonl(out)
+    failed = read_jsonl(errors_path(out))
+    seen = [str(r["id"]) for r in done] + [str(r["id"]) for r in failed]
+    assert len(seen) == len(set(seen)), "an id was recorded twice"
+    assert sorted(seen) == sorted(ids), "an id was lost"
+    return done, failed

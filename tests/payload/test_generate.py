@@ -10,43 +10,26 @@ import random
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from handoff.testing.fakeapi import RETRYABLE_FAULTS, FaultPlan, answer_digest
+from handoff.testing.fakeapi import RETRYABLE_FAULTS, FaultPlan
 from payload.records import derive_id, errors_path
 from tests.payload.helpers import (
     REPO,
+    assert_exactly_once,
+    assert_paired,
     gen_args,
     payload_cmd,
     payload_env,
     read_jsonl,
     run_payload,
+    status_of,
     write_private,
     write_prompts,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def status_of(out: Path) -> dict:
-    return json.loads(out.with_name(out.name.replace(".jsonl", ".status.json")).read_text())
-
-
-def assert_paired(records: list[dict]) -> None:
-    """Every answer embeds the digest of its own prompt's last user message."""
-    for r in records:
-        assert r["response"] == f"answer {answer_digest(r['messages'])}", r["id"]
-
-
-def assert_exactly_once(ids: list[str], out: Path) -> tuple[list[dict], list[dict]]:
-    done = read_jsonl(out)
-    failed = read_jsonl(errors_path(out))
-    seen = [str(r["id"]) for r in done] + [str(r["id"]) for r in failed]
-    assert len(seen) == len(set(seen)), "an id was recorded twice"
-    assert sorted(seen) == sorted(ids), "an id was lost"
-    return done, failed
 
 
 def test_answers_every_prompt_once_paired_and_reports_bad_lines(fake_factory, key_file, tmp_path):
@@ -86,7 +69,7 @@ def test_exactly_once_under_fault_mix_and_repeated_kill9(fake_factory, key_file,
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 1500)
     args = gen_args(fake, key_file, inp, out, "--concurrency", "100", "--request-timeout", "1",
-                    "--max-attempts", "30")
+                    "--max-attempts", "30", "--max-failed", "10%")
     rng = random.Random(3)
     for round_no in range(1, 5):
         proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(),
@@ -164,8 +147,10 @@ def test_402_with_retry_after_is_a_backoff_not_a_stop(fake_factory, key_file, tm
     assert status_of(out)["errors_by_kind"]["inflight_limited"] == 39
 
 
-def test_budget_is_never_exceeded_exit_3_then_resumes(fake_factory, key_file, tmp_path):
-    # The fake's endpoint list prices a request at $0.001: the worst case reserved per request.
+def test_budget_stops_at_the_expected_cost_exit_3_then_resumes(fake_factory, key_file,
+                                                               tmp_path):
+    # The fake's endpoint list prices a request at $0.001, and every answer costs that: the
+    # expectation is exact, so the run stops with no overshoot at all.
     fake = fake_factory(cost_per_request=0.001)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 100)
@@ -232,15 +217,22 @@ def test_permanent_errors_recorded_and_retry_failed(fake_factory, key_file, tmp_
     ids = write_prompts(inp, 30)
     args = gen_args(fake, key_file, inp, out, "--concurrency", "1")
     proc = run_payload(*args)
-    assert proc.returncode == 0, proc.stderr
+    # 3 of 30 failed: more than the default --max-failed 1%, so the run says so (exit 1).
+    assert proc.returncode == 1, proc.stderr
+    assert "3 of 30 ids failed, more than --max-failed 1%" in proc.stderr
+    assert "--retry-failed" in proc.stderr
+    st = status_of(out)
+    assert (st["state"], st["exit_code"], st["failed"], st["max_failed"]) == (
+        "finished", 1, 3, 0)
     _, failed = assert_exactly_once(ids, out)
     assert sorted((f["error"]["status"], f["error"]["type"]) for f in failed) == [
         (400, "bad_request"), (403, "forbidden"), (404, "not_found")]
     assert all(f["attempts"] == 1 and f["error"]["message"] for f in failed)
     assert list(failed[0]) == ["id", "error", "attempts"]
-    # Rerun without --retry-failed: nothing to do. With it: the three are asked again.
+    # Rerun without --retry-failed: nothing to do (a count of 3 failures is allowed: exit 0).
+    # With it: the three are asked again.
     requests = fake.stats.requests
-    assert run_payload(*args).returncode == 0
+    assert run_payload(*args, "--max-failed", "3").returncode == 0
     assert fake.stats.requests == requests
     again = run_payload(*args, "--retry-failed")
     assert again.returncode == 0, again.stderr
@@ -254,9 +246,9 @@ def test_retryable_errors_give_up_after_max_attempts(fake_factory, key_file, tmp
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 3)
     proc = run_payload(*gen_args(fake, key_file, inp, out, "--max-attempts", "3"))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # every id failed: more than --max-failed
     _, failed = assert_exactly_once(ids, out)
-    assert fake.stats.requests == 9
+    assert fake.stats.requests == 9  # 9 failures in all: too few to be an outage
     assert all(f["attempts"] == 3 and "gave up after 3 attempts" in f["error"]["message"]
                and f["error"]["status"] == 502 for f in failed)
 

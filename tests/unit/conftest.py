@@ -16,7 +16,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import keyring
+import keyring.backend
 import pytest
 
 from handoff import commands, console, paths
@@ -98,3 +101,66 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]
     console._console = None
     console._err_console = None
     station.kill_jobs()
+
+
+@dataclass
+class KeyedAPI:
+    """The fake OpenRouter on loopback with its management API on."""
+
+    fake: Any  # handoff.testing.fakeapi.FakeOpenRouter
+    api_key: str  # the account's own key (plain mode)
+    management_key: str
+
+    @property
+    def url(self) -> str:
+        return str(self.fake.base_url)
+
+    @property
+    def keys(self) -> Any:  # handoff.testing.fakekeys.KeyStore
+        return self.fake.keys
+
+
+@pytest.fixture
+def keyed_api() -> Iterator[KeyedAPI]:
+    import secrets as pysecrets
+
+    from handoff.testing.fakeapi import FakeOpenRouter
+
+    api_key = "sk-or-v1-" + pysecrets.token_hex(32)
+    management = "sk-or-v1-" + pysecrets.token_hex(32)
+    fake = FakeOpenRouter(api_key=api_key)
+    fake.keys.enable(management)
+    fake.start_in_thread()
+    try:
+        yield KeyedAPI(fake, api_key, management)
+    finally:
+        fake.stop_thread()
+
+
+class MemoryKeyring(keyring.backend.KeyringBackend):
+    """A keyring backend in a dict (set with keyring.set_keyring): what the keyring holds
+    is the test's to decide."""
+
+    priority = 1  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.store.get((service, username))
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        self.store[(service, username)] = password
+
+    def delete_password(self, service: str, username: str) -> None:
+        self.store.pop((service, username), None)
+
+
+@pytest.fixture
+def memory() -> Iterator[MemoryKeyring]:
+    previous = keyring.get_keyring()
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)

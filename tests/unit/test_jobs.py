@@ -58,7 +58,12 @@ def test_parse_smoke_and_credit() -> None:
     )
     f = smoke.parse(text)
     assert f["served by"].startswith("DeepInfra") and f["latency"] == "0.42 s" and f["smoke"] == "OK"
-    assert smoke.credit(f["key"]) == "$9.999700 left (used $0.000300)"
+    assert smoke.credit(f["key"]) == "$9.999700 left of $10.000000 (used $0.000300)"
+    child = "usage $0.000100, limit $0.500000, left $0.499900, expires 2026-12-01T10:00:00Z"
+    assert smoke.credit(child) == \
+        "$0.499900 left of $0.500000 (used $0.000100), expires 2026-12-01T10:00:00Z"
+    assert smoke.credit("usage $0.1, limit none, left unlimited, expires never") == \
+        "unlimited left (used $0.1)"
     assert smoke.credit("usage unknown (GET /key answered 404)") == "usage unknown (GET /key answered 404)"
 
 
@@ -204,6 +209,64 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
     assert "unchanged on the host" in capfd.readouterr().out
     assert commands.stop("s", None, timeout=20) == 0
+
+
+def test_hints_carry_every_flag_needed_for_the_same_job(ws: Workstation, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Following the launch-twice hint must stop THIS job (its --job), on this host, as this
+    role: a hint without --job would stop the role's default job instead."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "custom"}) == 0
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "custom"}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "`fab stop --host s --job custom`" in out and "`fab status --host s --job custom`" in out
+    # as another role than the host's own, the hint says the role too
+    [target] = ws.targets("s", role="generator")
+    assert target.flags("j") == "--host s --role generator --job j"
+    assert commands.stop("s", None, job="custom", timeout=20) == 0
+
+
+def test_ctrl_c_on_status_wait_says_the_job_keeps_running(ws: Workstation, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    import signal
+    import threading
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    pid = int((job_dir(ws, "s") / "pid").read_text())
+    timer = threading.Timer(0.8, signal.raise_signal, args=(signal.SIGINT,))
+    timer.start()
+    started = time.monotonic()
+    assert commands.status("s", None, wait=True, interval="0.2") == 130
+    assert time.monotonic() - started < 5
+    err = capfd.readouterr().err
+    assert "the jobs keep running" in err and "interrupted" not in err
+    assert not gone(pid)  # still running, as the message says
+    assert commands.stop("s", None, timeout=20) == 0
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag(ws: Workstation,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (lambda: commands.launch("s", None, local_input=None, remote_input="x",
+                                 flags={"concurrency": "abc"}, dry_run=True), "--concurrency"),
+        (lambda: commands.launch("s", None, local_input=None, remote_input="x",
+                                 flags={"max_cost": "ten"}, dry_run=True), "--max-cost"),
+        (lambda: commands.logs("s", None, lines="ten"), "--lines"),
+        (lambda: commands.status("s", None, interval="fast"), "--interval"),
+        (lambda: commands.stop("s", None, timeout="x", dry_run=True), "--timeout"),
+    ]
+    for call, flag in cases:
+        assert call() == 2
+        err = capfd.readouterr().err
+        assert f"{flag}: expected" in err, err
 
 
 def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,

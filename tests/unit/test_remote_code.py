@@ -110,7 +110,35 @@ def test_jobs_start_of_a_command_that_dies_at_once_returns_the_log(tmp_path: Pat
 def test_jobs_state_of_a_folder_that_does_not_exist(tmp_path: Path) -> None:
     state = jobs.state({"job_dir": str(tmp_path / "none")})
     assert state == {"job_dir": str(tmp_path / "none"), "status": None, "meta": None, "pid": None,
-                     "alive": False, "keys": {}}
+                     "alive": False, "keys": {}, "records": {}}
+
+
+def test_jobs_running_lists_only_live_jobs_and_state_returns_key_records(tmp_path: Path) -> None:
+    """`running` (cleanup-secrets' warning) names the jobs whose process is alive; `state`
+    returns the records asked for (the minted key's), None when absent or torn."""
+    import os
+
+    live, dead = tmp_path / "jobs" / "live", tmp_path / "jobs" / "dead"
+    live.mkdir(parents=True)
+    dead.mkdir()
+    (dead / "pid").write_text("999999999\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(live)])
+    try:
+        (live / "pid").write_text(f"{proc.pid}\n")
+        assert jobs.running({"jobs_dir": str(tmp_path / "jobs")}) == \
+            {"running": [{"job": "live", "pid": proc.pid}]}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert jobs.running({"jobs_dir": str(tmp_path / "nowhere")}) == {"running": []}
+    record, torn = tmp_path / "k.minted.json", tmp_path / "t.minted.json"
+    record.write_text('{"hash": "abc"}')
+    torn.write_text('{"hash": ')
+    got = jobs.state({"job_dir": str(live), "records": [str(record), str(torn),
+                                                        str(tmp_path / "none.json")]})
+    assert got["records"] == {str(record): {"hash": "abc"}, str(torn): None,
+                              str(tmp_path / "none.json"): None}
+    assert os.path.exists(record)  # read, never changed
 
 
 def test_fetch_list_hashes_the_prefix_the_workstation_holds(tmp_path: Path) -> None:

@@ -56,9 +56,11 @@ def test_cleanup_removes_every_placed_key_and_its_leftovers(ws: Workstation,
     assert commands.cleanup_secrets() == 0
     assert not keyfile(ws, "a").exists() and not keyfile(ws, "b").exists() and not leftover.exists()
     assert state.placed() == []
-    assert capfd.readouterr().out.count("verified gone") == 2
+    out = capfd.readouterr().out
+    # a, b from the ledger; s, t are inventory hosts checked too (nothing there).
+    assert out.count("verified gone") == 2 and "removed 2 key file(s), 2 already absent" in out
     assert commands.cleanup_secrets() == 0
-    assert "nothing to clean (already absent)" in capfd.readouterr().out
+    assert "removed 0 key file(s), 4 already absent" in capfd.readouterr().out
 
 
 def test_cleanup_of_a_named_host_the_ledger_forgot(ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
@@ -77,8 +79,10 @@ def test_cleanup_dry_run_lists_the_files_and_contacts_no_host(ws: Workstation,
     commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
     assert commands.cleanup_secrets(dry_run=True) == 0
     out = capfd.readouterr().out
-    assert touched == [] and "dry run" in out and out.count("remove the key file") == 2
+    # a and b from the ledger (with their fingerprints), s and t: inventory hosts to check.
+    assert touched == [] and "dry run" in out and out.count("remove the key file") == 4
     assert str(keyfile(ws, "a")) in out and secrets.fingerprint(KEY) in out and KEY not in out
+    assert out.count("remove the key file .handoff/secrets/openrouter.key") == 2
     assert keyfile(ws, "a").exists() and len(state.placed()) == 2
 
 

@@ -6,43 +6,16 @@ import os
 import secrets as pysecrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import keyring
-import keyring.backend
 import keyring.errors
 import pytest
 
 from handoff import secrets
 from handoff.errors import KeyringEntryMissing, NoKeyringBackend
 from payload.redact import REDACTOR
-
-
-class MemoryKeyring(keyring.backend.KeyringBackend):
-    priority = 1  # type: ignore[assignment]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.store: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.store.get((service, username))
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        self.store[(service, username)] = password
-
-    def delete_password(self, service: str, username: str) -> None:
-        self.store.pop((service, username), None)
-
-
-@pytest.fixture
-def memory() -> Iterator[MemoryKeyring]:
-    previous = keyring.get_keyring()
-    backend = MemoryKeyring()
-    keyring.set_keyring(backend)
-    yield backend
-    keyring.set_keyring(previous)
+from tests.unit.conftest import MemoryKeyring
 
 
 def test_missing_entry_names_the_commands(memory: MemoryKeyring) -> None:

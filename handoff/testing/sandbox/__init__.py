@@ -2,7 +2,9 @@
 
 Each container is a private sshd on its own 127.0.0.N address that admits one throwaway
 unprivileged user; next to them run a fake OpenRouter and a throwaway keyring holding a
-throwaway API key. The workstation side gets its own $HOME (ssh config, client key,
+throwaway API key (and, with `management=True`, a throwaway management key the fake
+accepts, so deploys mint a child key per container; `key_limit`/`key_mode`/`key_ttl_hours`
+then go into the inventory's defaults). The workstation side gets its own $HOME (ssh config, client key,
 known_hosts), inventory and state dir, so `fab` pointed at `Sandbox.env()` acts on the
 sandbox and never on the user's real ~/.ssh, keyring or hosts.
 
@@ -44,6 +46,7 @@ __all__ = ["Container", "Sandbox", "SandboxError"]
 
 SECRET_SERVICE_NAME = defaults.SECRET_SERVICE  # where handoff reads the key by default
 SECRET_USERNAME = defaults.API_KEY_USERNAME
+MANAGEMENT_USERNAME = defaults.MANAGEMENT_KEY_USERNAME
 # api=False still needs a base_url that can never leave loopback (the inventory default is
 # the real OpenRouter): port 9 is "discard", nothing listens there.
 DEAD_API_URL = "http://127.0.0.1:9/api/v1"
@@ -75,7 +78,16 @@ class Sandbox:
 
     def __init__(self, root: Path, *, hosts: int = 2, api: bool = True, keyring: str = "auto",
                  name_prefix: str = "sbx", first_address: int = 2,
-                 api_latency_s: float = 0.0, sftp_log: bool = False) -> None:
+                 api_latency_s: float = 0.0, management: bool = False,
+                 key_limit: float | None = None, key_mode: str | None = None,
+                 key_ttl_hours: float | None = None,
+                 host_key_types: tuple[str, ...] = ("ed25519",), host_ca: bool = False,
+                 sftp_log: bool = False) -> None:
+        """`host_key_types`: the host keys each sshd offers, the first one written to
+        known_hosts (("ed25519", "ecdsa", "rsa") is a stock sshd); `host_ca`: a sandbox CA
+        signs every host key into a host certificate (see `host_ca_line`); `sftp_log`: each
+        container's SFTP server logs the files it serves and the bytes it moved
+        (`sftp_log()`)."""
         if hosts < 1:
             raise ValueError("hosts must be at least 1")
         if not 2 <= first_address <= 254 - hosts + 1:
@@ -87,7 +99,11 @@ class Sandbox:
         self.name_prefix = name_prefix
         self.first_address = first_address
         self.api_latency_s = api_latency_s
-        self.log_sftp = sftp_log  # each container's SFTP server logs its transfers (sftp_log())
+        self.key_vars = {k: v for k, v in (("key_mode", key_mode), ("key_limit", key_limit),
+                                           ("key_ttl_hours", key_ttl_hours)) if v is not None}
+        self.host_key_types = host_key_types
+        self.use_host_ca = host_ca
+        self.log_sftp = sftp_log
 
         self.home = self.root / "home"
         self.ssh_dir = self.home / ".ssh"
@@ -98,9 +114,12 @@ class Sandbox:
         self.state_dir = self.root / "state"
         self.homes_dir = self.root / "containers"
         self.hosts_dir = self.root / "sshd"
+        self.host_ca_key = self.hosts_dir / "host_ca"
 
         self.containers: list[Container] = []
         self.api_key = new_api_key()
+        # Stored in the keyring (and accepted by the fake's /keys) only with `management`.
+        self.management_key = new_api_key() if management else None
         self.api_url = DEAD_API_URL
         self.api: FakeOpenRouter | None = None
         self.keyring_backend = ""
@@ -149,18 +168,24 @@ class Sandbox:
             folder.chmod(mode)
         self.python = remote_python()
         generate_key(self.identity, "handoff-sandbox client")
+        if self.use_host_ca:
+            generate_key(self.host_ca_key, "handoff-sandbox host CA")
         client_public = self.identity.with_name(self.identity.name + ".pub").read_text()
 
         self._keyring = ThrowawayKeyring(self.home, mode=self.keyring_mode)
         self._keyring.start()
         self.notes.extend(self._keyring.notes)
         self._keyring.store(SECRET_SERVICE_NAME, SECRET_USERNAME, self.api_key)
+        if self.management_key is not None:
+            self._keyring.store(SECRET_SERVICE_NAME, MANAGEMENT_USERNAME, self.management_key)
         self.keyring_backend = self._keyring.backend
 
         if self.use_api:
             from handoff.testing.fakeapi import FakeOpenRouter
 
             self.api = FakeOpenRouter(api_key=self.api_key, latency_s=self.api_latency_s)
+            if self.management_key is not None:
+                self.api.keys.enable(self.management_key)
             self.api_url = self.api.start_in_thread()
 
         for index in range(self.hosts):
@@ -173,6 +198,8 @@ class Sandbox:
             server = SshdServer(folder=self.hosts_dir / name,
                                 address=f"127.0.0.{self.first_address + index}",
                                 user=user, client_public_key=client_public, name=name,
+                                key_types=self.host_key_types,
+                                host_ca=self.host_ca_key if self.use_host_ca else None,
                                 sftp_log=self.log_sftp)
             server.start()
             self._servers[name] = server
@@ -266,7 +293,10 @@ class Sandbox:
                 "identity": str(self.identity), "roles": ["generator"],
                 "vars": {"python": c.python, "base_url": self.api_url, "concurrency": 50},
             }
-        return {"hosts": hosts}
+        data: dict[str, Any] = {"hosts": hosts}
+        if self.key_vars:
+            data = {"defaults": dict(self.key_vars), **data}
+        return data
 
     # -- breaking and repairing hosts ------------------------------------------------------------
     def container(self, name: str) -> Container:
@@ -315,12 +345,33 @@ class Sandbox:
         self._forgotten = self._forgotten - {name}
         self._write_known_hosts()
 
-    def known_hosts_line(self, name: str, *, port: int | None = None) -> str:
-        """`name`'s current host key as a known_hosts line, for its port or another one (a
-        test proxy in front of it)."""
+    def known_hosts_line(self, name: str, *, port: int | None = None,
+                         key_type: str | None = None) -> str:
+        """`name`'s current host key (the first type, or `key_type`) as a known_hosts line,
+        for its port or another one (a test proxy in front of it)."""
         container = self.container(name)
-        return (f"[{container.address}]:{port or container.port} "
-                f"{self._servers[name].host_public_key}")
+        server = self._servers[name]
+        key = server.public_key_of(key_type) if key_type else server.host_public_key
+        return f"[{container.address}]:{port or container.port} {key}"
+
+    def host_ca_line(self, pattern: str = "*") -> str:
+        """The sandbox CA as an `@cert-authority` known_hosts line for hosts matching
+        `pattern` (needs `host_ca=True`)."""
+        if not self.use_host_ca:
+            raise SandboxError("this sandbox has no host CA: create it with host_ca=True")
+        public = self.host_ca_key.with_name(self.host_ca_key.name + ".pub").read_text().split()[:2]
+        return f"@cert-authority {pattern} {' '.join(public)}"
+
+    def stall_sftp(self, name: str, seconds: float) -> None:
+        """`name` logs in and runs commands as usual, but its SFTP server says nothing for
+        `seconds` (0 repairs it); its sshd restarts on the same address and port."""
+        self.container(name)
+        self._servers[name].stall_sftp(seconds)
+
+    def sshd_log(self, name: str) -> str:
+        """`name`'s sshd log so far (LogLevel VERBOSE: logins and auth attempts)."""
+        self.container(name)
+        return self._servers[name].log_text()
 
     def sftp_log(self, name: str) -> str:
         """What `name`'s SFTP server logged (Sandbox(sftp_log=True)): one `open` and one
@@ -345,9 +396,10 @@ class Sandbox:
 
     def describe(self) -> str:
         """A short human summary (never the key)."""
+        entries = [SECRET_USERNAME] + ([MANAGEMENT_USERNAME] if self.management_key else [])
         lines = [f"sandbox root: {self.root}",
                  f"keyring: {self.keyring_backend} (service {SECRET_SERVICE_NAME!r}, "
-                 f"username {SECRET_USERNAME!r})",
+                 f"usernames {', '.join(repr(e) for e in entries)})",
                  f"fake OpenRouter: {self.api_url if self.api else 'off'}",
                  f"container python: {self.python}"]
         for c in self.containers:

@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-api", action="store_true", help="do not start the fake OpenRouter")
     up.add_argument("--api-latency", type=float, default=0.0, metavar="S",
                     help="seconds the fake API waits before each answer")
+    up.add_argument("--management", action="store_true",
+                    help="also store a management key the fake API accepts: deploys mint a "
+                         "child key per container")
+    up.add_argument("--key-limit", type=float, default=None, metavar="USD",
+                    help="key_limit in the inventory's defaults (with --management)")
     up.add_argument("--prefix", default="sbx", help="container name prefix (default sbx)")
     up.add_argument("--first-address", type=int, default=2, metavar="N",
                     help="first container listens on 127.0.0.N (default 2)")
@@ -54,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _raise_interrupt)
         with Sandbox(root, hosts=args.hosts, api=not args.no_api, keyring=args.keyring,
                      name_prefix=args.prefix, first_address=args.first_address,
-                     api_latency_s=args.api_latency) as sbx:
+                     api_latency_s=args.api_latency, management=args.management,
+                     key_limit=args.key_limit) as sbx:
             try:  # from here on, Ctrl-C is the normal way to end: exit 0 after teardown
                 print(sbx.describe())
                 print("\n# in another shell, to point fab at this sandbox:")

@@ -1,0 +1,234 @@
+"""A deterministic model of the generator's flow control, run on virtual time.
+
+The real limiter (payload.generate.limiter.Limiter, with its outage Breaker) drives a
+modelled server: a provider that serves at most K at once and refuses the rest at the door
+(429 + Retry-After), random throttling with or without Retry-After, and outage windows
+(every request 503). The event loop's clock is virtual: `asyncio.sleep(0.5)` takes no real
+time, so a 20,000-prompt run with a 30 s outage is simulated in a second or two, with the
+same result every time (seeded). The end-to-end tests and the benchmark run the real
+payload against the real fake API; this model lets the controller's rules be checked
+exactly, free of a busy machine's noise.
+
+`prompt()` mirrors `Generator._attempts` (payload/generate/run.py) for what matters to flow
+control: a slot per prompt, HOLD/RELEASE/YIELD after a throttle (a retry made on a kept slot
+is the `repeat` the limiter learns from), the wait the limiter asks for, and a slot given
+back during a backoff or an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import selectors
+from dataclasses import dataclass, field
+from typing import Any
+
+from payload.generate.client import Kind, Outcome
+from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter
+from payload.generate.outage import Breaker
+
+DOOR_S = 0.002  # how long a refusal at the door takes
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Never waits: a select() with a timeout moves the clock forward by that timeout."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._map: dict[Any, selectors.SelectorKey] = {}
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = selectors.SelectorKey(fileobj, 0, events, data)
+        self._map[fileobj] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._map.pop(fileobj)
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        if timeout:
+            self.now += timeout
+        return []
+
+    def get_map(self) -> Any:
+        return self._map
+
+    def close(self) -> None:
+        self._map.clear()
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self._vsel = _VirtualSelector()
+        super().__init__(selector=self._vsel)
+
+    def time(self) -> float:
+        return self._vsel.now
+
+
+@dataclass
+class Server:
+    """The modelled provider. Timeline: per 100 ms, [arrivals, successes, refusals, peak]."""
+
+    latency: float = 0.5
+    jitter: float = 0.2  # each answer takes latency x uniform(1 - jitter, 1 + jitter)
+    capacity: int | None = None
+    capacity_retry_after: float | None = 1.0
+    throttle_share: float = 0.0
+    throttle_retry_after: float | None = None
+    outage: tuple[float, float] | None = None  # (start, end) in seconds
+    seed: int = 1
+    serving: int = 0
+    requests: int = 0
+    refusals: int = 0
+    successes: int = 0
+    timeline: dict[int, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def _row(self, now: float) -> list[int]:
+        return self.timeline.setdefault(int(now * 10), [0, 0, 0, 0])
+
+    async def request(self, loop: asyncio.AbstractEventLoop) -> Outcome:
+        now = loop.time()
+        self.requests += 1
+        row = self._row(now)
+        row[0] += 1
+        row[3] = max(row[3], self.serving + 1)
+        if self.outage and self.outage[0] <= now < self.outage[1]:
+            await asyncio.sleep(DOOR_S)
+            return Outcome(Kind.RETRY, 503, "unavailable", server_failure=True,
+                           latency_s=DOOR_S)
+        if self.capacity is not None and self.serving >= self.capacity:
+            self.refusals += 1
+            row[2] += 1
+            await asyncio.sleep(DOOR_S)
+            return Outcome(Kind.RETRY, 429, "rate_limited", retry_after=self.capacity_retry_after,
+                           throttled=True, latency_s=DOOR_S)
+        if self.throttle_share and self.rng.random() < self.throttle_share:
+            self.refusals += 1
+            row[2] += 1
+            await asyncio.sleep(DOOR_S)
+            return Outcome(Kind.RETRY, 429, "rate_limited", retry_after=self.throttle_retry_after,
+                           throttled=True, latency_s=DOOR_S)
+        self.serving += 1
+        took = self.latency * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
+        try:
+            await asyncio.sleep(took)
+        finally:
+            self.serving -= 1
+        self.successes += 1
+        self._row(loop.time())[1] += 1
+        return Outcome(Kind.OK, 200, "ok", latency_s=took)
+
+
+@dataclass
+class Result:
+    wall: float
+    done: int
+    requests: int
+    refusals: int
+    server: Server
+    limiter: Limiter
+
+    def rate_after(self, t: float, seconds: float = 1.0) -> float:
+        tl = self.server.timeline
+        b0 = int(t * 10)
+        return sum(tl.get(b, [0, 0])[1] for b in range(b0, b0 + int(seconds * 10))) / seconds
+
+    def first_second_after(self, t: float) -> tuple[int, int]:
+        """(peak requests in the server, arrivals) in the second after t."""
+        rows = [self.server.timeline.get(b, [0, 0, 0, 0]) for b in range(int(t * 10),
+                                                                          int(t * 10) + 10)]
+        return max(r[3] for r in rows), sum(r[0] for r in rows)
+
+    def back_to(self, t: float, rate: float) -> float:
+        """Seconds after t until a 1 s window runs at `rate` or more."""
+        for i in range(0, 1200):
+            if self.rate_after(t + i / 10) >= rate:
+                return i / 10 + 1.0
+        return float("inf")
+
+
+def simulate(n: int, concurrency: int, server: Server, *, seed: int = 1,
+             trace: float = 0.0) -> Result:
+    """Run n prompts; `trace` > 0 prints the limiter's state every `trace` virtual seconds."""
+    loop = VirtualLoop()
+    rng = random.Random(seed)
+    try:
+        return loop.run_until_complete(_run(loop, rng, n, concurrency, server, trace))
+    finally:
+        loop.close()
+
+
+async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, concurrency: int,
+               server: Server, trace: float) -> Result:
+    import payload.generate.limiter as limiter_module
+    limiter_module.random.seed(rng.random())  # the limiter's jitter, reproducible too
+    lim = Limiter(concurrency, breaker=Breaker(clock=loop.time))
+    queue: asyncio.Queue[int | None] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+    workers = concurrency + concurrency // 4 + 8
+    for _ in range(workers):
+        queue.put_nowait(None)
+    done = 0
+
+    async def prompt() -> None:
+        nonlocal done
+        probe = await lim.acquire()
+        held = True
+        throttles = 0
+        kept = False  # kept the slot through the last throttle wait
+        try:
+            while True:
+                lim.sending()
+                o = await server.request(loop)
+                decision = lim.answered(o, probe=probe, repeat=kept)
+                probe = kept = False
+                if o.kind is Kind.OK:
+                    done += 1
+                    return
+                if o.throttled:
+                    throttles += 1
+                    wait = lim.throttle_wait(o.retry_after, throttles)
+                    if decision != HOLD or wait > HOLD_MAX_S:
+                        if decision == HOLD:
+                            lim.release()
+                        held = False
+                        await asyncio.sleep(wait)
+                        probe, held = await lim.acquire(), True
+                    else:
+                        await asyncio.sleep(wait)
+                        kept = True
+                    continue
+                throttles = 0
+                lim.release()
+                held = False
+                await asyncio.sleep(rng.uniform(0, 0.02))  # run.py: backoff_delay, base 0.02
+                probe, held = await lim.acquire(), True
+        finally:
+            if held:
+                lim.release()
+
+    async def worker() -> None:
+        while (item := await queue.get()) is not None:
+            del item
+            await prompt()
+
+    async def tracer() -> None:
+        while True:
+            await asyncio.sleep(trace)
+            t = lim._settled
+            print(f"t={loop.time():6.1f} window {lim.window:7.1f} ssthresh {lim.ssthresh:7.1f} "
+                  f"slots {lim.in_flight:5d} serving {server.serving:5d} share {lim.share:.2f} "
+                  f"repeats {t[7]}/{t[6]} first {t[5]}/{t[4]} done {done} "
+                  f"refusals {server.refusals}")
+
+    tracing = asyncio.ensure_future(tracer()) if trace else None
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    if tracing is not None:
+        tracing.cancel()
+    lim.close()
+    return Result(loop.time(), done, server.requests, server.refusals, server, lim)
