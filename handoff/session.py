@@ -466,6 +466,7 @@ class SSHSession(Session):
                     # in a 32 MiB window, where paramiko asks for 32 KiB in 2 MiB.
                     chan = transport.open_session(window_size=sftpio.WINDOW,
                                                   max_packet_size=sftpio.PACKET, timeout=timeout)
+                    chan.in_buffer = sftpio.ChunkPipe()  # before the server can send a byte
                     chan.settimeout(timeout)
                     chan.invoke_subsystem("sftp")
                     sftp = paramiko.SFTPClient(chan)
