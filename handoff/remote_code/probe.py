@@ -13,13 +13,12 @@ command under this very interpreter once the paths it needs exist and the role's
 import.
 
 Eight of these run at once on small hosts, so the probe's own CPU shows in every deploy:
-modules only some requests need (hashlib, shutil, subprocess) are imported where used,
-and `typing` is never imported at run time.
+modules only some requests need (hashlib, shutil, subprocess, importlib.util) are imported
+where used, and `typing` is never imported at run time.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -64,8 +63,18 @@ def file_info(path: str, want_hash: bool) -> dict[str, Any]:
 
 
 def importable(module: str) -> bool:
+    """`importlib.util.find_spec(module) is not None`. A top-level name asks the finders on
+    sys.meta_path directly, as find_spec does, without importing importlib.util (2.6 ms of
+    CPU per probe on a small host, times every host of a deploy)."""
     try:
-        return importlib.util.find_spec(module) is not None
+        if "." in module:  # a submodule: find_spec imports its parent first
+            import importlib.util
+
+            return importlib.util.find_spec(module) is not None
+        if module in sys.modules:
+            return True
+        return any(finder.find_spec(module, None) is not None
+                   for finder in sys.meta_path if hasattr(finder, "find_spec"))
     except Exception:
         return False
 

@@ -163,3 +163,23 @@ def test_a_remote_module_answers_within_one_process_start(tmp_path: Path) -> Non
     start = time.monotonic()
     ship(remote_code.PROBE, {"remote_dir": "~/.handoff"}, tmp_path)
     assert time.monotonic() - start < 5
+
+
+def test_probe_finds_modules_as_find_spec_does_without_importing_importlib_util() -> None:
+    import importlib.util
+
+    def find_spec_says(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            return False
+
+    for name in ("json", "os.path", "xml.etree", "no_such_module_xyz", "no_such_pkg.sub",
+                 "aiohttp", "_hashlib"):
+        assert probe.importable(name) == find_spec_says(name), name
+    # Shipped as `python -c`: a probe that checks a module leaves importlib.util unimported.
+    code = (remote_code.source(remote_code.PROBE).replace("sys.exit(main(sys.argv))", "pass")
+            + "\nimportable('json')\nprint('importlib.util' in sys.modules)")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
