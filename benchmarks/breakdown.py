@@ -2,7 +2,8 @@
 
 On a loopback sandbox of --hosts containers (handoff.testing.sandbox), two measurements:
   commands  `fab deploy` (fresh, then no-op) and `fab status`: wall time, fab's CPU
-            (user+sys of the process and its threads) and the sshd side's CPU;
+            (user+sys of the process and its threads) and the sshd side's CPU; with
+            --pyinfra, pyinfra doing benchmarks/deploy.py's work, counted the same way;
   phases    the same work cut into its pieces, all hosts at once on a thread pool as fab
             does it: SSH connect (key exchange + host key check + login), a command
             (`true`), a python start (`python -c pass`, what every remote_code round trip
@@ -12,7 +13,7 @@ every session, shell, python and sftp-server they fork); without cgroup v1 cpuac
 not root) that column says "n/a". On a 2-core machine the sum of both sides' CPU divided
 by 2 is the floor under the wall time.
 
-    sudo .venv/bin/python benchmarks/breakdown.py --hosts 32 [--write]
+    sudo .venv/bin/python benchmarks/breakdown.py --hosts 32 --pyinfra [--write]
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def wipe(sbx: Sandbox) -> None:
             child.unlink()
 
 
-def commands(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
+def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool) -> list[Row]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "TERM": "dumb",
            "NO_COLOR": "1", **sbx.env()}
 
@@ -111,11 +112,35 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
             subprocess.run([str(FAB), *args], cwd=REPO, env=env, capture_output=True, check=False)
         return run
 
+    def fresh() -> None:
+        wipe(sbx)
+
+    def nothing() -> None:
+        pass
+
+    runs: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
+        ("fab deploy (fresh)", fresh, fab("deploy")), ("fab deploy (no-op)", nothing, fab("deploy")),
+        ("fab status", nothing, fab("status")), ("fab -l (startup alone)", nothing, fab("-l"))]
+    if peer:  # pyinfra doing deploy.py's work, for the same accounting
+        from benchmarks import deploy as bench_deploy
+        from handoff.releases import build
+
+        payload, keyfile = work / "payload.pyz", work / "openrouter.key"
+        payload.write_bytes(build().data)
+        keyfile.write_text(sbx.api_key)
+        keyfile.chmod(0o600)
+        (work / "pyinfra").mkdir()
+        tool = bench_deploy.pyinfra_tool(sbx, work / "pyinfra", payload, keyfile)
+
+        def pyinfra() -> None:
+            subprocess.run(tool.command, cwd=tool.cwd, env=tool.env, capture_output=True, check=True)
+
+        runs += [("pyinfra deploy (fresh)", fresh, pyinfra),
+                 ("pyinfra deploy (no-op)", nothing, pyinfra)]
     rows: dict[str, Row] = {}
     for _ in range(reps):
-        wipe(sbx)
-        for name, run in (("fab deploy (fresh)", fab("deploy")), ("fab deploy (no-op)", fab("deploy")),
-                          ("fab status", fab("status")), ("fab -l (startup alone)", fab("-l"))):
+        for name, prepare, run in runs:
+            prepare()
             wall, client, srv = measure(server, run, cpu_children)
             row = rows.setdefault(name, (name, [], [], []))
             row[1].append(wall)
@@ -126,9 +151,8 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
 
 def phases(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
     from handoff import commands as handoff_commands
-    from handoff.session import SSHSession
-
     from handoff.facts import KEY_FILE, gather
+    from handoff.session import SSHSession
 
     os.environ.update(sbx.env())
     targets = handoff_commands.targets_for(",".join(c.name for c in sbx.containers), None)
@@ -176,7 +200,9 @@ def table(rows: list[Row], hosts: int) -> list[str]:
     for name, walls, client, srv in rows:
         c, s = med(client), med(srv)
         floor = None if c is None or s is None else (c + s) / 2
-        out.append(f"| {name} | {fmt(med(walls))} | {fmt(c, True)} | {fmt(s, True)} | {fmt(floor)} |")
+        per_host = "startup" not in name  # fab's own startup does not grow with the hosts
+        out.append(f"| {name} | {fmt(med(walls))} | {fmt(c, per_host)} | {fmt(s, per_host)} "
+                   f"| {fmt(floor)} |")
     return out
 
 
@@ -184,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--pyinfra", action="store_true",
+                        help="also pyinfra doing deploy.py's work (its venv under .bench/)")
     parser.add_argument("--write", action="store_true",
                         help="record in BENCHMARKS.md ## Where the time goes")
     args = parser.parse_args(argv)
@@ -194,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="handoff-bench-") as tmp, \
                 Sandbox(Path(tmp) / "sandbox", hosts=args.hosts, api=False) as sbx:
             server.adopt([pid for c in sbx.containers if (pid := sbx.sshd_pid(c.name))])
-            by_command = commands(sbx, server, args.reps)
+            by_command = commands(sbx, server, args.reps, Path(tmp), args.pyinfra)
             by_phase = phases(sbx, server, args.reps)
     finally:
         server.remove()
