@@ -1,7 +1,9 @@
-"""`fab fetch`: a job's folder from each host to `DEST/<host>/<job>/`, skipping what is
-already complete locally and resuming what is partly there.
+"""`fab fetch`: every job's folder (or the `--job` one) from each host to
+`DEST/<host>/<job>/`, skipping what is already complete locally and resuming what is partly
+there; then each job's shards merged into `DEST/<job>/output.jsonl` and
+`output.errors.jsonl` (handoff.merge: every id exactly once, checked).
 
-One round trip lists the job's files (handoff.remote_code.fetch_list) together with the
+One round trip lists the jobs' files (handoff.remote_code.fetch_list) together with the
 sha256 of each remote file's first N bytes, N being the size of the local copy. Then:
 - same size and (append-only file) same prefix hash, or (other file) same mtime: skip;
 - an append-only file (`*.jsonl`, `log`) whose local copy is a true prefix: download
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from handoff import console, remote_code
+from handoff import merge as merging
 from handoff.errors import RemoteError
 from handoff.jobs.state import job_name
 from handoff.parallel import HostReport
@@ -78,6 +81,22 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
                          "listing the job's files")
     if not listing["exists"]:
         raise RemoteError(f"{s.label}: no job {job!r} at {listing['job_dir']} (launched?)")
+    return fetch_listed(s, listing, local_dir, have)
+
+
+def fetch_all(s: Session, host_dir: Path) -> dict[str, Fetched]:
+    """Bring every job folder of one host to `host_dir/<job>/` (one listing round trip)."""
+    have = {p.name: local_sizes(p) for p in host_dir.iterdir() if p.is_dir()} if host_dir.is_dir() else {}
+    listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs, "local": have},
+                         "listing the jobs' files")
+    if not listing["jobs"]:
+        raise RemoteError(f"{s.label}: no job under {listing['jobs_dir']} (launched?)")
+    return {job: fetch_listed(s, one, host_dir / job, have.get(job, {}))
+            for job, one in listing["jobs"].items()}
+
+
+def fetch_listed(s: Session, listing: dict[str, Any], local_dir: Path, have: dict[str, int]) -> Fetched:
+    """Download what a listing shows is missing or incomplete in `local_dir`."""
     done = Fetched()
     for entry in listing["files"]:
         rel, size = entry["rel"], int(entry["size"])
@@ -94,11 +113,32 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
 
 
 def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -> None:
-    """`fab fetch` on one host: `dest/<host>/<job>/`."""
-    job = job_name(s.target, job_flag)
-    local_dir = dest / s.target.safe_label / job
-    done = fetch_job(s, job, local_dir)
-    report.log(f"  [green]✓[/] {done.fetched} file(s) fetched ({done.resumed} resumed, "
-               f"{done.nbytes / 1e6:.2f} MB), {done.skipped} already complete → {console.r(local_dir)}")
-    report.summary = f"{done.fetched} fetched, {done.skipped} complete → {local_dir}"
-    report.data["dir"] = str(local_dir)
+    """`fab fetch` on one host: `dest/<host>/<job>/` for the `--job` job or every job;
+    `report.data["jobs"]` maps each job fetched to its local folder (for the merge)."""
+    host_dir = dest / s.target.safe_label
+    if job_flag is not None:
+        job = job_name(s.target, job_flag)
+        results = {job: fetch_job(s, job, host_dir / job)}
+    else:
+        results = fetch_all(s, host_dir)
+    total = Fetched()
+    for job, done in results.items():
+        report.log(f"  [green]✓[/] {console.r(job)}: {done.fetched} file(s) fetched ({done.resumed} "
+                   f"resumed, {done.nbytes / 1e6:.2f} MB), {done.skipped} already complete → "
+                   f"{console.r(host_dir / job)}")
+        for name in ("fetched", "skipped", "resumed", "nbytes"):
+            setattr(total, name, getattr(total, name) + getattr(done, name))
+    jobs = ", ".join(results)
+    report.summary = f"{total.fetched} fetched, {total.skipped} complete ({jobs}) → {host_dir}"
+    report.data["dir"] = str(host_dir / next(iter(results))) if len(results) == 1 else str(host_dir)
+    report.data["jobs"] = {job: str(host_dir / job) for job in results}
+
+
+def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
+    """Each job fetched, its hosts' copies merged into `dest/<job>/` (handoff.merge)."""
+    copies: dict[str, list[merging.ShardCopy]] = {}
+    for rep in reports:
+        if rep.ok:
+            for job, folder in (rep.data.get("jobs") or {}).items():
+                copies.setdefault(job, []).append(merging.ShardCopy(rep.target.label, Path(folder)))
+    return [merging.merge(job, found, dest) for job, found in sorted(copies.items())]

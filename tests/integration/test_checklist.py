@@ -80,7 +80,7 @@ def test_whole_checklist_on_three_hosts(sandbox, fab, tmp_path: Path) -> None:
     assert r.rc == 0, explain(r)
     got: list[str] = []
     for c in sandbox.containers:
-        folder = dest / c.name / "generator"
+        folder = dest / c.name / "prompts"
         assert (folder / "status.json").is_file() and (folder / "log").is_file()
         got += ids_in(folder / "output.jsonl") + ids_in(folder / "output.errors.jsonl")
     assert len(got) == len(set(got)) == input_ids()  # every id exactly once across the shards
@@ -198,7 +198,7 @@ def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> Non
     assert r.rc != 0 and rec["state"] == "stopped" and rec["alive"] is False  # stopped: non-zero
     dest = tmp_path / "out"
     assert fab.on(sbx, "fetch", "--dest", str(dest)).rc == 0
-    partial = ids_in(dest / c.name / "generator" / "output.jsonl")
+    partial = ids_in(dest / c.name / "prompts" / "output.jsonl")
     assert 0 < len(partial) < input_ids()
 
     r = fab.on(sbx, "launch", "--input", str(PROMPTS), "--concurrency", "16")  # resumes
@@ -207,7 +207,7 @@ def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> Non
     assert r.rc == 0 and "finished" in r.out, explain(r)
     r = fab.on(sbx, "fetch", "--dest", str(dest))
     assert r.rc == 0 and "resumed" in r.out, explain(r)
-    folder = dest / c.name / "generator"
+    folder = dest / c.name / "prompts"
     got = ids_in(folder / "output.jsonl") + ids_in(folder / "output.errors.jsonl")
     assert len(got) == len(set(got)) == input_ids()
     assert got[: len(partial)] == partial  # the partial file was continued, not replaced

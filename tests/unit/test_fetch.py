@@ -71,4 +71,6 @@ def test_a_local_copy_that_is_not_a_prefix_is_fetched_whole(ws: Workstation, tmp
 def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path: Path,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     assert commands.fetch("a", None, dest=str(tmp_path / "r")) == 1
-    assert "no job 'generator'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+    assert "no job under" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+    assert commands.fetch("a", None, job="B3", dest=str(tmp_path / "r")) == 1
+    assert "no job 'B3'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()

@@ -93,15 +93,25 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     p = launch.plan(ws.targets("a,b", flags={"concurrency": 7}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
     assert [[s.action for s in hp.steps] for hp in p.hosts] == [["probe", "push-input", "start-job"]] * 2
+    assert p.all_or_nothing  # no host starts unless every host passed its probe
     start_a = p.for_host("a")[-1]
-    assert start_a.params == {"job": "generator", "input": "~/.handoff/data/p.jsonl", "shard": "0/2"}
+    # One job per dataset, named after the file's stem.
+    assert start_a.params == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
+                              "hosts": 2, "max_cost": None, "share": None}
     assert p.for_host("b")[-1].params["shard"] == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
-    assert "~/.handoff/jobs/generator/output.jsonl" in start_a.detail
+    assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
+    assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
     assert [s.changes for s in p.for_host("a")] == [False, True, True]
     alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
     assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job"]
-    assert alone.hosts[0].steps[-1].params == {"job": "b3", "input": "/data/x.jsonl", "shard": None}
+    assert alone.hosts[0].steps[-1].params["job"] == "b3"
+    assert alone.hosts[0].steps[-1].params["shard"] is None
+    stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)
+    assert stem.hosts[0].steps[-1].params["job"] == "B4"
+    provider = launch.plan(ws.targets("a", flags={"provider": {"only": ["x"]}}), local_input=None,
+                           remote_input="/d/x.jsonl", job_flag=None)
+    assert """--provider '{"only":["x"]}'""" in provider.hosts[0].steps[-1].detail  # set: passed
 
 
 def test_launch_plan_refuses_what_no_host_can_fix(ws: Workstation, tmp_path: Path) -> None:
@@ -124,15 +134,17 @@ def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest
     assert commands.stop("a,b", None, timeout=5, dry_run=True) == 0
     out = capfd.readouterr().out
     assert touched == []
-    assert out.count("dry run") == 2 and "start job generator detached" in out
-    assert "SIGTERM its process, wait up to 5 s" in out
+    assert out.count("dry run") == 2 and "start job in detached" in out
+    assert "SIGTERM each, wait up to 5 s" in out
 
 
 def test_stop_plan(ws: Workstation) -> None:
-    p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)
-    assert [hp.steps[0].params for hp in p.hosts] == [{"job": "generator", "timeout": 0.0},
-                                                      {"job": "sleeper", "timeout": 0.0}]
+    p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)  # every running job
+    assert [(hp.steps[0].action, hp.steps[0].params) for hp in p.hosts] == \
+        [("stop-jobs", {"job": None, "timeout": 0.0})] * 2
     assert "do not wait" in p.hosts[0].steps[0].description
+    one = stop.plan(ws.targets("a"), job_flag="B3", timeout=5)
+    assert one.hosts[0].steps[0].params == {"job": "B3", "timeout": 5.0}
 
 
 # --- on fake hosts -------------------------------------------------------------------------
@@ -203,6 +215,8 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert commands.status("s", None, as_json=True) == 1  # stopped: not running or finished
     assert json.loads(capfd.readouterr().out.splitlines()[-1])["state"] == "stopped"
     assert commands.stop("s", None, timeout=20) == 0  # nothing to stop: skipped, still fine
+    assert "no job is running (1 job(s) on the host: sleeper)" in capfd.readouterr().out
+    assert commands.stop("s", None, job="sleeper", timeout=20) == 0
     assert "is not running (state stopped)" in capfd.readouterr().out
 
     # Relaunch: the job resumes in the same folder; the input is the same, not pushed again.
@@ -211,10 +225,17 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert commands.stop("s", None, timeout=20) == 0
 
 
+def remote_input(ws: Workstation, label: str) -> str:
+    """A prompts file already on the fake host: `--remote-input`'s argument."""
+    (ws.home(label) / "in.jsonl").write_text('{"id": 1, "prompt": "hi"}\n')
+    return "~/in.jsonl"
+
+
 def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
-    rc = commands.launch("s", None, local_input=None, remote_input="/in.jsonl", flags={"mode": "crash"})
+    rc = commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
+                         flags={"mode": "crash"})
     assert rc == 1
     out = capfd.readouterr().out.replace("\n", " ")
     assert "exited right after start" in out and "simulated failure" in out
@@ -223,7 +244,7 @@ def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
 def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
-    assert commands.launch("s", None, local_input=None, remote_input="/in.jsonl",
+    assert commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
                            flags={"mode": "finish"}) == 0
     assert "ran and finished already" in capfd.readouterr().out
     assert commands.status("s", None) == 0
