@@ -262,8 +262,9 @@ def bad_line_notes(views: list[JobView], shown: int = 3) -> list[str]:
             continue
         samples = [s for s in v.status.get("bad_line_samples") or [] if isinstance(s, dict)]
         quoted = "; ".join(f"line {s.get('line')}: {s.get('reason')}" for s in samples[:shown])
-        more = ", ..." if int(_number(count)) > len(samples[:shown]) else ""
-        text = f"{count} bad input line{'s' if count != 1 else ''} skipped ({quoted}{more})"
+        more = ", ..." if quoted and int(_number(count)) > len(samples[:shown]) else ""
+        text = (f"{count} bad input line{'s' if count != 1 else ''} skipped"
+                + (f" ({quoted}{more})" if quoted else ""))
         said.setdefault((str(v.job), text), []).append(v.host)
     return [f"{job} on {', '.join(hosts)}: {text}" for (job, text), hosts in said.items()]
 
