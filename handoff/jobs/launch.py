@@ -16,9 +16,10 @@ Per host, in order:
    holds the same bytes (sha256 compared on the host); `set-key-limit` (with a budget):
    the host's minted child key limited to its share of the jobs' budget;
 3. `start-job` per dataset: the role's `launch` command, detached, in
-   `<remote_dir>/jobs/<job>/`, `job.json` recording the input's sha256. A command that dies
-   at once fails the host with its log's last lines; one that finished within that second
-   (nothing left to do) is fine.
+   `<remote_dir>/jobs/<job>/`, `job.json` recording the input's sha256; then `check-jobs`
+   (one round trip) watches them all for a second at once: a command that died fails the
+   host with its log's last lines; one that finished within that second (nothing left to
+   do) is fine.
 
 The plan is all-or-nothing: no host pushes or starts anything until every host has passed
 its probe, so a refusal on one host (or one host down) starts nothing anywhere.
@@ -51,6 +52,7 @@ from handoff.jobs.state import (
     require_deployed,
 )
 from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
+from handoff.remote_code.jobs import START_WATCH_S
 from handoff.roles import render_command
 from handoff.session import Session
 from handoff.targets import Target
@@ -161,8 +163,8 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                                f"disk, job{'s' if len(jobs) > 1 else ''} {names} not running and "
                                f"launched with the same input",
                       f"{target.vars['python']} -c <remote_code/probe.py> (sha256 of the inputs); "
-                      f"-c <remote_code/jobs.py> list (reads only)", "always", {}, run=_probe,
-                      changes=False)]
+                      f"-c <remote_code/jobs.py> list (reads only)", "always", {"shard": shard_spec},
+                      run=_probe, changes=False)]
         for j in jobs:
             if j.dataset is not None:
                 ds = j.dataset
@@ -194,6 +196,12 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                                                      "shard": shard_spec, "hosts": n,
                                                      "max_cost": total, "share": extra["max_cost"]},
                 run=_start))
+        steps.append(Step(
+            "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
+                          f"second later (or finished: nothing left to do)",
+            f"python -c <remote_code/jobs.py> check: wait {START_WATCH_S:g} s, then each job's "
+            f"state and, for one that exited, its log's tail", "after the starts",
+            {"jobs": [j.job for j in jobs]}, run=_check, changes=False))
         result.hosts.append(HostPlan(target, steps))
     return result
 
@@ -233,8 +241,17 @@ def _probe(ctx: HostContext, step: Step) -> str:
     if problems:
         raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
     states = ", ".join(f"{j.job} {host_jobs.get(j.job).state}" for j in jobs)
+    # A job resumed over another set of hosts gets another share of the ids: say so (ids
+    # another host already did may be asked again here; the merge keeps each id once).
+    shard = step.params.get("shard")
+    moved = []
+    for j in jobs:
+        meta = host_jobs.get(j.job).meta
+        if meta is not None and meta.get("shard") != shard:
+            moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now {shard or 'all'}")
+    note = f" (resharded: {'; '.join(moved)})" if moved else ""
     return Skipped(f"release {'and key ' if role and role.secret else ''}in place, "
-                   f"{units.size(facts.disk_free)} free; {states}")
+                   f"{units.size(facts.disk_free)} free; {states}{note}")
 
 
 def identity_problem(s: Session, j: LaunchJob, current: JobState, remote_sha: str | None) -> str | None:
@@ -307,21 +324,35 @@ def _start(ctx: HostContext, step: Step) -> str:
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
             "max_cost": p.get("max_cost"), "host_max_cost": p.get("share"),
             "started": time.time(), "host": s.label}
+    # Started without the watch: check-jobs watches every job of the launch at once.
     answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "start", "job_dir": jd,
-                                                           "command": command, "meta": meta},
+                                                           "command": command, "meta": meta,
+                                                           "watch_s": 0},
                                         "starting the job", timeout=60)
     notes = (f", shard {shard}" if shard else "") + (f", budget ${p['share']}" if p.get("share") else "")
-    if not answer.get("started"):
-        if JobState.from_json(answer.get("state") or {}).state == "finished":
-            _summarize(ctx, f"{job} finished")
-            return f"{job} ran and finished already{notes}"
-        tail = [str(line) for line in answer.get("log_tail") or []][-6:]
-        detail = " / ".join(tail) or f"exit {answer.get('exit')}, nothing in {jd}/log"
-        raise RemoteError(f"{s.label}: job {job!r} exited right after start: {detail}")
-    pid = answer.get("pid")
-    _summarize(ctx, f"{job} running (pid {pid}{notes})")
-    return f"started {job} (pid {pid}) in {jd}{notes}"
+    return f"started {job} (pid {answer.get('pid')}) in {jd}{notes}"
 
 
-def _summarize(ctx: HostContext, part: str) -> None:
-    ctx.report.summary = f"{ctx.report.summary}; {part}" if ctx.report.summary else f"job {part}"
+def _check(ctx: HostContext, step: Step) -> str:
+    """Each job started a second ago: still running, finished (nothing to do), or dead."""
+    s = ctx.session
+    names = [str(j) for j in step.params["jobs"]]
+    answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "check", "jobs_dir": s.layout.jobs,
+                                                           "jobs": names, "watch_s": START_WATCH_S},
+                                        "checking the jobs", timeout=60)
+    parts, dead = [], []
+    for name in names:
+        raw = (answer.get("jobs") or {}).get(name) or {}
+        current = JobState.from_json(raw)
+        if current.alive:
+            parts.append(f"{name} running (pid {current.pid})")
+        elif current.state == "finished":
+            parts.append(f"{name} ran and finished already")
+        else:
+            tail = [str(line) for line in raw.get("log_tail") or []][-6:]
+            dead.append(f"job {name!r} exited right after start: "
+                        f"{' / '.join(tail) or f'nothing in {current.job_dir}/log'}")
+    if dead:
+        raise RemoteError(f"{s.label}: " + "; ".join(dead))
+    ctx.report.summary = "job " + "; ".join(parts)
+    return Skipped(", ".join(parts))

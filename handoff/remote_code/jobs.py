@@ -12,7 +12,9 @@ one round trip including the check that follows it.
 - `start`: `mkdir -p`, job.json, then the command under `sh -c 'exec nohup …'` in a new
   session (setsid), stdin from /dev/null and stdout/stderr appended to `log`, so it
   survives the SSH session and never waits on input; its pid goes to `pid`. It then
-  watches ~1 s to catch a command that dies at once (a bad flag, a missing file).
+  watches ~1 s to catch a command that dies at once (a bad flag, a missing file); a launch
+  of several jobs starts each with `watch_s` 0 and then watches them all at once (`check`:
+  one wait, each job's state, the log's tail of any that is no longer alive).
 - `stop`: SIGTERM to the job's pid when alive, then waits up to `timeout` s for it to
   exit: the payload drains its in-flight requests and stays resumable. `stop_all` does so
   for every running job under `jobs_dir` at once (`fab stop` without `--job`).
@@ -153,6 +155,21 @@ def start(a: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def check(a: dict[str, Any]) -> dict[str, Any]:
+    """After starting several jobs without watching each (`start` with `watch_s` 0): wait
+    `watch_s` once, then each job's state, with its log's tail when it is no longer alive."""
+    time.sleep(float(a.get("watch_s", START_WATCH_S)))
+    jobs_dir = expand(a["jobs_dir"])
+    out = {}
+    for name in a.get("jobs", []):
+        job_dir = os.path.join(jobs_dir, name)
+        current = job_state(job_dir)
+        if not current["alive"]:
+            current["log_tail"] = log_tail(job_dir)
+        out[name] = current
+    return {"jobs": out}
+
+
 def stop(a: dict[str, Any]) -> dict[str, Any]:
     before = state(a)
     if not before["alive"]:
@@ -201,8 +218,8 @@ def running(a: dict[str, Any]) -> dict[str, Any]:
     return {"running": alive}
 
 
-OPS = {"state": state, "start": start, "stop": stop, "stop_all": stop_all, "running": running,
-       "list": list_jobs}
+OPS = {"state": state, "start": start, "check": check, "stop": stop, "stop_all": stop_all,
+       "running": running, "list": list_jobs}
 
 
 def main(argv: list[str]) -> int:

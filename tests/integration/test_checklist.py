@@ -230,9 +230,11 @@ def test_demo_end_to_end_leaves_home_untouched(tmp_path: Path) -> None:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "demo done" in proc.stdout and str(results) in proc.stdout.replace("\n", "")
-    got = [json.loads(line)["id"] for f in results.glob("*/generator/output.jsonl")
+    got = [json.loads(line)["id"] for f in results.glob("*/prompts/output.jsonl")
            for line in f.read_text().splitlines()]
     assert len(got) == len(set(got)) == input_ids()
+    merged = [json.loads(line)["id"] for line in (results / "prompts" / "output.jsonl").read_text().splitlines()]
+    assert sorted(merged, key=str) == sorted(got, key=str)  # the shards, merged by fetch
     assert list(home.iterdir()) == []  # no ~/.ssh, no keyring, nothing
     assert "handoff-demo-" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                                  text=True).stdout

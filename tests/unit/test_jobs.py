@@ -93,26 +93,27 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
     p = launch.plan(ws.targets("a,b", flags={"concurrency": 7}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
-    assert [[s.action for s in hp.steps] for hp in p.hosts] == [["probe", "push-input", "start-job"]] * 2
+    assert [[s.action for s in hp.steps] for hp in p.hosts] == \
+        [["probe", "push-input", "start-job", "check-jobs"]] * 2
     assert p.all_or_nothing  # no host starts unless every host passed its probe
-    start_a = p.for_host("a")[-1]
+    start_a = p.for_host("a")[-2]
     # One job per dataset, named after the file's stem.
     assert start_a.params == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
                               "hosts": 2, "max_cost": None, "share": None}
-    assert p.for_host("b")[-1].params["shard"] == "1/2"
+    assert p.for_host("b")[-2].params["shard"] == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
     assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
-    assert [s.changes for s in p.for_host("a")] == [False, True, True]
+    assert [s.changes for s in p.for_host("a")] == [False, True, True, False]
     alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
-    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job"]
-    assert alone.hosts[0].steps[-1].params["job"] == "b3"
-    assert alone.hosts[0].steps[-1].params["shard"] is None
+    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job", "check-jobs"]
+    assert alone.hosts[0].steps[-2].params["job"] == "b3"
+    assert alone.hosts[0].steps[-2].params["shard"] is None
     stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)
-    assert stem.hosts[0].steps[-1].params["job"] == "B4"
+    assert stem.hosts[0].steps[-2].params["job"] == "B4"
     provider = launch.plan(ws.targets("a", flags={"provider": {"only": ["x"]}}), local_input=None,
                            remote_input="/d/x.jsonl", job_flag=None)
-    assert """--provider '{"only":["x"]}'""" in provider.hosts[0].steps[-1].detail  # set: passed
+    assert """--provider '{"only":["x"]}'""" in provider.hosts[0].steps[-2].detail  # set: passed
 
 
 def test_launch_plan_refuses_what_no_host_can_fix(ws: Workstation, tmp_path: Path) -> None:
