@@ -124,7 +124,9 @@ def mount_tmpfs(path: Path, size: str, uid: int) -> None:
 
 
 def test_a_full_disk_stops_the_job_and_status_says_why(make_sandbox, fab, tmp_path: Path) -> None:
-    sbx = make_sandbox(hosts=1)
+    # Answers take 50 ms and 20 fly at once: the disk fills after a few seconds, well after
+    # launch's one-second check (a job that dies within it fails the launch instead).
+    sbx = make_sandbox(hosts=1, api_latency_s=0.05)
     c = sbx.containers[0]
     uid = int(subprocess.check_output(["id", "-u", c.user]))
     assert fab.on(sbx, "deploy").rc == 0, "deploy"
@@ -150,7 +152,7 @@ def test_a_full_disk_stops_the_job_and_status_says_why(make_sandbox, fab, tmp_pa
         mount_tmpfs(job_dir, "4m", uid)
         big = dataset(tmp_path / "big.jsonl", 6000, size=2000)
         started = time.monotonic()
-        r = fab.on(sbx, "launch", "--input", str(big), "--concurrency", "100")
+        r = fab.on(sbx, "launch", "--input", str(big), "--concurrency", "20")
         assert r.rc == 0, explain(r)
 
         def stopped() -> bool:
