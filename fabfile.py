@@ -1,8 +1,11 @@
 """handoff's checklist as Fabric tasks (thin: parse flags, call handoff.commands).
 
 Every task takes `--host` (inventory name, ssh_config alias or [user@]address[:port],
-comma-separated) and `--role`. Without `--host`: the hosts of the last deploy, else
-the inventory's hosts. Heavy modules are imported inside the tasks so `fab -l` is quick.
+comma-separated; Fabric's `-H/--hosts` means the same, see handoff.cli and fabric.yaml) and
+`--role`. Without `--host`: the hosts of the last successful deploy, else the inventory's
+hosts. Heavy modules are imported inside the tasks so `fab -l` is quick. Numeric flags are
+taken as strings and checked by the commands (handoff.flags): invoke would raise a
+traceback on `--lines ten`.
 
 This file's folder is the project directory: `inventory/hosts.yml`, `roles/` and the
 state dir `.handoff/` are looked up here (docs/configuration.md).
@@ -22,6 +25,16 @@ HOST = "inventory name, ssh_config alias or [user@]address[:port]; comma-separat
 ROLE = "role to act as (a file in roles/); default: each host's first inventory role"
 DRY = "print the plan (what would run on which host) and change nothing; connects to no host"
 JOB = "one job by name (default: every job on each host)"
+
+
+def _host(c: Context, host: str | None) -> str | None:
+    """The task's `--host`. A Fabric Connection as the context means Fabric's own Executor ran
+    the task once per -H host (fabric.yaml was not read): refuse rather than act on hosts
+    nobody named."""
+    if type(c).__name__ == "Connection":
+        raise Exit("error: -H/--hosts needs handoff's executor (fabric.yaml next to fabfile.py); "
+                   "use --host instead", code=2)
+    return host
 
 
 def _done(code: int) -> None:
@@ -44,6 +57,8 @@ def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run
     """verify → push-script → push-key; remembers the hosts."""
     from handoff import commands
 
+    host = _host(c, host)
+
     _done(commands.deploy(host, role, install=install, dry_run=dry_run))
 
 
@@ -54,6 +69,8 @@ def verify(c: Context, host: str | None = None, role: str | None = None, install
     """Check each host has what its role needs, with fixes."""
     from handoff import commands
 
+    host = _host(c, host)
+
     _done(commands.verify(host, role, install=install, dry_run=dry_run))
 
 
@@ -61,6 +78,8 @@ def verify(c: Context, host: str | None = None, role: str | None = None, install
 def push_script(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
     """Upload the payload release and switch `current` to it."""
     from handoff import commands
+
+    host = _host(c, host)
 
     _done(commands.push_script(host, role, dry_run=dry_run))
 
@@ -70,6 +89,8 @@ def push_key(c: Context, host: str | None = None, role: str | None = None, dry_r
     """Place each host's key, 0600 (minted child key or API key)."""
     from handoff import commands
 
+    host = _host(c, host)
+
     _done(commands.push_key(host, role, dry_run=dry_run))
 
 
@@ -78,6 +99,8 @@ def push_key(c: Context, host: str | None = None, role: str | None = None, dry_r
 def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False) -> None:
     """Show a host's SSH key fingerprint; pin it once confirmed."""
     from handoff import commands
+
+    host = _host(c, host)
 
     _done(commands.trust_host(host, role, yes=yes))
 
@@ -100,6 +123,8 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
     """One real request per host: provider, latency, cost, credit."""
     from handoff import commands
 
+    host = _host(c, host)
+
     _done(commands.smoke_test(host, role, model=model))
 
 
@@ -120,10 +145,12 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
 })
 def launch(c: Context, host: str | None = None, role: str | None = None, input: list[str] | None = None,
            remote_input: str | None = None, job: str | None = None, model: str | None = None,
-           base_url: str | None = None, concurrency: int | None = None, max_cost: float | None = None,
-           max_tokens: int | None = None, no_shard: bool = False, dry_run: bool = False) -> None:
+           base_url: str | None = None, concurrency: str | None = None, max_cost: str | None = None,
+           max_tokens: str | None = None, no_shard: bool = False, dry_run: bool = False) -> None:
     """Start one job per dataset on each host, sharded i/n."""
     from handoff import commands
+
+    host = _host(c, host)
 
     flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
              "max_cost": max_cost, "max_tokens": max_tokens, "job": job}
@@ -138,9 +165,11 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
     "interval": "seconds between refreshes with --wait (default 2)",
 })
 def status(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
-           json: bool = False, wait: bool = False, interval: float = 2.0) -> None:
+           json: bool = False, wait: bool = False, interval: str | None = None) -> None:
     """Every job on every host: state, progress, cost, ETA, keys."""
     from handoff import commands
+
+    host = _host(c, host)
 
     _done(commands.status(host, role, job=job, as_json=json, wait=wait, interval=interval))
 
@@ -150,9 +179,11 @@ def status(c: Context, host: str | None = None, role: str | None = None, job: st
     "follow": "keep streaming new lines until Ctrl-C", "lines": "how many last lines (default 40)",
 })
 def logs(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
-         follow: bool = False, lines: int = 40) -> None:
+         follow: bool = False, lines: str | None = None) -> None:
     """Print the jobs' logs; --follow streams until Ctrl-C."""
     from handoff import commands
+
+    host = _host(c, host)
 
     _done(commands.logs(host, role, job=job, follow=follow, lines=lines))
 
@@ -163,9 +194,11 @@ def logs(c: Context, host: str | None = None, role: str | None = None, job: str 
     "dry_run": DRY,
 })
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
-         timeout: float = 60.0, dry_run: bool = False) -> None:
+         timeout: str | None = None, dry_run: bool = False) -> None:
     """SIGTERM the jobs: graceful drain, stays resumable."""
     from handoff import commands
+
+    host = _host(c, host)
 
     _done(commands.stop(host, role, job=job, timeout=timeout, dry_run=dry_run))
 
@@ -180,6 +213,8 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
     """Pull every job's outputs back; merge each job's shards."""
     from handoff import commands
 
+    host = _host(c, host)
+
     _done(commands.fetch(host, role, job=job, dest=dest))
 
 
@@ -190,6 +225,8 @@ def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) 
     """Remove placed keys, revoke child keys, verify all gone."""
     from handoff import commands
 
+    host = _host(c, host)
+
     _done(commands.cleanup_secrets(host, dry_run=dry_run))
 
 
@@ -198,8 +235,14 @@ def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) 
     "results": "where to copy the results (default demo-results)",
     "keep": "keep the sandbox's temp dir instead of deleting it",
 })
-def demo(c: Context, hosts: int = 2, results: str = "demo-results", keep: bool = False) -> None:
+def demo(c: Context, hosts: str = "2", results: str = "demo-results", keep: bool = False) -> None:
     """The whole checklist against a throwaway local sandbox."""
     from handoff import demo as demo_mod
+    from handoff import flags
+    from handoff.errors import UsageError
 
-    _done(demo_mod.run(hosts=hosts, results=results, keep=keep))
+    try:
+        count = flags.whole("--hosts", hosts, minimum=1, maximum=253, default=2)
+    except UsageError as exc:
+        raise Exit(f"error: {exc}", code=2) from None
+    _done(demo_mod.run(hosts=count or 2, results=results, keep=keep))

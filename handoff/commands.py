@@ -28,21 +28,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handoff import console, plan
+from handoff import console, plan, ssh
+from handoff import flags as _flag
 from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
 from handoff.errors import HandoffError, SecretError, UsageError
 from handoff.inventory import load_inventory
 from handoff.parallel import HostReport, run_on_hosts
 from handoff.session import Connector, SSHSession
-from handoff.targets import Target, resolve
+from handoff.targets import Targets, resolve
 from payload import units
 
 # How commands reach a host. Tests may point it at handoff.testing.local.LocalSession.
 CONNECT: Connector = SSHSession
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C with a message saying what it means for the hosts (e.g. the job runs on)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
-    """Turn expected failures into a message and an exit code."""
+    """Turn expected failures into a message and an exit code. Ctrl-C closes every SSH
+    connection in flight (their threads stop at once) and exits 130 without a traceback."""
 
     def wrapper(*args: Any, **kwargs: Any) -> int:
         console.install()
@@ -51,8 +61,12 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         except HandoffError as exc:
             console.error(str(exc))
             return exc.exit_code
-        except KeyboardInterrupt:
-            console.error("interrupted")
+        except KeyboardInterrupt as exc:
+            ssh.abort_all()
+            message = exc.message if isinstance(exc, Interrupted) else (
+                "interrupted: what a host was doing may be half done; rerun the command (each "
+                "step is safe to repeat)")
+            console.error(message)
             return 130
 
     wrapper.__name__ = fn.__name__
@@ -60,9 +74,13 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
-def targets_for(host: str | None, role: str | None, flags: dict[str, Any] | None = None) -> list[Target]:
-    """The hosts a command acts on (see handoff.targets)."""
-    return resolve(host, load_inventory(), role, flags)
+def targets_for(host: str | None, role: str | None, values: dict[str, Any] | None = None,
+                *, quiet: bool = False) -> Targets:
+    """The hosts a command acts on (see handoff.targets), said on stderr with why these."""
+    targets = resolve(host, load_inventory(), role, values)
+    if not quiet:
+        console.note(targets.describe())
+    return targets
 
 
 def exit_code(reports: list[HostReport]) -> int:
@@ -119,9 +137,16 @@ def deploy(
     failure = None if pending is None else pending.exception()
     if isinstance(failure, SecretError):
         raise failure  # how to store the key: printed once, after the hosts' "nothing changed"
+    code = exit_code(reports)
     if remember and host:
-        state.save_targets([t.spec for t in targets], role)
-    return exit_code(reports)
+        # Only a deploy that succeeded on every host becomes what later bare commands act on;
+        # a failed one (a dead or mistyped host) leaves the remembered targets as they were.
+        if code == 0:
+            state.save_targets([t.spec for t in targets], role)
+        else:
+            console.note("the remembered hosts are unchanged (deploy failed on "
+                         f"{', '.join(r.target.label for r in reports if not r.ok)})")
+    return code
 
 
 def verify(host: str | None = None, role: str | None = None, install: bool = False,
@@ -213,14 +238,12 @@ def launch(
     from handoff.jobs import estimate
     from handoff.jobs import launch as launch_plan
 
-    flags = dict(flags)
-    job_flag = flags.pop("job", None)
-    for key in ("concurrency", "max_tokens"):
-        if flags.get(key) is not None:
-            flags[key] = int(flags[key])
-    if flags.get("max_cost") is not None:
-        flags["max_cost"] = float(flags["max_cost"])
-    targets = targets_for(host, role, flags)
+    values = dict(flags)
+    job_flag = values.pop("job", None)
+    values["concurrency"] = _flag.whole("--concurrency", values.get("concurrency"), minimum=1)
+    values["max_tokens"] = _flag.whole("--max-tokens", values.get("max_tokens"), minimum=1)
+    values["max_cost"] = _flag.real("--max-cost", values.get("max_cost"), minimum=0)
+    targets = targets_for(host, role, values)
     inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
     # Every local input is read once, here: checked (an all-bad file stops the launch before
     # any host is touched), measured for the estimate, hashed for the job's identity.
@@ -249,13 +272,15 @@ def launch(
 
 @guarded
 def status(host: str | None, role: str | None, *, job: str | None = None, as_json: bool = False,
-           wait: bool = False, interval: float = 2.0) -> int:
+           wait: bool = False, interval: float | str | None = None) -> int:
     """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
     import json
 
     from handoff import secrets
     from handoff.jobs import status as st
 
+    every = _flag.real("--interval", interval, minimum=0.2, default=2.0)
+    assert every is not None
     # Child keys' usage, limit and expiry: from the management API, on this workstation.
     watcher = st.Watcher(targets_for(host, role), job, CONNECT,
                          key_lookup=secrets.ManagementKeys().lookup)
@@ -263,7 +288,12 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     try:
         views = watcher.collect()
         if wait:
-            views = st.watch(watcher, views, interval, live)
+            try:
+                views = st.watch(watcher, views, every, live)
+            except KeyboardInterrupt:
+                raise Interrupted(
+                    "stopped watching; the jobs keep running on the hosts (`fab status` shows "
+                    "them again, `fab stop` ends them)") from None
     finally:
         watcher.close()
     if as_json:
@@ -281,23 +311,27 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
 
 @guarded
 def logs(host: str | None, role: str | None, *, job: str | None = None, follow: bool = False,
-         lines: int = 40) -> int:
+         lines: int | str | None = None) -> int:
     """The job's last log lines; `follow` streams from every host until Ctrl-C."""
     from handoff.jobs import logs as job_logs
 
+    count = _flag.whole("--lines", lines, minimum=0, default=40)
+    assert count is not None
     targets = targets_for(host, role)
     if follow:
-        return job_logs.follow(targets, job, int(lines), CONNECT)
-    return exit_code(job_logs.tail(targets, job, int(lines), CONNECT))
+        return job_logs.follow(targets, job, count, CONNECT)
+    return exit_code(job_logs.tail(targets, job, count, CONNECT))
 
 
 @guarded
-def stop(host: str | None, role: str | None, *, job: str | None = None, timeout: float = 60.0,
-         dry_run: bool = False) -> int:
+def stop(host: str | None, role: str | None, *, job: str | None = None,
+         timeout: float | str | None = None, dry_run: bool = False) -> int:
     """SIGTERM the job: graceful drain, stays resumable."""
     from handoff.jobs import stop as stop_plan
 
-    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=timeout), dry_run)
+    wait_s = _flag.real("--timeout", timeout, minimum=0, default=60.0)
+    assert wait_s is not None
+    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=wait_s), dry_run)
 
 
 @guarded
@@ -340,7 +374,8 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
         except InventoryError as exc:
             console.warn(f"{exc}; checking only the hosts the ledger and the last deploy name")
         everywhere += state.load_targets()[0]
-    scope = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None), everywhere)
+    scope = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True),
+                                    everywhere)
     for skipped in scope.skipped:
         console.warn(f"not checked: {skipped}")
     if not scope.entries and not scope.minted:

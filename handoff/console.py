@@ -6,6 +6,11 @@ out (rich may wrap a long line in the middle of a key, which would defeat a
 stream-level filter) and on the stream after (for anything that bypasses us).
 `install()` also wraps sys.stdout/sys.stderr, so tracebacks and library prints are
 masked too.
+
+Output that is not a terminal (a pipe, a file, a test's capture) is laid out without a
+width limit: rich would otherwise assume 80 columns and cut table cells (`done/fai…`) and
+wrap long messages, losing exactly what a script or a log wants to keep. On a terminal,
+table cells fold onto more lines instead of being cut, so nothing is lost there either.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import IO, Any, cast
+from typing import IO, Any, TextIO, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +30,7 @@ from payload.redact import REDACTOR, RedactingStream
 _lock = threading.RLock()
 _console: Console | None = None
 _err_console: Console | None = None
+UNLIMITED = 100_000  # columns for output that is not a terminal: no line is ever cut
 
 
 def install() -> None:
@@ -35,18 +41,35 @@ def install() -> None:
         sys.stderr = RedactingStream(sys.stderr)
 
 
+def _make(stream: TextIO | None) -> Console:
+    out = Console(file=cast(IO[str], RedactingStream(stream or sys.stdout)), highlight=False)
+    if not out.is_terminal:
+        out.width = UNLIMITED
+    return out
+
+
 def console() -> Console:
     global _console
     if _console is None:
-        _console = Console(file=cast(IO[str], RedactingStream(sys.__stdout__ or sys.stdout)), highlight=False)
+        _console = _make(sys.__stdout__)
     return _console
 
 
 def err_console() -> Console:
     global _err_console
     if _err_console is None:
-        _err_console = Console(file=cast(IO[str], RedactingStream(sys.__stderr__ or sys.stderr)), highlight=False)
+        _err_console = _make(sys.__stderr__)
     return _err_console
+
+
+def heading(text: str) -> Any:
+    """A section title (markup allowed): a rule across a terminal, a plain line elsewhere
+    (a rule as wide as unlimited output would be 100 000 dashes)."""
+    if console().is_terminal:
+        from rich.rule import Rule
+
+        return Rule(text, align="left")
+    return f"── {text}"
 
 
 def r(value: Any) -> str:
@@ -68,6 +91,13 @@ def warn(message: str) -> None:
         err_console().print(f"[yellow]warning:[/] {r(message)}")
 
 
+def note(message: str) -> None:
+    """A side remark for people (which hosts, why): stderr, so stdout stays the data
+    (`status --json`)."""
+    with _lock:
+        err_console().print(f"[dim]{r(message)}[/]")
+
+
 def error(message: str) -> None:
     with _lock:
         err_console().print(f"[bold red]error:[/] {r(message)}")
@@ -77,7 +107,7 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     """A rich table whose cells are redacted (cells may carry markup already escaped)."""
     t = Table(title=title, title_justify="left", header_style="bold")
     for col in columns:
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # never "…": a cut cell loses data
     for row in rows:
         t.add_row(*(REDACTOR.redact(str(c)) if c is not None else "" for c in row))
     return t

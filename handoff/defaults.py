@@ -34,6 +34,10 @@ KEEP_RELEASES = 3
 # The role a target gets when neither `--role`, the inventory nor the last deploy names one.
 DEFAULT_ROLE = "generator"
 
+# Seconds one SSH request (an SFTP operation, opening a channel) may wait for a host before
+# that host fails (a stalled SFTP server must not hold the whole command).
+IO_TIMEOUT_S = 60.0
+
 # The standard vars, with their defaults (lowest precedence: the inventory's `defaults`,
 # role vars, group vars, host vars and task flags all override them). `key_path` follows
 # `remote_dir` unless set: moving remote_dir moves everything handoff places.
@@ -52,6 +56,7 @@ BUILTIN_VARS: dict[str, Any] = {
     "concurrency": payload_defaults.CONCURRENCY,
     "max_cost": None,
     "gpus": None,
+    "io_timeout": IO_TIMEOUT_S,
     "key_mode": "auto",
     "key_limit": None,  # USD; required with key_mode minted
     "key_ttl_hours": 24,

@@ -48,29 +48,59 @@ class HostKeyError(ConnectError):
 
 
 class UnknownHostKey(HostKeyError):
-    def __init__(self, host: str, hostname: str, key_type: str, fingerprint: str) -> None:
+    """No trusted key for the host matches the one it offered, and none of that type is
+    known (a key of another type may be: the message says which)."""
+
+    def __init__(self, host: str, hostname: str, key_type: str, fingerprint: str,
+                 hint: str | None = None, other_types: list[str] | tuple[str, ...] = (),
+                 note: str = "") -> None:
         self.host = host
         self.hostname = hostname
         self.fingerprint = fingerprint
+        hint = hint or f"fab trust-host --host {host}"
+        known = ""
+        if other_types:
+            known = (f" (only {', '.join(other_types)} keys are known for it: the host no "
+                     f"longer offers that type, or was rebuilt)")
+        if note:
+            known += f" ({note})"
         super().__init__(
-            f"{host}: unknown host key for {hostname} ({key_type} {fingerprint}); refusing to "
-            f"connect. If that fingerprint is right (compare it with `ssh-keygen -lf "
-            f"/etc/ssh/ssh_host_*_key.pub` on the host), pin it with: "
-            f"fab trust-host --host {host}"
+            f"{host}: unknown host key for {hostname} ({key_type} {fingerprint}){known}; "
+            f"refusing to connect. If that fingerprint is right (compare it with `ssh-keygen "
+            f"-lf /etc/ssh/ssh_host_*_key.pub` on the host), pin it with: {hint}"
         )
 
 
 class ChangedHostKey(HostKeyError):
-    def __init__(self, host: str, hostname: str, expected: str, got: str) -> None:
+    """Keys of the offered type are known for the host and none of them (nor any other
+    known key) is the one it offered."""
+
+    def __init__(self, host: str, hostname: str, expected: list[tuple[str, str, str]],
+                 got: tuple[str, str], hint: str | None = None) -> None:
         self.host = host
         self.hostname = hostname
-        self.expected = expected
-        self.got = got
+        self.expected = [fp for _, fp, _ in expected]
+        self.got = got[1]
+        hint = hint or f"fab trust-host --host {host}"
+        known = ", ".join(f"{kind} {fp} ({where})" for kind, fp, where in expected)
         super().__init__(
-            f"{host}: HOST KEY CHANGED for {hostname}! expected {expected}, the host offered "
-            f"{got}. Someone may be intercepting the connection, or the host was rebuilt. "
-            f"Refusing to connect. If the change is legitimate, check the new fingerprint on "
-            f"the host and re-pin it with: fab trust-host --host {host}"
+            f"{host}: HOST KEY CHANGED for {hostname}! expected {known}; the host offered "
+            f"{got[0]} {got[1]}. Someone may be intercepting the connection, or the host was "
+            f"rebuilt. Refusing to connect. If the change is legitimate, check the new "
+            f"fingerprint on the host and re-pin it with: {hint}"
+        )
+
+
+class RevokedHostKey(HostKeyError):
+    """The host offered a key (or a certificate by a CA) that a `@revoked` line names."""
+
+    def __init__(self, host: str, hostname: str, what: str, where: str) -> None:
+        self.host = host
+        self.hostname = hostname
+        super().__init__(
+            f"{host}: the host key of {hostname} is REVOKED ({what}, marked @revoked in "
+            f"{where}); refusing to connect. A revoked key is never accepted: the host must "
+            f"get a new key, then pin that one"
         )
 
 

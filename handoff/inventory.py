@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from handoff import flags
 from handoff.defaults import BUILTIN_VARS
-from handoff.errors import InventoryError, RoleError
+from handoff.errors import InventoryError, RoleError, UsageError
 from handoff.layout import RemoteLayout
 from handoff.paths import inventory_path
 from handoff.roles import Role, known_roles
@@ -106,13 +107,53 @@ def _err(path: Path, node: Any, key: Any, message: str) -> InventoryError:
     return InventoryError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
 
 
+# Standard vars with a type: checked when the inventory loads, so `concurrency: lots` stops
+# the command with file:line before any host is contacted (not as a usage error from the
+# payload on the host, after the launch). Other vars are free-form.
+_NUMBERS: dict[str, dict[str, Any]] = {
+    "concurrency": {"whole": True, "minimum": 1},
+    "max_tokens": {"whole": True, "minimum": 1},
+    "gpus": {"whole": True, "minimum": 1},
+    "max_cost": {"minimum": 0},
+    "io_timeout": {"minimum": 0.1},
+}
+_STRINGS = ("python", "remote_dir", "key_path", "secret_service", "secret_username", "base_url",
+            "model", "job", "input")
+_CHOICES: dict[str, tuple[str, ...]] = {}
+# key_mode, key_limit and key_ttl_hours are checked together by handoff.secrets.key_settings
+# (they depend on each other), also before any host is contacted.
+
+
+def check_var(name: str, value: Any, where: str) -> Any:
+    """A standard var's value, checked (numbers converted); raises InventoryError naming
+    `where` (file:line) and what the var expects."""
+    if value is None:
+        return None
+    if name in _NUMBERS:
+        try:
+            return flags.number(f"var {name}", value, where=where, **_NUMBERS[name])
+        except UsageError as exc:
+            raise InventoryError(str(exc)) from None
+    if name in _STRINGS and (not isinstance(value, (str, int, float)) or isinstance(value, bool)
+                             or str(value).strip() == ""):
+        raise InventoryError(f"{where}: var {name}: expected a non-empty string, got {value!r}")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise InventoryError(f"{where}: var {name}: expected one of "
+                             f"{', '.join(_CHOICES[name])}, got {value!r}")
+    return value
+
+
 def _vars(path: Path, node: Any, key: str) -> dict[str, Any]:
     value = node.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise _err(path, node, key, f"{key} must be a mapping of var: value")
-    return dict(value)
+    checked = {}
+    for name, item in value.items():
+        line = line_of(value, name)
+        checked[name] = check_var(str(name), item, f"{path}:{line}" if line else str(path))
+    return checked
 
 
 def load_inventory(path: Path | None = None, roles: list[str] | None = None) -> Inventory:

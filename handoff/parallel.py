@@ -4,21 +4,23 @@ One failing host never stops the others: every exception is caught per host and
 becomes that host's error line. Each host's output is buffered and printed as one
 block when the host finishes, so lines from different hosts never interleave. A
 summary table ends every multi-host run; the caller exits non-zero if any failed.
+
+The hosts run on daemon threads while the main thread only waits: Ctrl-C reaches it at
+once, every SSH connection in flight is closed (handoff.ssh.abort_all) and the command
+ends within a second; no thread blocked on a silent host keeps the process alive.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.rule import Rule
-
-from handoff import console
+from handoff import console, ssh
 from handoff.errors import HandoffError
 from handoff.session import Connector, Session
 from handoff.targets import Target
@@ -54,7 +56,7 @@ def _print_group(report: HostReport) -> None:
         return
     with _print_lock:
         ep = report.target.endpoint
-        console.say(Rule(f"[bold]{console.r(report.target.label)}[/] [dim]{console.r(ep)}[/]", align="left"))
+        console.say(console.heading(f"[bold]{console.r(report.target.label)}[/] [dim]{console.r(ep)}[/]"))
         for line in report.lines:
             console.say(line)
         if report.error:
@@ -71,6 +73,7 @@ def run_parallel(
     workers: int = MAX_WORKERS,
 ) -> list[HostReport]:
     reports = [HostReport(t) for t in targets]
+    stopping = threading.Event()  # Ctrl-C: hosts still finishing print nothing more
 
     def one(report: HostReport) -> HostReport:
         start = time.monotonic()
@@ -78,26 +81,60 @@ def run_parallel(
             fn(report.target, report)
         except HandoffError as exc:
             report.fail(str(exc))
-        except KeyboardInterrupt:
-            report.fail("interrupted")
-            raise  # only the main thread gets it: let the task end with 130
         except Exception as exc:  # one host's bug or library error must not stop the others
             tb = traceback.extract_tb(exc.__traceback__)
             where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
             report.fail(f"{type(exc).__name__}: {exc}{where}")
         report.seconds = time.monotonic() - start
-        if grouped:
+        if grouped and not stopping.is_set():
             _print_group(report)
         return report
 
-    if len(reports) == 1:
-        one(reports[0])
-    else:
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(reports)))) as pool:
-            list(pool.map(one, reports))
-    if summary and (len(reports) > 1 or not reports[0].ok):
+    _run_all(reports, one, max(1, min(workers, len(reports))), stopping)
+    # One host: its group already ended with its result (or its error); a table would only
+    # say it again.
+    if summary and len(reports) > 1:
         print_summary(title, reports)
     return reports
+
+
+def _run_all(reports: list[HostReport], one: Callable[[HostReport], HostReport],
+             workers: int, stopping: threading.Event) -> None:
+    """`one(report)` for every report on at most `workers` daemon threads; the main thread
+    waits in short steps so that Ctrl-C interrupts it at once. On Ctrl-C the hosts not done
+    are marked interrupted and every connection is closed before KeyboardInterrupt goes on."""
+    todo: queue.SimpleQueue[HostReport] = queue.SimpleQueue()
+    for report in reports:
+        todo.put(report)
+    finished = threading.Semaphore(0)
+    done: set[int] = set()
+
+    def worker() -> None:
+        while True:
+            try:
+                report = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                one(report)
+            finally:
+                done.add(id(report))
+                finished.release()
+
+    threads = [threading.Thread(target=worker, name=f"host-{i}", daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in reports:
+            while not finished.acquire(timeout=0.1):
+                pass
+    except KeyboardInterrupt:
+        stopping.set()
+        for report in reports:
+            if id(report) not in done:
+                report.fail("interrupted")
+        ssh.abort_all()
+        raise
 
 
 def run_on_hosts(
@@ -122,7 +159,9 @@ def print_summary(title: str, reports: list[HostReport]) -> None:
     rows = []
     for rep in reports:
         status = "[green]ok[/]" if rep.ok else "[bold red]FAILED[/]"
-        detail = console.r(rep.summary if rep.ok else (rep.error or "failed"))
+        # A failure's whole message goes below the table, on its own line: in a column it
+        # would be squeezed (and, on a terminal, folded) next to the others.
+        detail = console.r(rep.summary) if rep.ok else "see below"
         rows.append([console.r(rep.target.label), status, detail, f"{rep.seconds:.2f}s"])
     failed = [rep.target.label for rep in reports if not rep.ok]
     caption = f"{len(reports) - len(failed)}/{len(reports)} hosts ok"
@@ -131,6 +170,12 @@ def print_summary(title: str, reports: list[HostReport]) -> None:
     table = console.table(f"{title} summary", ["host", "result", "detail", "time"], rows)
     table.caption = console.r(caption)
     console.say(table)
+    for rep in reports:
+        if not rep.ok:
+            error = rep.error or "failed"
+            # Messages name their host first by convention; don't say it twice.
+            shown = error if error.startswith(rep.target.label) else f"{rep.target.label}: {error}"
+            console.say(f"[bold red]✗[/] {console.r(shown)}")
 
 
 def failed_hosts(reports: list[HostReport]) -> list[str]:

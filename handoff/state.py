@@ -25,7 +25,7 @@ from payload import atomic
 
 __all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "live_minted",
            "load_smoke", "load_targets", "pinned_keys_path", "placed", "record", "save_smoke",
-           "save_targets", "state_dir", "write_pinned"]
+           "save_targets", "state_dir", "targets_saved_at", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
 
@@ -61,6 +61,16 @@ def load_targets() -> tuple[list[str], str | None]:
     hosts = [str(h) for h in data.get("hosts", [])]
     role = data.get("role")
     return hosts, role if isinstance(role, str) else None
+
+
+def targets_saved_at() -> float | None:
+    """When the remembered targets were saved (the last successful deploy), if known."""
+    try:
+        data = json.loads((state_dir() / "targets.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    saved = data.get("time") if isinstance(data, dict) else None
+    return float(saved) if isinstance(saved, (int, float)) else None
 
 
 # --- the ledger -------------------------------------------------------------------------

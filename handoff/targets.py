@@ -1,15 +1,22 @@
 """Which hosts a task acts on.
 
-`--host` takes comma-separated inventory names, ssh_config aliases or
-`[user@]address[:port]`. Without it: the targets of the last `deploy` (state dir),
-else the inventory's hosts for `--role` (all inventory hosts without one).
+`--host` (and Fabric's own `-H/--hosts`, which handoff.cli turns into it) takes
+comma-separated inventory names, ssh_config aliases or `[user@]address[:port]`: exactly those
+hosts, never others. Without it: the targets of the last successful `deploy` (state dir),
+else the inventory's hosts for `--role` (all inventory hosts without one). The result says
+which of the three it is (`Targets.why`), and every command prints it.
 An address that matches an inventory host (`--host 10.1.230.174`) gets that
 host's roles and vars.
+
+ssh_config is asked once per name (handoff.sshconfig runs `ssh -G`), for all names at once.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +43,35 @@ class Target:
         """The host's folders as configured (`~` not yet resolved: see Session.layout)."""
         return RemoteLayout.of(self.vars)
 
+    def flags(self, job: str | None = None) -> str:
+        """The flags that make another command act on this same thing (for hints): the
+        host, the role when it is not the host's own first role, and the job if given."""
+        parts = [f"--host {shlex.quote(self.label)}"]
+        own = self.host.roles[0] if self.host is not None and self.host.roles else None
+        if self.role is not None and self.role.name != (own or DEFAULT_ROLE):
+            parts.append(f"--role {shlex.quote(self.role.name)}")
+        if job:
+            parts.append(f"--job {shlex.quote(job)}")
+        return " ".join(parts)
+
     @property
     def safe_label(self) -> str:
         """The label as a directory name (fetch writes DIR/<host>/…)."""
         return re.sub(r"[^A-Za-z0-9._@-]+", "_", self.label)
+
+
+class Targets(list[Target]):
+    """The hosts a command acts on, in order, and why these (for the line every command
+    prints): `source` is "flag", "remembered" or "inventory"."""
+
+    def __init__(self, targets: list[Target], source: str, why: str) -> None:
+        super().__init__(targets)
+        self.source = source
+        self.why = why
+
+    def describe(self) -> str:
+        names = ", ".join(t.label for t in self)
+        return f"hosts: {names} ({self.why})"
 
 
 def _role_for(host: Host | None, role_flag: str | None, saved_role: str | None) -> Role | None:
@@ -90,28 +122,47 @@ def resolve(
     inv: Inventory,
     role_flag: str | None = None,
     flags: dict[str, Any] | None = None,
-) -> list[Target]:
-    """The task's targets, in order, without duplicates."""
+) -> Targets:
+    """The task's targets, in order, without duplicates, and why these."""
     saved_role = None
     if host_flag:
         specs = [s for s in host_flag.split(",") if s.strip()]
+        if not specs:
+            raise TargetError("--host/-H is empty: name at least one host")
+        source, why = "flag", "named with --host/-H"
     else:
         specs, saved_role = state.load_targets()
+        source, why = "remembered", _remembered_why()
         if role_flag and specs and saved_role not in (None, role_flag):
             specs = []  # the last deploy was for another role: use the inventory's hosts
         if not specs:
             specs = [h.name for h in inv.hosts_for_role(role_flag)]
+            role_note = f" with role {role_flag}" if role_flag else ""
+            source, why = "inventory", f"the hosts{role_note} in {inv.path}; pass --host to choose"
     if not specs:
         what = f"with role {role_flag!r} " if role_flag else ""
         raise TargetError(
             f"no targets: pass --host HOST, or add hosts {what}to {inv.path}"
         )
+    # Each name may cost a fork of `ssh -G`: resolve them side by side.
+    if len(specs) > 1:
+        with ThreadPoolExecutor(max_workers=min(8, len(specs))) as pool:
+            futures = [pool.submit(resolve_one, spec, inv, role_flag, flags, saved_role)
+                       for spec in specs]
+            resolved = [f.result() for f in futures]
+    else:
+        resolved = [resolve_one(specs[0], inv, role_flag, flags, saved_role)]
     targets: list[Target] = []
     seen: set[tuple[str, int, str]] = set()
-    for spec in specs:
-        t = resolve_one(spec, inv, role_flag, flags, saved_role)
+    for t in resolved:
         key = (t.endpoint.hostname, t.endpoint.port, t.endpoint.user)
         if key not in seen:
             seen.add(key)
             targets.append(t)
-    return targets
+    return Targets(targets, source, why)
+
+
+def _remembered_why() -> str:
+    saved = state.targets_saved_at()
+    when = time.strftime(" on %Y-%m-%d %H:%M", time.localtime(saved)) if saved else ""
+    return f"remembered from the last successful deploy{when}; pass --host to choose others"

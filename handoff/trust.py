@@ -1,81 +1,81 @@
-"""`fab trust-host`: fetch a host's key without logging in, show it, pin it once confirmed.
+"""`fab trust-host`: show each host key on the way to a target, pin it once confirmed.
 
-Only the SSH transport is started (key exchange), then closed: the key is shown to
-the user and pinned (handoff.hostkeys, in the state dir) only after confirmation, so a
-wrong key is never written.
+The route is walked as a connection walks it (handoff.ssh.route): every jump host of a
+ProxyJump chain first, then the target. For each, only the key exchange runs, with the
+host key algorithms ordered as for a real connection (the types already known first), so
+the key shown is the one a connection would compare. A key already trusted is said so; a
+revoked one is never pinned; a CHANGED warning appears only when keys of the offered type
+are known and none matches (handoff.hostkeys). After a hop is trusted, trust-host logs in
+to it to reach the next one. Nothing is pinned (state dir) before the user confirmed.
 """
 
 from __future__ import annotations
 
-import socket
 import sys
 
 import paramiko
 
-from handoff import console, hostkeys
-from handoff.errors import ConnectError
-from handoff.ssh import CONNECT_TIMEOUT, endpoint, open_connection, parse_spec
+from handoff import console, hostkeys, ssh
+from handoff.errors import ChangedHostKey, HostKeyError, RevokedHostKey, UnknownHostKey
 from handoff.targets import Target
 
 
-def fetch_key(target: Target) -> paramiko.PKey:
-    ep = target.endpoint
-    where = f"{target.label} ({ep.hostname}:{ep.port})"
-    sock: object
-    gateway = None
-    try:
-        if ep.proxyjump and ep.proxyjump.lower() != "none":
-            hop_user, hop_addr, hop_port = parse_spec(ep.proxyjump.split(",")[-1].strip())
-            gateway = open_connection(endpoint(hop_addr, hop_port, hop_user), f"{target.label} (jump)")
-            sock = gateway.client.get_transport().open_channel(
-                "direct-tcpip", (ep.hostname, ep.port), ("127.0.0.1", 0))
-        else:
-            sock = socket.create_connection((ep.hostname, ep.port), timeout=CONNECT_TIMEOUT)
-    except OSError as exc:
-        raise ConnectError(f"{where}: cannot connect: {exc.strerror or exc}") from None
-    transport = paramiko.Transport(sock)
-    try:
-        known = hostkeys.lookup(ep.hostname, ep.port, ep.known_hosts)
-        if known:
-            # Ask for the type we already trust first, so "changed" is not a mere type switch.
-            opts = transport.get_security_options()
-            first = known[0].get_name()
-            opts.key_types = [first] + [k for k in opts.key_types if k != first]
-        transport.start_client(timeout=CONNECT_TIMEOUT)
-        return transport.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise ConnectError(f"{where}: SSH handshake failed: {exc}") from None
-    finally:
-        transport.close()
-        if gateway is not None:
-            gateway.close()
-
-
-def trust(target: Target, yes: bool) -> bool:
-    """`fab trust-host` for one target: show the key it offers, pin it once confirmed (or
-    with `yes`); True when the key is trusted afterwards."""
-    ep = target.endpoint
-    key = fetch_key(target)
+def _decide(hop: ssh.Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
+            hint: str) -> bool:
+    """Show `key` for `hop` and pin it if the user agrees; True when it is trusted after."""
+    ep = hop.endpoint
     fp = hostkeys.fingerprint(key)
-    known = hostkeys.lookup(ep.hostname, ep.port, ep.known_hosts)
-    where = f"{console.r(target.label)} ({console.r(ep.hostname)}:{ep.port})"
-    if any(k == key for k in known):
-        console.say(f"{where}: {key.get_name()} {fp} is already trusted")
+    kind = hostkeys.offered_name(key)
+    where = f"{console.r(hop.label)} ({console.r(ep.hostname)}:{ep.port})"
+    try:
+        how = known.check(hop.label, ep.hostname, key, hint)
+    except RevokedHostKey as exc:
+        console.error(str(exc))
+        return False
+    except ChangedHostKey as exc:
+        console.say(f"[bold red]WARNING: the host key of {console.r(hop.label)} CHANGED[/]: "
+                    f"trusted {console.r(', '.join(exc.expected))}, now offered "
+                    f"{console.r(key.get_name())} {fp}")
+    except UnknownHostKey:
+        if known.keys:
+            types = ", ".join(known.known_types)
+            console.say(f"{where}: only {console.r(types)} keys are known for it, and it did not "
+                        f"offer that type")
+    except HostKeyError as exc:
+        console.error(str(exc))
+        return False
+    else:
+        console.say(f"{where}: {console.r(kind)} {fp} is already trusted ({console.r(how)})")
         return True
-    if known:
-        old = ", ".join(f"{k.get_name()} {hostkeys.fingerprint(k)}" for k in known)
-        console.say(f"[bold red]WARNING: the host key of {console.r(target.label)} CHANGED[/]: "
-                    f"trusted {old}, now offered {key.get_name()} {fp}")
-    console.say(f"{where} offers {key.get_name()} key [bold]{fp}[/]")
+    console.say(f"{where} offers {console.r(kind)} key [bold]{fp}[/]")
     console.say("compare it with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the host itself")
     if not yes:
         if not sys.stdin.isatty():
             console.error("not pinned: confirm by re-running with --yes (stdin is not a terminal)")
             return False
-        answer = input(f"Pin this key for {target.label}? [y/N] ").strip().lower()
+        answer = input(f"Pin this key for {hop.label}? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             console.say("not pinned")
             return False
-    path = hostkeys.pin(ep.hostname, ep.port, key)
-    console.say(f"pinned {fp} for {console.r(ep.hostname)}:{ep.port} in {path}")
+    path = hostkeys.pin(ep.hostname, ep.port, key, known.name)
+    console.say(f"pinned {fp} for {console.r(known.name)} in {path}")
+    return True
+
+
+def trust(target: Target, yes: bool) -> bool:
+    """`fab trust-host` for one target (and every jump host on its way); True when all
+    their keys are trusted afterwards."""
+    hint = ssh.hint_for(target.label)
+    hops = ssh.route(target.endpoint, target.label)
+    through: ssh.Link | None = None
+    try:
+        for i, hop in enumerate(hops):
+            key, known = ssh.fetch_host_key(hop, through)
+            if not _decide(hop, key, known, yes, hint):
+                return False
+            if i < len(hops) - 1:
+                through = ssh.connect_hop(hop, through, hint)
+    finally:
+        if through is not None:
+            through.close()
     return True

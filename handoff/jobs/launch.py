@@ -229,7 +229,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
         current = host_jobs.get(j.job)
         if current.alive:
             problems.append(f"job {j.job!r} is already running (pid {current.pid}); watch it with "
-                            f"`fab status`, or `fab stop --host {s.label} --job {j.job}` first")
+                            f"`fab status {s.target.flags(j.job)}`, or stop it first with "
+                            f"`fab stop {s.target.flags(j.job)}`")
             continue
         if j.dataset is None and not facts.file(input_file(j.job)).exists:
             problems.append(f"input {j.input_path} of job {j.job!r} is not on the host; put it "
@@ -283,8 +284,9 @@ def identity_problem(s: Session, j: LaunchJob, current: JobState, remote_sha: st
 def ssh_command(target: Target, command: str) -> str:
     """The plain `ssh` line that runs `command` on the host, for a message to paste."""
     ep = target.endpoint
+    hops = ",".join(ep.proxy_jump)
     opts = (f"-p {ep.port} " if ep.port != 22 else "") + "".join(
-        f"-i {shlex.quote(i)} " for i in ep.identity[:1]) + (f"-J {ep.proxyjump} " if ep.proxyjump else "")
+        f"-i {shlex.quote(i)} " for i in ep.identity[:1]) + (f"-J {shlex.quote(hops)} " if hops else "")
     return f"`ssh {opts}{ep.user}@{ep.hostname} {shlex.quote(command)}`"
 
 

@@ -83,6 +83,8 @@ def follow(targets: list[Target], job_flag: str | None, lines: int, connect: Con
             time.sleep(0.2)
     except KeyboardInterrupt:
         stop.set()
+        # Ctrl-C is how --follow ends (exit 0): only the watching stops.
+        console.note("stopped following; the jobs keep running on the hosts (`fab stop` ends them)")
     finally:
         stop.set()
         for s in sessions:

@@ -163,10 +163,11 @@ def read_all(session: Session) -> HostJobs:
 def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:
     """The host has a release and, when the role takes it, the key."""
     if not facts.current:
-        raise NotDeployed(f"{session.label}: no release on the host; run `fab deploy --host {session.label}` first")
+        raise NotDeployed(f"{session.label}: no release on the host; run "
+                          f"`fab deploy {session.target.flags()}` first")
     if role is not None and role.secret and not facts.file(KEY_FILE).exists:
         raise NotDeployed(f"{session.label}: no API key at {session.vars['key_path']}; run "
-                          f"`fab push-key --host {session.label}` (or deploy) first")
+                          f"`fab push-key {session.target.flags()}` (or deploy) first")
 
 
 def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any]) -> dict[str, Any]:

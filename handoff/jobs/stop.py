@@ -14,6 +14,7 @@ from handoff import remote_code
 from handoff.errors import RemoteError
 from handoff.jobs.state import JobState, job_name
 from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
+from handoff.session import Session
 from handoff.targets import Target
 
 
@@ -49,7 +50,7 @@ def _stop(ctx: HostContext, step: Step) -> str:
     if not answer.get("was_alive"):
         ctx.report.summary = f"not running ({after.state})"
         return Skipped(f"job {job} is not running (state {after.state})")
-    _check_drained(s.label, job, answer.get("pid"), bool(answer.get("drained")), wait_s)
+    _check_drained(s, job, answer.get("pid"), bool(answer.get("drained")), wait_s)
     ctx.report.summary = f"stopped ({after.state})"
     return _stopped(job, answer.get("pid"), after)
 
@@ -67,17 +68,18 @@ def _stop_all(ctx: HostContext, step: Step) -> str:
         return Skipped(f"no job is running ({len(idle)} job(s) on the host: {', '.join(idle) or 'none'})")
     lines = []
     for job, info in sorted(stopped.items()):
-        _check_drained(s.label, job, info.get("pid"), bool(info.get("drained")), wait_s)
+        _check_drained(s, job, info.get("pid"), bool(info.get("drained")), wait_s)
         lines.append(_stopped(job, info.get("pid"), JobState.from_json(info.get("state") or {})))
     ctx.report.summary = f"stopped {', '.join(sorted(stopped))}"
     return "; ".join(lines)
 
 
-def _check_drained(label: str, job: str, pid: Any, drained: bool, wait_s: float) -> None:
+def _check_drained(s: Session, job: str, pid: Any, drained: bool, wait_s: float) -> None:
     if not drained and wait_s > 0:
         raise RemoteError(
-            f"{label}: job {job!r} (pid {pid}) still draining after {wait_s:.0f} s; "
-            f"check `fab status`, or wait and rerun `fab stop`"
+            f"{s.label}: job {job!r} (pid {pid}) still draining after {wait_s:.0f} s; "
+            f"check `fab status {s.target.flags(job)}`, or wait and rerun "
+            f"`fab stop {s.target.flags(job)}`"
         )
 
 

@@ -84,6 +84,11 @@ def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 
 # -- running fab -----------------------------------------------------------------------------------
 
+# Every fab run of the session, for the check that no user error ever shows a Python
+# traceback (tests/integration/test_zz_no_tracebacks.py, collected last).
+ALL_RESULTS: list[FabResult] = []
+
+
 class FabResult(NamedTuple):
     rc: int
     out: str
@@ -124,6 +129,7 @@ class FabRunner:
                               check=False)
         result = FabResult(proc.returncode, proc.stdout, proc.stderr)
         self.results.append(result)
+        ALL_RESULTS.append(result)
         return result
 
     def popen(self, sbx: Any, *args: str) -> subprocess.Popen[str]:

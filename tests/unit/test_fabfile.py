@@ -91,3 +91,34 @@ def test_dry_runs_through_fab_connect_to_nothing(tmp_path: Path) -> None:
     # (a wiped state dir must not hide one): planned, not contacted.
     assert out.returncode == 0 and "remove the key file .handoff/secrets/openrouter.key" in \
         out.stdout and "then revoke the child keys" in out.stdout, out
+
+
+def test_dash_h_is_one_run_over_exactly_the_named_hosts(tmp_path: Path) -> None:
+    """Fabric's -H/--hosts reach the task's --host (handoff.cli via fabric.yaml): one plan per
+    named host, in one run, never the inventory's hosts; a task that acts on no host, and
+    Fabric's connection flags handoff does not use, are refused with exit 2."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("hosts:\n  a: {address: 127.0.0.1, port: 9, roles: [generator]}\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HANDOFF_INVENTORY": str(inv),
+           "HANDOFF_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1"}
+
+    def fab(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(FAB), *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    out = fab("-H", "u@127.0.0.1:10,u@127.0.0.1:11", "stop", "--dry-run")
+    assert out.returncode == 0, out
+    assert out.stdout.count("dry run") == 1  # one run, not one per host
+    assert "u@127.0.0.1:10 (" in out.stdout and "u@127.0.0.1:11 (" in out.stdout
+    assert "a (" not in out.stdout
+    assert "hosts: u@127.0.0.1:10, u@127.0.0.1:11 (named with --host/-H)" in out.stderr
+    for args in (["-H", "a", "set-key"], ["-H", "a", "demo"], ["-i", "k", "stop", "--dry-run"],
+                 ["-H", ",", "stop", "--dry-run"]):
+        refused = fab(*args)
+        assert refused.returncode == 2 and "error:" in refused.stderr, (args, refused)
+        assert "Traceback" not in refused.stderr
+    for args in (["logs", "--lines", "ten"], ["status", "--interval", "fast"],
+                 ["stop", "--timeout", "x", "--dry-run"], ["launch", "--concurrency", "abc"],
+                 ["demo", "--hosts", "many"]):
+        bad = fab(*args)
+        assert bad.returncode == 2 and args[1] in bad.stderr and "Traceback" not in bad.stderr, bad

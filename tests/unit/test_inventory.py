@@ -98,3 +98,29 @@ def test_key_path_follows_remote_dir(tmp_path: Path) -> None:
     v = inv.vars_for(inv.host("a"), None)
     assert v["key_path"] == "/srv/h/secrets/openrouter.key"
     assert inv.host("a").address == "a"  # no address: the name (may be an ssh_config alias)
+
+
+@pytest.mark.parametrize("where, value, expected", [
+    ("defaults", "concurrency: lots", "var concurrency: expected a whole number >= 1, got 'lots'"),
+    ("host", "max_cost: ten", "var max_cost: expected a number >= 0, got 'ten'"),
+    ("group", "io_timeout: -1", "var io_timeout: expected a number >= 0.1, got -1"),
+    ("host", "python: [a, b]", "var python: expected a non-empty string"),
+])
+def test_standard_var_types_are_checked_with_file_and_line(tmp_path: Path, where: str, value: str,
+                                                           expected: str) -> None:
+    text = {"defaults": f"defaults:\n  {value}\nhosts:\n  a: {{address: x}}\n",
+            "host": f"hosts:\n  a:\n    address: x\n    vars:\n      {value}\n",
+            "group": f"hosts:\n  a: {{address: x}}\ngroups:\n  g:\n    hosts: [a]\n    vars:\n      {value}\n"}[where]
+    path = tmp_path / "hosts.yml"
+    path.write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if value.split(":")[0] + ":" in t)
+    with pytest.raises(InventoryError) as exc:
+        load_inventory(path, roles=["generator"])
+    assert str(exc.value).startswith(f"{path}:{line}: {expected}"), str(exc.value)
+
+
+def test_numeric_vars_given_as_text_become_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("defaults:\n  concurrency: '300'\n  max_cost: 2\nhosts:\n  a: {address: x}\n")
+    inv = load_inventory(path, roles=["generator"])
+    assert inv.defaults["concurrency"] == 300 and inv.defaults["max_cost"] == 2

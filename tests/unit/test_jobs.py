@@ -227,6 +227,64 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert commands.stop("s", None, timeout=20) == 0
 
 
+def test_hints_carry_every_flag_needed_for_the_same_job(ws: Workstation, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Following the launch-twice hint must stop THIS job (its --job), on this host, as this
+    role: a hint without --job would stop the role's default job instead."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "custom"}) == 0
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "custom"}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "`fab stop --host s --job custom`" in out and "`fab status --host s --job custom`" in out
+    # as another role than the host's own, the hint says the role too
+    [target] = ws.targets("s", role="generator")
+    assert target.flags("j") == "--host s --role generator --job j"
+    assert commands.stop("s", None, job="custom", timeout=20) == 0
+
+
+def test_ctrl_c_on_status_wait_says_the_job_keeps_running(ws: Workstation, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    import signal
+    import threading
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    pid = int((job_dir(ws, "s") / "pid").read_text())
+    timer = threading.Timer(0.8, signal.raise_signal, args=(signal.SIGINT,))
+    timer.start()
+    started = time.monotonic()
+    assert commands.status("s", None, wait=True, interval="0.2") == 130
+    assert time.monotonic() - started < 5
+    err = capfd.readouterr().err
+    assert "the jobs keep running" in err and "interrupted" not in err
+    assert not gone(pid)  # still running, as the message says
+    assert commands.stop("s", None, timeout=20) == 0
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag(ws: Workstation,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (lambda: commands.launch("s", None, local_input=None, remote_input="x",
+                                 flags={"concurrency": "abc"}, dry_run=True), "--concurrency"),
+        (lambda: commands.launch("s", None, local_input=None, remote_input="x",
+                                 flags={"max_cost": "ten"}, dry_run=True), "--max-cost"),
+        (lambda: commands.logs("s", None, lines="ten"), "--lines"),
+        (lambda: commands.status("s", None, interval="fast"), "--interval"),
+        (lambda: commands.stop("s", None, timeout="x", dry_run=True), "--timeout"),
+    ]
+    for call, flag in cases:
+        assert call() == 2
+        err = capfd.readouterr().err
+        assert f"{flag}: expected" in err, err
+
+
 def remote_input(ws: Workstation, label: str) -> str:
     """A prompts file already on the fake host: `--remote-input`'s argument."""
     (ws.home(label) / "in.jsonl").write_text('{"id": 1, "prompt": "hi"}\n')

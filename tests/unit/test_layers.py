@@ -18,9 +18,9 @@ HANDOFF = REPO / "handoff"
 LAYERS: list[tuple[str, set[str]]] = [
     ("code that runs on the hosts (stdlib only)", {"remote_code"}),
     ("foundations", {"errors", "defaults", "yamlfile"}),
-    ("workstation paths, output, remote layout", {"paths", "console", "layout"}),
+    ("workstation paths, output, remote layout", {"paths", "console", "layout", "flags"}),
     ("local state, roles", {"state", "roles"}),
-    ("inventory, host keys", {"inventory", "hostkeys"}),
+    ("inventory, host keys, ssh_config", {"inventory", "hostkeys", "sshconfig"}),
     ("ssh connections", {"ssh"}),
     ("targets", {"targets"}),
     ("the session seam", {"session"}),
@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("merging a job's fetched shards into one dataset", {"merge"}),
     ("fetching jobs' outputs", {"fetch"}),
     ("plans composed of several operations", {"deploy"}),
-    ("command entry points", {"commands"}),
+    ("command entry points; how fab runs them", {"commands", "cli"}),
     ("test support (the fake API, the sandbox, the local session)", {"testing"}),
     ("the demo: the commands against the test sandbox", {"demo"}),
 ]

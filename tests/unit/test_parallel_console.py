@@ -83,3 +83,39 @@ def test_everything_printed_is_redacted(capfd: pytest.CaptureFixture[str]) -> No
     assert key not in both.replace("\n", "")
     assert key[9:30] not in both.replace("\n", "")
     assert "sk-or-v1-****" in both
+
+
+def test_output_off_a_terminal_is_never_cut(capfd: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe is not 80 columns: rows and messages come out whole, on one line each."""
+    monkeypatch.setenv("COLUMNS", "40")
+    long_cell = "10047/0/12000 " + "x" * 150
+    console.say(console.table("status", ["host", "done/failed/total", "note"],
+                              [["h1", long_cell, "a long note " * 10]]))
+    console.error("h1: " + "a long error message that must stay on one line " * 4)
+    console.say(console.heading("h1 u@127.0.0.1:22"))
+    captured = capfd.readouterr()
+    assert "…" not in captured.out
+    row = next(line for line in captured.out.splitlines() if "h1" in line and "10047" in line)
+    assert long_cell in row and ("a long note " * 10).strip() in row
+    assert len([line for line in captured.err.splitlines() if line.strip()]) == 1
+    assert "── h1 u@127.0.0.1:22" in captured.out and len(captured.out.splitlines()[-1]) < 40
+
+
+def test_one_host_failure_is_said_once(capfd: pytest.CaptureFixture[str]) -> None:
+    def work(t: Target, report: HostReport) -> None:
+        raise RemoteError(f"{t.label}: input is empty: nothing to generate")
+
+    run_parallel([target("h1")], work, title="launch")
+    out = capfd.readouterr().out
+    assert out.count("input is empty") == 1, out
+
+
+def test_failures_are_listed_whole_below_the_summary(capfd: pytest.CaptureFixture[str]) -> None:
+    def work(t: Target, report: HostReport) -> None:
+        if t.label == "h2":
+            raise RemoteError("h2: " + "disk full on /data, " * 8)
+
+    run_parallel([target("h1"), target("h2")], work, title="t")
+    tail = capfd.readouterr().out.split("t summary", 1)[1]
+    assert "✗ h2: " + ("disk full on /data, " * 8).strip() in tail

@@ -48,8 +48,12 @@ def test_ssh_config_applies_with_tilde_from_home(env: Path) -> None:
     ep = endpoint("jump-alias")
     assert (ep.hostname, ep.port, ep.user) == ("127.0.0.9", 2200, "alice")
     assert ep.identity == (str(env / ".ssh" / "id_test"),)
-    assert ep.known_hosts[0] == "~/.ssh/kh_extra"
-    assert endpoint("via-jump").proxyjump == "bob@127.0.0.9:2200"
+    # ~ is $HOME (not the passwd home ssh itself would use); "/dev/null2" is kept as written
+    assert ep.known_hosts == (str(env / ".ssh" / "kh_extra"), "/dev/null2")
+    # as ssh -G writes it back (a port makes the address bracketed)
+    assert endpoint("via-jump").proxy_jump == ("bob@[127.0.0.9]:2200",)
+    assert parse_spec("bob@[127.0.0.9]:2200") == ("bob", "127.0.0.9", 2200)
+    assert parse_spec("ssh://bob@h.example:2201") == ("bob", "h.example", 2201)
 
 
 def test_inventory_overrides_ssh_config(env: Path) -> None:

@@ -80,7 +80,11 @@ class Sandbox:
                  name_prefix: str = "sbx", first_address: int = 2,
                  api_latency_s: float = 0.0, management: bool = False,
                  key_limit: float | None = None, key_mode: str | None = None,
-                 key_ttl_hours: float | None = None) -> None:
+                 key_ttl_hours: float | None = None,
+                 host_key_types: tuple[str, ...] = ("ed25519",), host_ca: bool = False) -> None:
+        """`host_key_types`: the host keys each sshd offers, the first one written to
+        known_hosts (("ed25519", "ecdsa", "rsa") is a stock sshd); `host_ca`: a sandbox CA
+        signs every host key into a host certificate (see `host_ca_line`)."""
         if hosts < 1:
             raise ValueError("hosts must be at least 1")
         if not 2 <= first_address <= 254 - hosts + 1:
@@ -94,6 +98,8 @@ class Sandbox:
         self.api_latency_s = api_latency_s
         self.key_vars = {k: v for k, v in (("key_mode", key_mode), ("key_limit", key_limit),
                                            ("key_ttl_hours", key_ttl_hours)) if v is not None}
+        self.host_key_types = host_key_types
+        self.use_host_ca = host_ca
 
         self.home = self.root / "home"
         self.ssh_dir = self.home / ".ssh"
@@ -104,6 +110,7 @@ class Sandbox:
         self.state_dir = self.root / "state"
         self.homes_dir = self.root / "containers"
         self.hosts_dir = self.root / "sshd"
+        self.host_ca_key = self.hosts_dir / "host_ca"
 
         self.containers: list[Container] = []
         self.api_key = new_api_key()
@@ -157,6 +164,8 @@ class Sandbox:
             folder.chmod(mode)
         self.python = remote_python()
         generate_key(self.identity, "handoff-sandbox client")
+        if self.use_host_ca:
+            generate_key(self.host_ca_key, "handoff-sandbox host CA")
         client_public = self.identity.with_name(self.identity.name + ".pub").read_text()
 
         self._keyring = ThrowawayKeyring(self.home, mode=self.keyring_mode)
@@ -184,7 +193,9 @@ class Sandbox:
             _system.create_user(user, home)
             server = SshdServer(folder=self.hosts_dir / name,
                                 address=f"127.0.0.{self.first_address + index}",
-                                user=user, client_public_key=client_public, name=name)
+                                user=user, client_public_key=client_public, name=name,
+                                key_types=self.host_key_types,
+                                host_ca=self.host_ca_key if self.use_host_ca else None)
             server.start()
             self._servers[name] = server
             self.containers.append(Container(
@@ -329,12 +340,33 @@ class Sandbox:
         self._forgotten = self._forgotten - {name}
         self._write_known_hosts()
 
-    def known_hosts_line(self, name: str, *, port: int | None = None) -> str:
-        """`name`'s current host key as a known_hosts line, for its port or another one (a
-        test proxy in front of it)."""
+    def known_hosts_line(self, name: str, *, port: int | None = None,
+                         key_type: str | None = None) -> str:
+        """`name`'s current host key (the first type, or `key_type`) as a known_hosts line,
+        for its port or another one (a test proxy in front of it)."""
         container = self.container(name)
-        return (f"[{container.address}]:{port or container.port} "
-                f"{self._servers[name].host_public_key}")
+        server = self._servers[name]
+        key = server.public_key_of(key_type) if key_type else server.host_public_key
+        return f"[{container.address}]:{port or container.port} {key}"
+
+    def host_ca_line(self, pattern: str = "*") -> str:
+        """The sandbox CA as an `@cert-authority` known_hosts line for hosts matching
+        `pattern` (needs `host_ca=True`)."""
+        if not self.use_host_ca:
+            raise SandboxError("this sandbox has no host CA: create it with host_ca=True")
+        public = self.host_ca_key.with_name(self.host_ca_key.name + ".pub").read_text().split()[:2]
+        return f"@cert-authority {pattern} {' '.join(public)}"
+
+    def stall_sftp(self, name: str, seconds: float) -> None:
+        """`name` logs in and runs commands as usual, but its SFTP server says nothing for
+        `seconds` (0 repairs it); its sshd restarts on the same address and port."""
+        self.container(name)
+        self._servers[name].stall_sftp(seconds)
+
+    def sshd_log(self, name: str) -> str:
+        """`name`'s sshd log so far (LogLevel VERBOSE: logins and auth attempts)."""
+        self.container(name)
+        return self._servers[name].log_text()
 
     def sshd_pid(self, name: str) -> int | None:
         """PID of `name`'s listening sshd (None while stopped): to trace or watch it."""
