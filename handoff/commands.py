@@ -251,7 +251,8 @@ def launch(
     p = launch_plan.plan(targets, local_input=inputs, remote_input=remote_input, job_flag=job_flag,
                          shard=shard, loaded=loaded)
     for ds in loaded or []:
-        line = f"{ds.job}: {ds.path} ({units.size(ds.size)}), {ds.check.prompts} prompts"
+        n = ds.check.prompts
+        line = f"{ds.job}: {ds.path} ({units.size(ds.size)}), {n} prompt{'s' if n != 1 else ''}"
         if ds.check.duplicates:
             line += f", {ds.check.duplicates} repeated ids (done once)"
         if ds.check.bad:
