@@ -24,7 +24,7 @@ paths.use_project(Path(__file__).resolve().parent)
 HOST = "inventory name, ssh_config alias or [user@]address[:port]; comma-separated for several (default: the last deploy's hosts, else the inventory's)"
 ROLE = "role to act as (a file in roles/); default: each host's first inventory role"
 DRY = "print the plan (what would run on which host) and change nothing; connects to no host"
-JOB = "job name (default: the role's job var, e.g. generator)"
+JOB = "one job by name (default: every job on each host)"
 
 
 def _host(c: Context, host: str | None) -> str | None:
@@ -128,24 +128,26 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
     _done(commands.smoke_test(host, role, model=model))
 
 
-@task(auto_shortflags=False, help={
+@task(auto_shortflags=False, iterable=["input"], help={
     "host": HOST, "role": ROLE,
-    "input": "local prompts file (JSONL) to push to <remote_dir>/data/ (skipped if unchanged)",
+    "input": "local prompts file (JSONL), pushed to <remote_dir>/data/ (skipped if unchanged); "
+             "repeat it, or quote a glob ('data/B*.jsonl'): one job per file, named after its stem",
     "remote_input": "prompts file already on the hosts (instead of --input)",
-    "job": JOB,
+    "job": "job name when there is one input (default: the input file's stem, or the role's job var)",
     "model": "model slug (overrides the model var)",
     "base_url": "API base URL (overrides the base_url var)",
-    "concurrency": "in-flight requests per host (overrides the concurrency var)",
-    "max_cost": "USD budget per host (overrides the max_cost var)",
+    "concurrency": "in-flight requests per host and job (overrides the concurrency var)",
+    "max_cost": "USD budget of each job, split over its hosts: host i of n gets max_cost/n "
+                "(overrides the max_cost var)",
     "max_tokens": "max tokens per response",
     "no_shard": "run the whole input on every host instead of sharding it i/n",
-    "dry_run": DRY,
+    "dry_run": DRY + "; shows the estimate too",
 })
-def launch(c: Context, host: str | None = None, role: str | None = None, input: str | None = None,
+def launch(c: Context, host: str | None = None, role: str | None = None, input: list[str] | None = None,
            remote_input: str | None = None, job: str | None = None, model: str | None = None,
            base_url: str | None = None, concurrency: str | None = None, max_cost: str | None = None,
            max_tokens: str | None = None, no_shard: bool = False, dry_run: bool = False) -> None:
-    """Start the job detached on each host, sharded i/n."""
+    """Start one job per dataset on each host, sharded i/n."""
     from handoff import commands
 
     host = _host(c, host)
@@ -158,13 +160,13 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
 
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE, "job": JOB,
-    "json": "print one JSON object per host instead of the table",
+    "json": "print one JSON object per host and job instead of the table",
     "wait": "keep watching until no job is running",
     "interval": "seconds between refreshes with --wait (default 2)",
 })
 def status(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
            json: bool = False, wait: bool = False, interval: str | None = None) -> None:
-    """Per-host job state, progress, tok/s, cost, ETA, secrets."""
+    """Every job on every host: state, progress, cost, ETA, keys."""
     from handoff import commands
 
     host = _host(c, host)
@@ -178,7 +180,7 @@ def status(c: Context, host: str | None = None, role: str | None = None, job: st
 })
 def logs(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          follow: bool = False, lines: str | None = None) -> None:
-    """Print the job's log; --follow streams until Ctrl-C."""
+    """Print the jobs' logs; --follow streams until Ctrl-C."""
     from handoff import commands
 
     host = _host(c, host)
@@ -193,7 +195,7 @@ def logs(c: Context, host: str | None = None, role: str | None = None, job: str 
 })
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          timeout: str | None = None, dry_run: bool = False) -> None:
-    """SIGTERM the job: graceful drain, stays resumable."""
+    """SIGTERM the jobs: graceful drain, stays resumable."""
     from handoff import commands
 
     host = _host(c, host)
@@ -203,11 +205,12 @@ def stop(c: Context, host: str | None = None, role: str | None = None, job: str 
 
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE, "job": JOB,
-    "dest": "local folder; files go to DEST/<host>/<job>/ (default results)",
+    "dest": "local folder: DEST/<host>/<job>/ per host, DEST/<job>/output.jsonl merged "
+            "(default results)",
 })
 def fetch(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
           dest: str = "results") -> None:
-    """Pull the job's outputs back (resumes partial files)."""
+    """Pull every job's outputs back; merge each job's shards."""
     from handoff import commands
 
     host = _host(c, host)

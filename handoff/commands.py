@@ -36,6 +36,7 @@ from handoff.inventory import load_inventory
 from handoff.parallel import HostReport, run_on_hosts
 from handoff.session import Connector, SSHSession
 from handoff.targets import Targets, resolve
+from payload import units
 
 # How commands reach a host. Tests may point it at handoff.testing.local.LocalSession.
 CONNECT: Connector = SSHSession
@@ -207,10 +208,17 @@ def trust_host(host: str | None = None, role: str | None = None, yes: bool = Fal
 @guarded
 def smoke_test(host: str | None, role: str | None, model: str | None = None) -> int:
     """One real request per host with the placed key."""
+    from handoff import state
     from handoff.jobs import smoke
 
     reports = smoke.run(targets_for(host, role, {"model": model}), CONNECT)
     console.say(smoke.table(reports))
+    for rep in reports:  # launch's estimate reads what was measured, per API and model
+        measured = smoke.measured(rep.data) if rep.ok else None
+        if measured is not None:
+            v = rep.target.vars
+            state.save_smoke(str(v.get("base_url") or ""), str(v.get("model") or ""),
+                             {**measured, "host": rep.target.label})
     return exit_code(reports)
 
 
@@ -219,14 +227,15 @@ def launch(
     host: str | None,
     role: str | None,
     *,
-    local_input: str | None,
+    local_input: str | list[str] | None,
     remote_input: str | None,
     flags: dict[str, Any],
     shard: bool = True,
     dry_run: bool = False,
 ) -> int:
-    """Start the role's job detached on each host, sharded i/n."""
+    """Start one job per dataset detached on each host, sharded i/n; the estimate first."""
     from handoff import secrets
+    from handoff.jobs import estimate
     from handoff.jobs import launch as launch_plan
 
     values = dict(flags)
@@ -234,8 +243,28 @@ def launch(
     values["concurrency"] = _flag.whole("--concurrency", values.get("concurrency"), minimum=1)
     values["max_tokens"] = _flag.whole("--max-tokens", values.get("max_tokens"), minimum=1)
     values["max_cost"] = _flag.real("--max-cost", values.get("max_cost"), minimum=0)
-    p = launch_plan.plan(targets_for(host, role, values), local_input=local_input,
-                         remote_input=remote_input, job_flag=job_flag, shard=shard)
+    targets = targets_for(host, role, values)
+    inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
+    # Every local input is read once, here: checked (an all-bad file stops the launch before
+    # any host is touched), measured for the estimate, hashed for the job's identity.
+    loaded = launch_plan.load_datasets(targets, inputs, job_flag) if inputs and not remote_input else None
+    p = launch_plan.plan(targets, local_input=inputs, remote_input=remote_input, job_flag=job_flag,
+                         shard=shard, loaded=loaded)
+    for ds in loaded or []:
+        n = ds.check.prompts
+        line = f"{ds.job}: {ds.path} ({units.size(ds.size)}), {n} prompt{'s' if n != 1 else ''}"
+        if ds.check.duplicates:
+            line += f", {ds.check.duplicates} repeated ids (done once)"
+        if ds.check.bad:
+            console.warn(f"{line}; {ds.check.bad_summary()}: skipped, never sent")
+        else:
+            console.say(line)
+    if loaded:
+        rows, basis = estimate.rows_for(loaded, targets)
+        console.say(estimate.table(rows, basis, len(targets), int(targets[0].vars.get("concurrency") or 1)))
+    budget_line = launch_plan.budget_line(targets, [j.job for j in p.private["jobs"]])
+    if budget_line:
+        console.say(budget_line)
     # A budget limits the hosts' child keys too: the management key is read (once, on this
     # workstation) only if a host turns out to hold one.
     p.private["management"] = secrets.ManagementKeys()
@@ -273,9 +302,9 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
         console.say(st.table(views))
-    for note in st.table_notes(views):
+    for note in [*st.bad_line_notes(views), *st.table_notes(views)]:
         console.warn(note)
-    bad = [v.host for v in views if not v.ok]
+    bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {', '.join(bad)}")
     return 1 if bad else 0
@@ -308,14 +337,25 @@ def stop(host: str | None, role: str | None, *, job: str | None = None,
 
 @guarded
 def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: str = "results") -> int:
-    """Pull each host's job folder to DEST/<host>/<job>/ (resumes partial files)."""
+    """Pull each host's job folders (every job, or `--job`) to DEST/<host>/<job>/ (resumes
+    partial files), then merge each job's shards into DEST/<job>/ (every id once, checked)."""
     from functools import partial
 
     from handoff import fetch as fetching
 
     targets = targets_for(host, role)
-    one = partial(fetching.fetch, job_flag=job, dest=Path(dest).expanduser())
-    return exit_code(run_on_hosts(targets, one, connect=CONNECT, title="fetch"))
+    folder = Path(dest).expanduser()
+    one = partial(fetching.fetch, job_flag=job, dest=folder)
+    reports = run_on_hosts(targets, one, connect=CONNECT, title="fetch")
+    problems = []
+    for merged in fetching.merge_jobs(reports, folder):
+        console.say(f"[green]✓[/] merged {console.r(merged.job)} → "
+                    f"{console.r(merged.folder / 'output.jsonl')}: {console.r(merged.describe())}")
+        if merged.problem:
+            problems.append(merged.problem)
+    for problem in problems:
+        console.error(problem)
+    return 1 if problems else exit_code(reports)
 
 
 @guarded

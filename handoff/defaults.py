@@ -49,7 +49,10 @@ BUILTIN_VARS: dict[str, Any] = {
     "secret_username": API_KEY_USERNAME,
     "base_url": payload_defaults.BASE_URL,
     "model": payload_defaults.MODEL,
-    "provider": payload_defaults.PROVIDER,
+    # Unset: `--provider` is not passed and the payload's own rule applies (its default
+    # routing object goes to OpenRouter only; other servers get none). A value set in the
+    # inventory or a flag is passed as given.
+    "provider": None,
     "concurrency": payload_defaults.CONCURRENCY,
     "max_cost": None,
     "gpus": None,

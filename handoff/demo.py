@@ -133,11 +133,14 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
 
 def _summary(results_dir: Path, seconds: float) -> None:
     rows = []
-    for out in sorted(results_dir.glob("*/*/output.jsonl")):
+    # Per host (DIR/<host>/<job>/), then each job merged from its shards (DIR/<job>/).
+    shards = sorted(results_dir.glob("*/*/output.jsonl"))
+    merged = sorted(results_dir.glob("*/output.jsonl"))
+    for out in shards + merged:
         errors = out.with_name("output.errors.jsonl")
         n_err = sum(1 for _ in errors.open()) if errors.exists() else 0
-        rows.append([console.r(out.parent.parent.name), str(sum(1 for _ in out.open())), str(n_err),
-                     console.r(out.parent)])
+        host = console.r(out.parent.parent.name) if out in shards else "[bold]merged[/]"
+        rows.append([host, str(sum(1 for _ in out.open())), str(n_err), console.r(out.parent)])
     console.say(console.table("demo results", ["host", "responses", "errors", "folder"], rows))
     console.say(f"[bold green]demo done[/] in {seconds:.1f} s; results are in {console.r(results_dir)} "
                 f"(sandbox removed, child keys revoked)")

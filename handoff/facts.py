@@ -24,6 +24,7 @@ from handoff.errors import RoleError
 from handoff.layout import RemoteLayout
 from handoff.roles import Role, render_argv, render_value
 from handoff.session import Session
+from payload import units
 
 # The name the probe reports the placed API key under (`Facts.file(KEY_FILE)`).
 KEY_FILE = "key"
@@ -34,7 +35,7 @@ KEY_RECORD = "key_record"
 SELF_PYTHON = "@@probe-python@@"
 
 __all__ = ["KEY_FILE", "KEY_RECORD", "SELF_PYTHON", "Facts", "FileFacts", "PreflightFacts", "ReleaseFacts", "TorchFacts",
-           "check_vars", "deep_args", "gather"]
+           "check_vars", "deep_args", "disk_needed", "disk_short", "gather"]
 
 
 # Plain (not frozen) dataclasses: nothing mutates facts, and every deploy pays for the
@@ -143,6 +144,24 @@ class Facts:
                 tuple(pre.get("missing") or ()), tuple(pre.get("modules") or ()), pre.get("rc"),
                 str(pre.get("out") or ""), str(pre.get("err") or "")),
         )
+
+
+def disk_needed(role: Role | None, extra_bytes: int = 0) -> float:
+    """Bytes that must be free under remote_dir: the role's `requires.disk_gb`, plus what is
+    about to be written there (a pushed input)."""
+    return (role.requires.disk_gb * 1e9 if role else 0.0) + max(0, extra_bytes)
+
+
+def disk_short(facts: Facts, role: Role | None, remote_dir: str, extra_bytes: int = 0) -> str | None:
+    """Why the host's free disk is too small for the role (and `extra_bytes` about to be
+    written), naming the fix; None when it fits or nothing is asked. deploy/verify check it
+    as one of the role's checks; push-script, push-key and launch refuse with it."""
+    want = disk_needed(role, extra_bytes)
+    if want <= 0 or facts.disk_free is None or facts.disk_free >= want:
+        return None
+    needs = f"role {role.name} needs {units.size(want)}" if role else f"{units.size(want)} needed"
+    return (f"only {units.size(facts.disk_free)} free under {remote_dir} ({needs}); free space "
+            f"there or set `remote_dir` to a bigger volume")
 
 
 def check_vars(role: Role, variables: dict[str, Any], shard: str | None = None) -> dict[str, Any]:

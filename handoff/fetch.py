@@ -1,7 +1,9 @@
-"""`fab fetch`: a job's folder from each host to `DEST/<host>/<job>/`, skipping what is
-already complete locally and resuming what is partly there.
+"""`fab fetch`: every job's folder (or the `--job` one) from each host to
+`DEST/<host>/<job>/`, skipping what is already complete locally and resuming what is partly
+there; then each job's shards merged into `DEST/<job>/output.jsonl` and
+`output.errors.jsonl` (handoff.merge: every id exactly once, checked).
 
-One round trip lists the job's files (handoff.remote_code.fetch_list) together with the
+One round trip lists the jobs' files (handoff.remote_code.fetch_list) together with the
 sha256 of the host file's first N bytes for each file the workstation holds a prefix of
 (N bytes: an append-only file's copy, or what a cut download left); the workstation
 hashes its own prefixes meanwhile. Then, per file:
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from handoff import console, remote_code
+from handoff import merge as merging
 from handoff.errors import HandoffError, RemoteError
 from handoff.jobs.state import job_name
 from handoff.parallel import HostReport
@@ -81,6 +84,11 @@ def local_copies(folder: Path) -> dict[str, Have]:
     return {rel: Have(final.get(rel), part.get(rel)) for rel in final.keys() | part.keys()}
 
 
+def asked(have: dict[str, Have]) -> dict[str, int]:
+    """The prefixes the host is asked to hash: relative path -> length (see Have.prefix)."""
+    return {rel: which[1] for rel, h in have.items() if (which := h.prefix(rel))}
+
+
 def prefix_path(local: Path, which: str) -> Path:
     return local if which == "final" else partial(local)
 
@@ -133,15 +141,36 @@ def plan_file(entry: dict[str, Any], local: Path, have: Have, local_hash: str | 
 def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
     """Bring one host's job folder to `local_dir`."""
     have = local_copies(local_dir)
-    asked = {rel: which[1] for rel, h in have.items() if (which := h.prefix(rel))}
     # The workstation hashes its prefixes while the host hashes its own (the listing).
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(local_hashes, local_dir, have)
-        listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job), "local": asked},
+        listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job),
+                                                      "local": asked(have)},
                              "listing the job's files")
         hashes = hashing.result()
     if not listing["exists"]:
         raise RemoteError(f"{s.label}: no job {job!r} at {listing['job_dir']} (launched?)")
+    return fetch_listed(s, listing, local_dir, have, hashes)
+
+
+def fetch_all(s: Session, host_dir: Path) -> dict[str, Fetched]:
+    """Bring every job folder of one host to `host_dir/<job>/` (one listing round trip)."""
+    have = {p.name: local_copies(p) for p in host_dir.iterdir() if p.is_dir()} if host_dir.is_dir() else {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(lambda: {job: local_hashes(host_dir / job, h) for job, h in have.items()})
+        listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs,
+                                                      "local": {job: asked(h) for job, h in have.items()}},
+                             "listing the jobs' files")
+        hashes = hashing.result()
+    if not listing["jobs"]:
+        raise RemoteError(f"{s.label}: no job under {listing['jobs_dir']} (launched?)")
+    return {job: fetch_listed(s, one, host_dir / job, have.get(job, {}), hashes.get(job, {}))
+            for job, one in listing["jobs"].items()}
+
+
+def fetch_listed(s: Session, listing: dict[str, Any], local_dir: Path, have: dict[str, Have],
+                 hashes: dict[str, str]) -> Fetched:
+    """Download what a listing shows is missing or incomplete in `local_dir`."""
     done = Fetched()
     for entry in listing["files"]:
         rel, size = entry["rel"], int(entry["size"])
@@ -151,14 +180,15 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
             done.skipped += 1
             continue
         done.resumed += start.offset > 0
+        shown = f"{local_dir.name}/{rel}"
         try:
             download(s.files, f"{listing['job_dir']}/{rel}", local, start.offset, size,
-                     float(entry["mtime"]), in_place=start.in_place, label=s.label, name=rel)
+                     float(entry["mtime"]), in_place=start.in_place, label=s.label, name=shown)
         except OSError as exc:
-            raise RemoteError(f"{s.label}: fetching {rel} failed after {done.fetched} file(s): "
+            raise RemoteError(f"{s.label}: fetching {shown} failed after {done.fetched} file(s): "
                               f"{exc}; run fetch again to resume") from None
         except HandoffError as exc:  # the connection dropped or stalled (the session says which)
-            raise RemoteError(f"{exc} (fetching {rel}, after {done.fetched} file(s); run fetch "
+            raise RemoteError(f"{exc} (fetching {shown}, after {done.fetched} file(s); run fetch "
                               f"again to resume)") from None
         done.fetched += 1
         done.nbytes += size - start.offset
@@ -166,11 +196,32 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
 
 
 def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -> None:
-    """`fab fetch` on one host: `dest/<host>/<job>/`."""
-    job = job_name(s.target, job_flag)
-    local_dir = dest / s.target.safe_label / job
-    done = fetch_job(s, job, local_dir)
-    report.log(f"  [green]✓[/] {done.fetched} file(s) fetched ({done.resumed} resumed, "
-               f"{done.nbytes / 1e6:.2f} MB), {done.skipped} already complete → {console.r(local_dir)}")
-    report.summary = f"{done.fetched} fetched, {done.skipped} complete → {local_dir}"
-    report.data["dir"] = str(local_dir)
+    """`fab fetch` on one host: `dest/<host>/<job>/` for the `--job` job or every job;
+    `report.data["jobs"]` maps each job fetched to its local folder (for the merge)."""
+    host_dir = dest / s.target.safe_label
+    if job_flag is not None:
+        job = job_name(s.target, job_flag)
+        results = {job: fetch_job(s, job, host_dir / job)}
+    else:
+        results = fetch_all(s, host_dir)
+    total = Fetched()
+    for job, done in results.items():
+        report.log(f"  [green]✓[/] {console.r(job)}: {done.fetched} file(s) fetched ({done.resumed} "
+                   f"resumed, {done.nbytes / 1e6:.2f} MB), {done.skipped} already complete → "
+                   f"{console.r(host_dir / job)}")
+        for name in ("fetched", "skipped", "resumed", "nbytes"):
+            setattr(total, name, getattr(total, name) + getattr(done, name))
+    jobs = ", ".join(results)
+    report.summary = f"{total.fetched} fetched, {total.skipped} complete ({jobs}) → {host_dir}"
+    report.data["dir"] = str(host_dir / next(iter(results))) if len(results) == 1 else str(host_dir)
+    report.data["jobs"] = {job: str(host_dir / job) for job in results}
+
+
+def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
+    """Each job fetched, its hosts' copies merged into `dest/<job>/` (handoff.merge)."""
+    copies: dict[str, list[merging.ShardCopy]] = {}
+    for rep in reports:
+        if rep.ok:
+            for job, folder in (rep.data.get("jobs") or {}).items():
+                copies.setdefault(job, []).append(merging.ShardCopy(rep.target.label, Path(folder)))
+    return [merging.merge(job, found, dest) for job, found in sorted(copies.items())]

@@ -13,10 +13,15 @@ running) returns `Skipped` instead of acting. A failing step ends that host's pl
 hosts go on. Values the steps need but the plan must never print (the API key) ride in
 `Plan.private`; one still being fetched (the keyring read, a Future) is awaited before
 the host's first step that changes it, so a failed read changes nothing anywhere.
+
+An all-or-nothing plan (`Plan.all_or_nothing`, e.g. launch) also holds every host's first
+changing step until every host has passed its read-only checks: when one host fails them
+(a job whose input changed, a host that cannot be reached), no host changes anything.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -67,12 +72,44 @@ class Plan:
     # does not arrive ("the API key could not be read from the keyring").
     private: dict[str, Any] = field(default_factory=dict, repr=False)
     pending: dict[str, str] = field(default_factory=dict)
+    # No host changes anything unless every host passed its read-only steps (see Gate).
+    all_or_nothing: bool = False
 
     def for_host(self, label: str) -> list[Step]:
         for hp in self.hosts:
             if hp.target.label == label:
                 return hp.steps
         raise KeyError(label)
+
+
+class Gate:
+    """The all-or-nothing barrier: each host arrives before its first changing step (or
+    leaves, failed or done); a host goes on only once every host has arrived, and none
+    does when one failed. Hosts never wait on a host that is already gone."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self._waiting = set(labels)
+        self._failed: list[str] = []
+        self._cond = threading.Condition()
+
+    def arrive(self, label: str) -> None:
+        with self._cond:
+            self._waiting.discard(label)
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._waiting)
+            failed = [f for f in self._failed if f != label]
+        if failed:
+            raise HandoffError(f"{label}: nothing changed: {', '.join(failed)} failed "
+                               f"{'its' if len(failed) == 1 else 'their'} checks (see there), "
+                               f"and this plan changes all hosts or none")
+
+    def leave(self, label: str, failed: bool) -> None:
+        with self._cond:
+            if label in self._waiting:
+                self._waiting.discard(label)
+                if failed:
+                    self._failed.append(label)
+                self._cond.notify_all()
 
 
 @dataclass
@@ -85,6 +122,7 @@ class HostContext:
     plan: Plan
     facts: Facts | None = None
     results: dict[str, str] = field(default_factory=dict)
+    gate: Gate | None = None  # an all-or-nothing plan's barrier
 
     def need_facts(self) -> Facts:
         if self.facts is None:
@@ -109,6 +147,9 @@ class HostContext:
         known to be there."""
         for name in self.plan.private:
             self.private(name)
+        if self.gate is not None:
+            gate, self.gate = self.gate, None
+            gate.arrive(self.session.label)
 
 
 def render(plan: Plan) -> None:
@@ -144,9 +185,20 @@ def execute(plan: Plan, *, connect: Connector = SSHSession,
             title: str | None = None) -> list[HostReport]:
     """Run `plan` on its hosts in parallel, each through a session from `connect`."""
     steps_by_label = {hp.target.label: hp.steps for hp in plan.hosts}
+    gate = Gate(list(steps_by_label)) if plan.all_or_nothing else None
 
     def run_host(target: Target, report: HostReport) -> None:
-        with connect(target) as session:
-            run_steps(HostContext(session, report, plan), steps_by_label[target.label])
+        failed = True
+        try:
+            with connect(target) as session:
+                run_steps(HostContext(session, report, plan, gate=gate), steps_by_label[target.label])
+            failed = False
+        finally:
+            if gate is not None:
+                gate.leave(target.label, failed)
 
-    return run_parallel([hp.target for hp in plan.hosts], run_host, title=title or plan.title)
+    targets = [hp.target for hp in plan.hosts]
+    # Behind a gate every host must be able to arrive at once: one thread per host.
+    if gate is not None and targets:
+        return run_parallel(targets, run_host, title=title or plan.title, workers=len(targets))
+    return run_parallel(targets, run_host, title=title or plan.title)

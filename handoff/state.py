@@ -1,4 +1,5 @@
-"""The local state dir: current targets, the secrets ledger, pinned host keys.
+"""The local state dir: current targets, the secrets ledger, pinned host keys, and what
+the last smoke test measured per API and model (`fab launch`'s estimate reads it).
 
 `$HANDOFF_STATE_DIR`, default `.handoff/` in the project directory (handoff.paths;
 git-ignored). The dir is 0700 and every file in it 0600: it holds no secret, but the
@@ -23,8 +24,8 @@ from handoff.paths import state_dir
 from payload import atomic
 
 __all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "live_minted",
-           "load_targets", "pinned_keys_path", "placed", "record", "save_targets", "state_dir",
-           "targets_saved_at", "write_pinned"]
+           "load_smoke", "load_targets", "pinned_keys_path", "placed", "record", "save_smoke",
+           "save_targets", "state_dir", "targets_saved_at", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
 
@@ -167,3 +168,35 @@ def pinned_keys_path() -> Path:
 def write_pinned(text: str) -> None:
     with _lock:
         _write_private(ensure_state_dir() / "known_hosts", text)
+
+
+# --- what the smoke test measured ---------------------------------------------------------
+
+
+def _smoke_key(base_url: str, model: str) -> str:
+    return f"{base_url.rstrip('/')} {model}"
+
+
+def save_smoke(base_url: str, model: str, measured: dict[str, Any]) -> None:
+    """Remember one smoke test's figures (latency, tokens, cost, the endpoint prices) for
+    this API and model: the next launch estimates cost and time from them."""
+    with _lock:
+        path = ensure_state_dir() / "smoke.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        data[_smoke_key(base_url, model)] = {**measured, "time": time.time()}
+        _write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load_smoke(base_url: str, model: str) -> dict[str, Any] | None:
+    """The last smoke test's figures for this API and model, if one was recorded."""
+    try:
+        data = json.loads((state_dir() / "smoke.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    found = data.get(_smoke_key(base_url, model)) if isinstance(data, dict) else None
+    return found if isinstance(found, dict) else None

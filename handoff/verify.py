@@ -23,6 +23,8 @@ from handoff.facts import (
     Facts,
     PreflightFacts,
     check_vars,
+    disk_needed,
+    disk_short,
     gather,
 )
 from handoff.layout import RemoteLayout, key_record
@@ -100,7 +102,7 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verd
         v.checks.append(_torch_check(facts, max(need_gpus, 1), variables))
     if role.requires.disk_gb > 0:
         free = facts.disk_free
-        want = role.requires.disk_gb * 1e9
+        want = disk_needed(role)
         v.checks.append(Check("free disk", f">= {units.size(want)}", units.size(free),
                               free is not None and free >= want,
                               f"free space under {remote_dir} or set `remote_dir` to a bigger volume"))
@@ -295,6 +297,10 @@ def _probe(ctx: HostContext, step: Step) -> str:
 
     facts = probe()
     if not check:
+        # push-script and push-key check only what they need: room under remote_dir.
+        short = disk_short(facts, role, s.layout.root)
+        if short:
+            raise HandoffError(f"{s.label}: {short}; nothing was changed")
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
     verdict = evaluate(facts, role, s.vars)
     if not verdict.ok and p.get("install") and install_missing(ctx, verdict):

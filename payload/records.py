@@ -134,7 +134,11 @@ def load_object(line: str) -> dict[str, Any]:
 
 
 def parse_prompt(line: str, line_no: int) -> Prompt:
-    record = load_object(line)
+    return prompt_of(load_object(line), line_no)
+
+
+def prompt_of(record: dict[str, Any], line_no: int) -> Prompt:
+    """A parsed record as a Prompt (its id checked or derived), or a BadRecord."""
     messages = to_prompt_messages(record)
     rid = record.get("id")
     if rid is None:
@@ -150,13 +154,17 @@ def iter_input(path: Path) -> Iterator[tuple[int, str | BadRecord]]:
     with replacement characters would send (and pay for) a prompt nobody wrote."""
     with path.open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                yield line_no, raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield line_no, BadRecord(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
-                                         f"byte {exc.start + 1} of the line)")
+            if raw.strip():
+                yield line_no, decode_line(raw)
+
+
+def decode_line(raw: bytes) -> str | BadRecord:
+    """One input line's text, or the BadRecord saying where it is not valid UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRecord(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                         f"byte {exc.start + 1} of the line)")
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -2,7 +2,8 @@
 
 It proves the whole path at once (network egress, the key, the model slug, the provider
 filter) and prints what an engineer checks by hand: model, serving provider, latency,
-tokens, cost, and the key's usage and limit left (`GET /key`).
+tokens, cost, the endpoint list's prices, and the key's usage and limit left (`GET /key`).
+`fab smoke-test` records latency, tokens, cost and prices for `fab launch`'s estimate.
 
 Exit 0 only if the answer has content; 3 on 401 (key refused) or 402 (out of credit /
 key limit), naming the cause; 1 for any other failure.
@@ -36,6 +37,22 @@ async def _key_info(session: aiohttp.ClientSession, base_url: str,
         return 0, None
 
 
+async def _prices(session: aiohttp.ClientSession, base_url: str, model: str,
+                  provider: dict[str, Any] | None, headers: dict[str, str]) -> str:
+    """The endpoint list's prices for the model (the highest among the endpoints the
+    provider filter allows), as `fab launch`'s estimate reads them back; `unknown (why)`."""
+    from .generate.preflight import PreflightRefused, check_endpoints
+
+    try:
+        found, _ = await check_endpoints(session, base_url, model, provider, headers)
+    except PreflightRefused as exc:
+        return f"unknown ({exc})"
+    if found is None:
+        return "unknown (the server lists no endpoint prices)"
+    return (f"prompt ${found.prompt * 1e6:.4f}/M, completion ${found.completion * 1e6:.4f}/M, "
+            f"request ${found.request:.6f}")
+
+
 def _money(value: Any) -> str:
     return f"${value:.6f}" if isinstance(value, (int, float)) else "unknown"
 
@@ -52,6 +69,7 @@ async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, An
         outcome = await client.attempt(session, url, body, headers,
                                        aiohttp.ClientTimeout(total=timeout), client.env_proxy(url))
         key_status, key = await _key_info(session, base_url, headers)
+        prices = await _prices(session, base_url, model, provider, headers)
     print(f"model:     {model}")
     if outcome.kind is Kind.OK:
         r = outcome.result
@@ -62,6 +80,7 @@ async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, An
               f"completion {usage.get('completion_tokens', '?')}")
         print(f"cost:      {_money(usage.get('cost'))}")
         print(f"answer:    {redact(str(r.get('response')))[:200]!r}")
+    print(f"prices:    {prices}")
     if key is not None:
         limit = key.get("limit")
         left = key.get("limit_remaining")

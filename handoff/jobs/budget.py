@@ -52,8 +52,9 @@ def limit_step(target: Target, share: float, jobs: list[str]) -> Step:
     record = key_record(str(target.vars["key_path"]))
     return Step(
         "set-key-limit",
-        f"limit the host's child key to its share of the budget: {keyapi.money(share)} "
-        f"more from now (job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)})",
+        f"limit the host's child key to its share of the budget: {keyapi.money(share * len(jobs))} "
+        f"more from now (job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)}"
+        f"{f', {keyapi.money(share)} each' if len(jobs) > 1 else ''})",
         f"sftp read {record} (the key's hash); GET {api}/keys/<hash>; PATCH {api}/keys/<hash> "
         f"limit = usage + share - what the job already spent",
         "if the host holds a minted child key (a plain key has no limit: the payload's "

@@ -1,9 +1,12 @@
 """`fab smoke-test`: one real request from each host with the placed key (the role's
 `smoke` command, `payload smoke`), and a table of provider, latency, tokens, cost and the
-key's credit left."""
+key's credit left. What it measured (latency, tokens, cost, the endpoint prices) is kept in
+the state dir per API and model (`measured`, state.save_smoke): `fab launch` estimates a
+run's cost and time from it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from handoff import console
@@ -15,7 +18,8 @@ from handoff.roles import render_command
 from handoff.session import Connector, Session
 from handoff.targets import Target
 
-FIELDS = ("model", "served by", "latency", "tokens", "cost", "key", "smoke")
+FIELDS = ("model", "served by", "latency", "tokens", "cost", "prices", "key", "smoke")
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 
 
 def parse(text: str) -> dict[str, str]:
@@ -37,6 +41,31 @@ def credit(key_line: str) -> str:
     limit = f" of {parts['limit']}" if parts.get("limit", "none") != "none" else ""
     expires = f", expires {parts['expires']}" if parts.get("expires", "never") != "never" else ""
     return f"{parts['left']} left{limit} (used {parts.get('usage', '?')}){expires}"
+
+
+def _number(pattern: str, text: str | None) -> float | None:
+    m = re.search(pattern.replace("N", _NUMBER), text or "")
+    return float(m.group(1)) if m else None
+
+
+def measured(fields: dict[str, str]) -> dict[str, Any] | None:
+    """The figures launch's estimate needs, from `payload smoke`'s lines: latency (s),
+    prompt and completion tokens, cost (USD) and the endpoint prices (USD per token, per
+    request); None when the answer carried no token counts."""
+    latency = _number(r"^N s", fields.get("latency"))
+    prompt = _number(r"prompt N", fields.get("tokens"))
+    completion = _number(r"completion N", fields.get("tokens"))
+    if latency is None or prompt is None or completion is None:
+        return None
+    out: dict[str, Any] = {"latency_s": latency, "prompt_tokens": int(prompt),
+                           "completion_tokens": int(completion),
+                           "cost": _number(r"^\$N", fields.get("cost"))}
+    price_text = fields.get("prices")
+    per_m = [_number(rf"{part} \$N/M", price_text) for part in ("prompt", "completion")]
+    if per_m[0] is not None and per_m[1] is not None:
+        out["prices"] = {"prompt": per_m[0] / 1e6, "completion": per_m[1] / 1e6,
+                         "request": _number(r"request \$N", price_text) or 0.0}
+    return out
 
 
 def smoke(s: Session, report: HostReport) -> None:

@@ -1,10 +1,16 @@
 """A job as read from its host: name, folder, process, status file, and the state derived
-from them (running, stopping, finished, stopped, aborted, dead, none)."""
+from them (running, stopping, finished, stopped, aborted, dead, none); every job of a host
+in one round trip (`read_all`); how a job is named.
+
+A job's name: `--job NAME`, else the `job` var (a role may name its one job, e.g. the
+extractor's `extractor`), else the stem of its input file (`data/B3.jsonl` -> `B3`: one job
+per dataset), else the role's name."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from handoff import keyapi, remote_code, state
@@ -21,14 +27,22 @@ OK_STATES = frozenset({"running", "starting", "finished"})
 ACTIVE_STATES = frozenset({"running", "starting", "stopping"})
 
 
-def job_name(target: Target, flag: str | None) -> str:
-    """`--job`, else the role's `job` var, else the role's name; a plain folder name."""
-    name = flag or target.vars.get("job") or (target.role.name if target.role else None)
+def job_name(target: Target, flag: str | None, input_path: str | None = None) -> str:
+    """`--job`, else the `job` var, else the input file's stem, else the role's name; a
+    plain folder name."""
+    stem = PurePosixPath(input_path).name.rsplit(".", 1)[0] if input_path else None
+    name = flag or target.vars.get("job") or stem or (target.role.name if target.role else None)
     if not name:
         raise UsageError(f"{target.label}: no job name; pass --job NAME or --role ROLE")
-    if "/" in str(name) or str(name).startswith("."):
-        raise UsageError(f"job name {name!r} must be a plain folder name")
+    check_job_name(str(name))
     return str(name)
+
+
+def check_job_name(name: str) -> None:
+    """A job is a folder under jobs/: one plain name, nothing that climbs out or hides."""
+    if not name or "/" in name or name.startswith(".") or any(ord(c) < 32 for c in name):
+        raise UsageError(f"job name {name!r} must be a plain folder name (no '/', no leading "
+                         f"'.'); pass --job NAME, or rename the input file")
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,28 @@ class JobState:
                    int(raw["pid"]) if raw.get("pid") else None, bool(raw.get("alive")),
                    {str(k): bool(v) for k, v in (raw.get("keys") or {}).items()},
                    {str(k): v for k, v in (raw.get("records") or {}).items()})
+
+    @property
+    def name(self) -> str:
+        """The job's name: its folder's."""
+        return PurePosixPath(self.job_dir).name if self.job_dir else ""
+
+    @property
+    def input_sha256(self) -> str | None:
+        """The sha256 of the input this job was launched with (job.json), if recorded."""
+        value = (self.meta or {}).get("input_sha256")
+        return str(value) if value else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The payload's exit code, from its final status (None while it runs)."""
+        code = (self.status or {}).get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+    @property
+    def with_failures(self) -> bool:
+        """Finished, but with more permanent failures than --max-failed (payload exit 1)."""
+        return self.state == "finished" and self.exit_code == 1
 
     @property
     def state(self) -> str:
@@ -87,14 +123,41 @@ def placed_keys(target: Target) -> list[str]:
                                        if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user))]))
 
 
+def _key_args(target: Target) -> dict[str, Any]:
+    records = [key_record(str(target.vars["key_path"]))] if target.vars.get("key_path") else []
+    return {"keys": placed_keys(target), "records": records}
+
+
 def read(session: Session, job: str) -> JobState:
     """The job's state on the host (one round trip), with the key files' presence read on
     the host itself and the record of a minted key."""
     target = session.target
-    records = [key_record(str(target.vars["key_path"]))] if target.vars.get("key_path") else []
-    args = {"op": "state", "job_dir": target.layout.job(job), "keys": placed_keys(target),
-            "records": records}
+    args = {"op": "state", "job_dir": target.layout.job(job), **_key_args(target)}
     return JobState.from_json(session.run_code(remote_code.JOBS, args, "reading the job state"))
+
+
+@dataclass(frozen=True)
+class HostJobs:
+    """Every job on one host, and the host's key files, from one round trip."""
+
+    jobs: dict[str, JobState]  # name -> state, sorted by name
+    keys: JobState  # no job: only the key files' presence and the minted key's record
+
+    def get(self, name: str) -> JobState:
+        """The named job, or an empty state (`none`: never launched) with the host's keys."""
+        return self.jobs.get(name) or JobState(f"{self.keys.job_dir}/{name}", keys=self.keys.keys,
+                                               records=self.keys.records)
+
+
+def read_all(session: Session) -> HostJobs:
+    """Every job under the host's jobs/ folder (one round trip), each with the host's keys."""
+    target = session.target
+    raw = session.run_code(remote_code.JOBS, {"op": "list", "jobs_dir": target.layout.jobs,
+                                              **_key_args(target)}, "listing the jobs")
+    common = {"keys": raw.get("keys") or {}, "records": raw.get("records") or {}}
+    jobs = {str(name): JobState.from_json({**(state or {}), **common})
+            for name, state in sorted((raw.get("jobs") or {}).items())}
+    return HostJobs(jobs, JobState.from_json({"job_dir": str(raw.get("jobs_dir") or ""), **common}))
 
 
 def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:

@@ -5,6 +5,9 @@ temp files being written. For each file the workstation already holds part of (`
 relative path -> local size), it returns the sha256 of the host file's first that many
 bytes: equal means the local copy is a true prefix, so an append-only file resumes from
 there and a complete one is skipped, without moving a byte.
+
+With `jobs_dir` instead of `job_dir`, every job folder under it is listed in the same round
+trip (`fab fetch` without `--job`); `local` then maps each job to its relative paths.
 """
 
 from __future__ import annotations
@@ -35,9 +38,26 @@ def prefix_sha256(path: str, length: int) -> str:
     return digest.hexdigest()
 
 
+def expand(path: str) -> str:
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def all_jobs(a: dict[str, Any]) -> dict[str, Any]:
+    """Every job folder under `jobs_dir`, each listed as `listing` lists one."""
+    jobs_dir = expand(a["jobs_dir"])
+    local: dict[str, dict[str, int]] = a.get("local", {})
+    try:
+        names = sorted(n for n in os.listdir(jobs_dir)
+                       if not n.startswith(".") and os.path.isdir(os.path.join(jobs_dir, n)))
+    except OSError:
+        names = []
+    return {"jobs_dir": jobs_dir,
+            "jobs": {n: listing({"job_dir": os.path.join(jobs_dir, n), "local": local.get(n, {})})
+                     for n in names}}
+
+
 def listing(a: dict[str, Any]) -> dict[str, Any]:
-    job_dir = a["job_dir"]
-    job_dir = os.path.expanduser(job_dir) if job_dir.startswith("~") else job_dir
+    job_dir = expand(a["job_dir"])
     local: dict[str, int] = a.get("local", {})
     files = []
     for root, dirs, names in os.walk(job_dir):
@@ -57,7 +77,8 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    print(json.dumps(listing(json.loads(argv[1]))))
+    args = json.loads(argv[1])
+    print(json.dumps(all_jobs(args) if "jobs_dir" in args else listing(args)))
     return 0
 
 

@@ -12,11 +12,17 @@ one round trip including the check that follows it.
 - `start`: `mkdir -p`, job.json, then the command under `sh -c 'exec nohup …'` in a new
   session (setsid), stdin from /dev/null and stdout/stderr appended to `log`, so it
   survives the SSH session and never waits on input; its pid goes to `pid`. It then
-  watches ~1 s to catch a command that dies at once (a bad flag, a missing file).
+  watches ~1 s to catch a command that dies at once (a bad flag, a missing file); a launch
+  of several jobs starts each with `watch_s` 0 and then watches them all at once (`check`:
+  one wait, each job's state, the log's tail of any that is no longer alive).
 - `stop`: SIGTERM to the job's pid when alive, then waits up to `timeout` s for it to
-  exit: the payload drains its in-flight requests and stays resumable.
+  exit: the payload drains its in-flight requests and stays resumable. `stop_all` does so
+  for every running job under `jobs_dir` at once (`fab stop` without `--job`).
 - `running`: every job under `jobs_dir` whose process is alive (cleanup-secrets warns
   before removing the key under one).
+- `list`: every job under `jobs_dir` (each one's state as `state` reads it), plus the
+  `keys` and `records` of `state`: `fab status`, `stop`, `logs` without `--job` and the
+  launch's checks of several jobs read a host in this one round trip.
 """
 
 from __future__ import annotations
@@ -75,8 +81,7 @@ def is_alive(pid: int, job_dir: str) -> bool:
     return True
 
 
-def state(a: dict[str, Any]) -> dict[str, Any]:
-    job_dir = expand(a["job_dir"])
+def job_state(job_dir: str) -> dict[str, Any]:
     pid = read_pid(job_dir)
     return {
         "job_dir": job_dir,
@@ -84,11 +89,33 @@ def state(a: dict[str, Any]) -> dict[str, Any]:
         "meta": load_json(os.path.join(job_dir, "job.json")),
         "pid": pid,
         "alive": bool(pid) and is_alive(pid, job_dir),  # type: ignore[arg-type]
-        # By absolute path: `~/…` (the host's key_path) and the ledger's absolute path of
-        # the same file are one entry.
-        "keys": {expand(p): os.path.exists(expand(p)) for p in a.get("keys", [])},
-        "records": {p: load_json(expand(p)) for p in a.get("records", [])},
     }
+
+
+def host_keys(a: dict[str, Any]) -> dict[str, Any]:
+    # By absolute path: `~/…` (the host's key_path) and the ledger's absolute path of the
+    # same file are one entry.
+    return {"keys": {expand(p): os.path.exists(expand(p)) for p in a.get("keys", [])},
+            "records": {p: load_json(expand(p)) for p in a.get("records", [])}}
+
+
+def state(a: dict[str, Any]) -> dict[str, Any]:
+    return {**job_state(expand(a["job_dir"])), **host_keys(a)}
+
+
+def job_names(jobs_dir: str) -> list[str]:
+    """The job folders under `jobs_dir` (temp and hidden names left out), sorted."""
+    try:
+        names = sorted(os.listdir(jobs_dir))
+    except OSError:
+        return []
+    return [n for n in names if not n.startswith(".") and os.path.isdir(os.path.join(jobs_dir, n))]
+
+
+def list_jobs(a: dict[str, Any]) -> dict[str, Any]:
+    jobs_dir = expand(a["jobs_dir"])
+    jobs = {name: job_state(os.path.join(jobs_dir, name)) for name in job_names(jobs_dir)}
+    return {"jobs_dir": jobs_dir, "jobs": jobs, **host_keys(a)}
 
 
 def log_tail(job_dir: str, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -107,8 +134,11 @@ def start(a: dict[str, Any]) -> dict[str, Any]:
 
     job_dir = expand(a["job_dir"])
     os.makedirs(job_dir, exist_ok=True)
-    with open(os.path.join(job_dir, "job.json"), "w") as fh:
+    # job.json binds the job to its input (sha256): replaced whole, never left torn.
+    meta_tmp = os.path.join(job_dir, f".job.json.tmp-{os.getpid()}")
+    with open(meta_tmp, "w") as fh:
         fh.write(json.dumps(a["meta"]) + "\n")
+    os.replace(meta_tmp, os.path.join(job_dir, "job.json"))
     with open(os.path.join(job_dir, "log"), "ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(["sh", "-c", "exec nohup " + a["command"]], cwd=job_dir,
                                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
@@ -123,6 +153,21 @@ def start(a: dict[str, Any]) -> dict[str, Any]:
         result["log_tail"] = log_tail(job_dir)
     result["state"] = state(a)
     return result
+
+
+def check(a: dict[str, Any]) -> dict[str, Any]:
+    """After starting several jobs without watching each (`start` with `watch_s` 0): wait
+    `watch_s` once, then each job's state, with its log's tail when it is no longer alive."""
+    time.sleep(float(a.get("watch_s", START_WATCH_S)))
+    jobs_dir = expand(a["jobs_dir"])
+    out = {}
+    for name in a.get("jobs", []):
+        job_dir = os.path.join(jobs_dir, name)
+        current = job_state(job_dir)
+        if not current["alive"]:
+            current["log_tail"] = log_tail(job_dir)
+        out[name] = current
+    return {"jobs": out}
 
 
 def stop(a: dict[str, Any]) -> dict[str, Any]:
@@ -141,14 +186,31 @@ def stop(a: dict[str, Any]) -> dict[str, Any]:
             "state": state(a)}
 
 
+def stop_all(a: dict[str, Any]) -> dict[str, Any]:
+    """`stop` for every running job under `jobs_dir`: SIGTERM each, then one shared wait."""
+    jobs_dir = expand(a["jobs_dir"])
+    alive = {}
+    for name in job_names(jobs_dir):
+        job_dir = os.path.join(jobs_dir, name)
+        pid = read_pid(job_dir)
+        if pid and is_alive(pid, job_dir):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            alive[name] = (pid, job_dir)
+    deadline = time.monotonic() + float(a.get("timeout", 60))
+    while any(is_alive(p, d) for p, d in alive.values()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return {"jobs": {name: {"pid": pid, "drained": not is_alive(pid, job_dir),
+                            "state": job_state(job_dir)} for name, (pid, job_dir) in alive.items()},
+            "idle": [n for n in job_names(jobs_dir) if n not in alive]}
+
+
 def running(a: dict[str, Any]) -> dict[str, Any]:
     jobs_dir = expand(a["jobs_dir"])
-    try:
-        names = sorted(os.listdir(jobs_dir))
-    except OSError:
-        names = []
     alive = []
-    for name in names:
+    for name in job_names(jobs_dir):
         job_dir = os.path.join(jobs_dir, name)
         pid = read_pid(job_dir)
         if pid and is_alive(pid, job_dir):
@@ -156,7 +218,8 @@ def running(a: dict[str, Any]) -> dict[str, Any]:
     return {"running": alive}
 
 
-OPS = {"state": state, "start": start, "stop": stop, "running": running}
+OPS = {"state": state, "start": start, "check": check, "stop": stop, "stop_all": stop_all,
+       "running": running, "list": list_jobs}
 
 
 def main(argv: list[str]) -> int:

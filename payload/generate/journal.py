@@ -239,6 +239,17 @@ def _slow_record(line: bytes) -> tuple[str, dict[str, Any] | None] | None:
     return key, usage if isinstance(usage, dict) else None
 
 
+def record_key(line: bytes) -> str | None:
+    """The id (as `str(id)`) of one output or errors line, read in place when `id` comes
+    first (as the payload writes it), else from a full parse; None for an unreadable line.
+    (handoff's merge of fetched shards reads ids this way too.)"""
+    fast = _fast_id(line)
+    if fast is not None:
+        return fast[0]
+    slow = _slow_record(line)
+    return slow[0] if slow is not None else None
+
+
 def load_index(output: Path, errors: Path, *, warn: bool = True) -> Index:
     """Read both files (truncating torn tails first) into an Index."""
     index = Index()

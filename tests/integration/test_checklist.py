@@ -66,7 +66,9 @@ def test_whole_checklist_on_three_hosts(sandbox, fab, tmp_path: Path) -> None:
 
     r = fab("status", "--wait", "--json", "--interval", "0.5", timeout=180)
     assert r.rc == 0, explain(r)
-    records = [json.loads(line) for line in r.out.splitlines() if line.startswith("{")]
+    # One job per dataset, named after the file's stem; other tests' jobs may share the hosts.
+    records = [rec for rec in (json.loads(line) for line in r.out.splitlines() if line.startswith("{"))
+               if rec["job"] == "prompts"]
     assert {rec["host"] for rec in records} == {c.name for c in sandbox.containers}
     assert all(rec["state"] == "finished" and rec["alive"] is False for rec in records)
     assert sum(rec["done"] + rec["failed"] for rec in records) == input_ids()
@@ -80,7 +82,7 @@ def test_whole_checklist_on_three_hosts(sandbox, fab, tmp_path: Path) -> None:
     assert r.rc == 0, explain(r)
     got: list[str] = []
     for c in sandbox.containers:
-        folder = dest / c.name / "generator"
+        folder = dest / c.name / "prompts"
         assert (folder / "status.json").is_file() and (folder / "log").is_file()
         got += ids_in(folder / "output.jsonl") + ids_in(folder / "output.errors.jsonl")
     assert len(got) == len(set(got)) == input_ids()  # every id exactly once across the shards
@@ -198,7 +200,7 @@ def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> Non
     assert r.rc != 0 and rec["state"] == "stopped" and rec["alive"] is False  # stopped: non-zero
     dest = tmp_path / "out"
     assert fab.on(sbx, "fetch", "--dest", str(dest)).rc == 0
-    partial = ids_in(dest / c.name / "generator" / "output.jsonl")
+    partial = ids_in(dest / c.name / "prompts" / "output.jsonl")
     assert 0 < len(partial) < input_ids()
 
     r = fab.on(sbx, "launch", "--input", str(PROMPTS), "--concurrency", "16")  # resumes
@@ -207,7 +209,7 @@ def test_stop_resume_and_partial_fetch(make_sandbox, fab, tmp_path: Path) -> Non
     assert r.rc == 0 and "finished" in r.out, explain(r)
     r = fab.on(sbx, "fetch", "--dest", str(dest))
     assert r.rc == 0 and "resumed" in r.out, explain(r)
-    folder = dest / c.name / "generator"
+    folder = dest / c.name / "prompts"
     got = ids_in(folder / "output.jsonl") + ids_in(folder / "output.errors.jsonl")
     assert len(got) == len(set(got)) == input_ids()
     assert got[: len(partial)] == partial  # the partial file was continued, not replaced
@@ -228,9 +230,11 @@ def test_demo_end_to_end_leaves_home_untouched(tmp_path: Path) -> None:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "demo done" in proc.stdout and str(results) in proc.stdout.replace("\n", "")
-    got = [json.loads(line)["id"] for f in results.glob("*/generator/output.jsonl")
+    got = [json.loads(line)["id"] for f in results.glob("*/prompts/output.jsonl")
            for line in f.read_text().splitlines()]
     assert len(got) == len(set(got)) == input_ids()
+    merged = [json.loads(line)["id"] for line in (results / "prompts" / "output.jsonl").read_text().splitlines()]
+    assert sorted(merged, key=str) == sorted(got, key=str)  # the shards, merged by fetch
     assert list(home.iterdir()) == []  # no ~/.ssh, no keyring, nothing
     assert "handoff-demo-" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                                  text=True).stdout

@@ -163,7 +163,7 @@ def test_a_key_at_its_limit_stops_its_job_and_the_others_go_on(
     assert two["state"] == "finished" and two["done"] == two["total"] > 0, two
     assert one["state"] == "stopped" and one["done"] == 4 < one["total"], one
     assert "key limit" in str(one["last_error"]).lower(), one
-    log = (sbx.container("sbx-1").home / ".handoff" / "jobs" / "generator" / "log").read_text()
+    log = (sbx.container("sbx-1").home / ".handoff" / "jobs" / "p" / "log").read_text()  # job p: p.jsonl
     assert "402" in log and "resumable" in log
     assert one["key"]["usage"] == round(cost * 4, 10) and one["key"]["limit_remaining"] < cost
     assert two["key"]["limit"] == LIMIT
@@ -173,7 +173,7 @@ def test_a_key_at_its_limit_stops_its_job_and_the_others_go_on(
     relaunch = fab.on(sbx, "launch", "--host", "sbx-1", "--input", str(tmp_path / "p.jsonl"),
                       "--max-cost", "0.01")
     assert relaunch.rc == 0, explain(relaunch)
-    assert "-> $0.0100 (used $0.0004 + share $0.0100; generator already spent $0.0004)" in \
+    assert "-> $0.0100 (used $0.0004 + share $0.0100; p already spent $0.0004)" in \
         flat(relaunch), explain(relaunch)
     done = fab.on(sbx, "status", "--wait", "--json", "--host", "sbx-1", timeout=180)
     assert done.rc == 0, explain(done)

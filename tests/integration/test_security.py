@@ -301,8 +301,9 @@ def test_the_key_appears_nowhere(make_sandbox, fab, tmp_path) -> None:
 
     # The run really happened and really used the key (so there was something to leak).
     assert sbx.api is not None and sbx.api.stats.successes >= 24 + 2  # prompts + smoke tests
-    outputs = list(fetched.rglob("output.jsonl"))
+    outputs = list(fetched.glob("*/prompts/output.jsonl"))  # the per-host copies
     assert outputs and sum(len(p.read_text().splitlines()) for p in outputs) == 24
+    assert len((fetched / "prompts" / "output.jsonl").read_text().splitlines()) == 24  # merged
     for c in sbx.containers:
         assert not key_file(c).exists()
 

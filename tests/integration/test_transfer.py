@@ -65,8 +65,8 @@ def test_a_cut_fetch_resumes_moving_only_the_rest(make_sandbox, fab, tmp_path: P
     assert bytes_read(sbx.sftp_log(c.name), "output.jsonl")[-1] == len(data) - have
     # Progress, as plain lines (not a terminal): the start, and the end with size and rate.
     rest = f"{(len(data) - have) / MB:.1f} MB"
-    assert f"{c.name} ↓ output.jsonl: fetching {rest}" in r.out, explain(r)
-    assert re.search(rf"{c.name} ↓ output.jsonl: {re.escape(rest)} in \d+\.\d s \(.+B/s\)", r.out)
+    assert f"{c.name} ↓ generator/output.jsonl: fetching {rest}" in r.out, explain(r)
+    assert re.search(rf"{c.name} ↓ generator/output.jsonl: {re.escape(rest)} in \d+\.\d s \(.+B/s\)", r.out)
 
     r = fab.on(sbx, "fetch", "--dest", str(dest))
     assert r.rc == 0 and "0 file(s) fetched" in r.out, explain(r)  # complete: nothing moves

@@ -3,8 +3,9 @@
 `ws` (a `Workstation`) isolates HOME, the state dir, the inventory and the project dir in
 a temp dir, and points `handoff.commands.CONNECT` at `LocalSession`s: each inventory host
 is a folder standing for its login user's home, where commands run with the local sh and
-remote modules with this python. The project's `roles/` adds a test role, `sleeper`,
-whose job is tests/unit/sleeper.py (runs until SIGTERM, or crashes, or finishes at once).
+remote modules with this python. The project's `roles/` adds two test roles whose job is
+tests/unit/sleeper.py (runs until SIGTERM, crashes, finishes at once, or answers its shard
+of the input): `sleeper` (one job, named by its `job` var) and `batch` (one job per dataset).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ vars:
   job: sleeper
   mode: run
 launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}"]
+"""
+# Like sleeper, without a `job` var: one job per dataset, named after the input's stem.
+BATCH_ROLE = f"""\
+description: one job per dataset (tests only)
+secret: openrouter
+vars:
+  mode: answer
+launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}", ["{{shard}}"]]
 """
 
 
@@ -80,6 +89,7 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]
     project = tmp_path / "project"
     (project / "roles").mkdir(parents=True)
     (project / "roles" / "sleeper.yml").write_text(SLEEPER_ROLE)
+    (project / "roles" / "batch.yml").write_text(BATCH_ROLE)
     inventory = project / "inventory" / "hosts.yml"
     inventory.parent.mkdir()
     inventory.write_text(

@@ -79,7 +79,7 @@ def test_dry_runs_through_fab_connect_to_nothing(tmp_path: Path) -> None:
     inv.write_text("hosts:\n  a: {address: 127.0.0.1, port: 9, roles: [generator]}\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HANDOFF_INVENTORY": str(inv),
            "HANDOFF_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "250", "NO_COLOR": "1"}
-    for args, expect in ((["launch", "--remote-input", "/in.jsonl"], "start job generator"),
+    for args, expect in ((["launch", "--remote-input", "/in.jsonl"], "start job in detached"),
                          (["stop", "--timeout", "5"], "SIGTERM"),
                          (["verify", "--install"], "pip-install missing modules")):
         out = subprocess.run([str(FAB), *args, "--dry-run", "--host", "a"], cwd=REPO, env=env,

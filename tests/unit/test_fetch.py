@@ -71,7 +71,9 @@ def test_a_local_copy_that_is_not_a_prefix_is_fetched_whole(ws: Workstation, tmp
 def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path: Path,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     assert commands.fetch("a", None, dest=str(tmp_path / "r")) == 1
-    assert "no job 'generator'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+    assert "no job under" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+    assert commands.fetch("a", None, job="B3", dest=str(tmp_path / "r")) == 1
+    assert "no job 'B3'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
 
 
 def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -> None:
@@ -89,7 +91,7 @@ def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -
     [target] = ws.targets("a")
     with ws.connect(target) as session:  # (the small files come first, then a.bin is cut)
         session._files = CutFiles(ws.home("a"), cut=others + 1_000_000)  # type: ignore[attr-defined]
-        with pytest.raises(RemoteError, match=r"fetching features/a\.bin failed.*run fetch again to resume"):
+        with pytest.raises(RemoteError, match=r"fetching generator/features/a\.bin failed.*run fetch again to resume"):
             fetch_job(session, "generator", local)
     part = partial(local / "features" / "a.bin")
     assert part.stat().st_size == 1_000_000 and not (local / "features" / "a.bin").exists()

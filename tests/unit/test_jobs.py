@@ -4,6 +4,7 @@ plans as data (`--dry-run`); and launch, status, logs and stop run on fake hosts
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from handoff import commands, deploy, plan
 from handoff.errors import RoleError, UsageError
 from handoff.jobs import launch, smoke, status, stop
 from handoff.jobs.state import OK_STATES, JobState, job_name
-from tests.unit.conftest import Workstation
+from tests.unit.conftest import SLEEPER_ROLE, Workstation
 
 KEY = "sk-or-v1-" + "ab" * 32
 
@@ -92,16 +93,27 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
     p = launch.plan(ws.targets("a,b", flags={"concurrency": 7}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
-    assert [[s.action for s in hp.steps] for hp in p.hosts] == [["probe", "push-input", "start-job"]] * 2
-    start_a = p.for_host("a")[-1]
-    assert start_a.params == {"job": "generator", "input": "~/.handoff/data/p.jsonl", "shard": "0/2"}
-    assert p.for_host("b")[-1].params["shard"] == "1/2"
+    assert [[s.action for s in hp.steps] for hp in p.hosts] == \
+        [["probe", "push-input", "start-job", "check-jobs"]] * 2
+    assert p.all_or_nothing  # no host starts unless every host passed its probe
+    start_a = p.for_host("a")[-2]
+    # One job per dataset, named after the file's stem.
+    assert start_a.params == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
+                              "hosts": 2, "max_cost": None, "share": None}
+    assert p.for_host("b")[-2].params["shard"] == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
-    assert "~/.handoff/jobs/generator/output.jsonl" in start_a.detail
-    assert [s.changes for s in p.for_host("a")] == [False, True, True]
+    assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
+    assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
+    assert [s.changes for s in p.for_host("a")] == [False, True, True, False]
     alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
-    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job"]
-    assert alone.hosts[0].steps[-1].params == {"job": "b3", "input": "/data/x.jsonl", "shard": None}
+    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job", "check-jobs"]
+    assert alone.hosts[0].steps[-2].params["job"] == "b3"
+    assert alone.hosts[0].steps[-2].params["shard"] is None
+    stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)
+    assert stem.hosts[0].steps[-2].params["job"] == "B4"
+    provider = launch.plan(ws.targets("a", flags={"provider": {"only": ["x"]}}), local_input=None,
+                           remote_input="/d/x.jsonl", job_flag=None)
+    assert """--provider '{"only":["x"]}'""" in provider.hosts[0].steps[-2].detail  # set: passed
 
 
 def test_launch_plan_refuses_what_no_host_can_fix(ws: Workstation, tmp_path: Path) -> None:
@@ -124,15 +136,17 @@ def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest
     assert commands.stop("a,b", None, timeout=5, dry_run=True) == 0
     out = capfd.readouterr().out
     assert touched == []
-    assert out.count("dry run") == 2 and "start job generator detached" in out
-    assert "SIGTERM its process, wait up to 5 s" in out
+    assert out.count("dry run") == 2 and "start job in detached" in out
+    assert "SIGTERM each, wait up to 5 s" in out
 
 
 def test_stop_plan(ws: Workstation) -> None:
-    p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)
-    assert [hp.steps[0].params for hp in p.hosts] == [{"job": "generator", "timeout": 0.0},
-                                                      {"job": "sleeper", "timeout": 0.0}]
+    p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)  # every running job
+    assert [(hp.steps[0].action, hp.steps[0].params) for hp in p.hosts] == \
+        [("stop-jobs", {"job": None, "timeout": 0.0})] * 2
     assert "do not wait" in p.hosts[0].steps[0].description
+    one = stop.plan(ws.targets("a"), job_flag="B3", timeout=5)
+    assert one.hosts[0].steps[0].params == {"job": "B3", "timeout": 5.0}
 
 
 # --- on fake hosts -------------------------------------------------------------------------
@@ -203,6 +217,8 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert commands.status("s", None, as_json=True) == 1  # stopped: not running or finished
     assert json.loads(capfd.readouterr().out.splitlines()[-1])["state"] == "stopped"
     assert commands.stop("s", None, timeout=20) == 0  # nothing to stop: skipped, still fine
+    assert "no job is running (1 job(s) on the host: sleeper)" in capfd.readouterr().out
+    assert commands.stop("s", None, job="sleeper", timeout=20) == 0
     assert "is not running (state stopped)" in capfd.readouterr().out
 
     # Relaunch: the job resumes in the same folder; the input is the same, not pushed again.
@@ -269,10 +285,17 @@ def test_bad_flag_values_are_usage_errors_naming_the_flag(ws: Workstation,
         assert f"{flag}: expected" in err, err
 
 
+def remote_input(ws: Workstation, label: str) -> str:
+    """A prompts file already on the fake host: `--remote-input`'s argument."""
+    (ws.home(label) / "in.jsonl").write_text('{"id": 1, "prompt": "hi"}\n')
+    return "~/in.jsonl"
+
+
 def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
-    rc = commands.launch("s", None, local_input=None, remote_input="/in.jsonl", flags={"mode": "crash"})
+    rc = commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
+                         flags={"mode": "crash"})
     assert rc == 1
     out = capfd.readouterr().out.replace("\n", " ")
     assert "exited right after start" in out and "simulated failure" in out
@@ -281,7 +304,7 @@ def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
 def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
-    assert commands.launch("s", None, local_input=None, remote_input="/in.jsonl",
+    assert commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
                            flags={"mode": "finish"}) == 0
     assert "ran and finished already" in capfd.readouterr().out
     assert commands.status("s", None) == 0
@@ -341,3 +364,176 @@ def test_sleeper_stops_on_sigterm_directly(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 3
     assert json.loads((tmp_path / "status.json").read_text())["state"] == "stopped"
+
+
+# --- several datasets: one job each, bound to its input ---------------------------------------
+
+
+def dataset(folder: Path, name: str, n: int, extra: str = "") -> Path:
+    path = folder / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"{name}-{i}", "prompt": f"q{i}"}) + "\n"
+                            for i in range(n)) + extra)
+    return path
+
+
+def records(out: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_two_datasets_over_two_hosts(ws: Workstation, tmp_path: Path,
+                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """Two files, one quoted glob: a job each (named after the stem), each sharded over both
+    hosts with half the budget, listed by status per host and job, merged by fetch."""
+    data = tmp_path / "data"
+    data.mkdir()
+    b3, b4 = dataset(data, "B3", 30), dataset(data, "B4", 20, extra="not json\n")
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", "batch", local_input=[str(data / "B*.jsonl")], remote_input=None,
+                           flags={"max_cost": 1.0}) == 0
+    out = capfd.readouterr()
+    assert "budget: $1 for each of the 2 jobs (--max-cost), split over 2 hosts: $0.5 per host" in out.out
+    assert "B4: " in out.err and "1 bad line (line 21: not JSON" in out.err  # said before launch
+    for i, label in enumerate("st"):
+        for job, path in (("B3", b3), ("B4", b4)):
+            meta = json.loads((job_dir(ws, label, job) / "job.json").read_text())
+            assert meta["shard"] == f"{i}/2" and meta["hosts"] == 2
+            assert meta["input_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+            assert (meta["max_cost"], meta["host_max_cost"]) == (1.0, "0.5")
+    assert wait_for(lambda: all((job_dir(ws, h, j) / "status.json").exists()
+                                and "finished" in (job_dir(ws, h, j) / "status.json").read_text()
+                                for h in "st" for j in ("B3", "B4")))
+
+    assert commands.status("s,t", "batch", as_json=True) == 0
+    got = records(capfd.readouterr().out)
+    assert [(r["host"], r["job"], r["state"], r["shard"]) for r in got] == [
+        ("s", "B3", "finished", "0/2"), ("s", "B4", "finished", "0/2"),
+        ("t", "B3", "finished", "1/2"), ("t", "B4", "finished", "1/2")]
+    assert sum(r["done"] for r in got if r["job"] == "B3") == 30
+    assert {r["bad_lines"] for r in got if r["job"] == "B4"} == {1}
+    assert commands.status("s,t", "batch") == 0
+    out = capfd.readouterr()
+    assert "all (2 hosts)" in out.out and "30/0/30" in out.out and "20/0/20" in out.out
+    assert "B4 on s, t: 1 bad input line skipped (line 21: not JSON" in out.err
+
+    dest = tmp_path / "results"
+    assert commands.fetch("s,t", "batch", dest=str(dest)) == 0
+    out = capfd.readouterr().out
+    assert "merged B3" in out and "complete: all 30 ids of the job" in out
+    for job, n in (("B3", 30), ("B4", 20)):
+        merged = [json.loads(line)["id"] for line in (dest / job / "output.jsonl").read_text().splitlines()]
+        assert sorted(merged) == sorted(f"{job}-{i}" for i in range(n))  # each id exactly once
+        assert (dest / job / "output.errors.jsonl").read_text() == ""
+        assert (dest / "s" / job / "output.jsonl").is_file() and (dest / "t" / job / "output.jsonl").is_file()
+    assert commands.fetch("s,t", "batch", dest=str(dest)) == 0
+    assert capfd.readouterr().out.count("unchanged since the last fetch") == 2
+
+
+def test_a_changed_input_under_the_same_job_is_refused_and_nothing_starts(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    b3 = dataset(tmp_path, "B3", 4)
+    deployed(ws, "s,t")
+    assert commands.launch("s", "batch", local_input=str(b3), remote_input=None, flags={}) == 0
+    meta_before = (job_dir(ws, "s", "B3") / "job.json").read_text()
+    b3.write_text(b3.read_text() + '{"id": "new", "prompt": "changed"}\n')
+    capfd.readouterr()
+    assert commands.launch("s,t", "batch", local_input=str(b3), remote_input=None, flags={}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "job 'B3' was launched with another input (sha256" in out
+    assert "`--job B3-2`" in out and "mv " in out and "/jobs/B3-" in out and "ssh -p 2203" in out
+    # All or nothing: t passed its own probe, yet changed nothing.
+    assert "t: nothing changed: s failed its checks" in out
+    assert not job_dir(ws, "t", "B3").exists() and not (ws.remote_dir("t") / "data" / "B3.jsonl").exists()
+    assert (job_dir(ws, "s", "B3") / "job.json").read_text() == meta_before
+    assert len((ws.remote_dir("s") / "data" / "B3.jsonl").read_text().splitlines()) == 4  # not pushed
+    # The way out: another name.
+    assert commands.launch("s", "batch", local_input=str(b3), remote_input=None,
+                           flags={"job": "B3-2"}) == 0
+    assert wait_for(lambda: (job_dir(ws, "s", "B3-2") / "status.json").exists())
+
+
+def test_an_input_with_no_valid_record_touches_no_host(ws: Workstation, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": 1, "text": "x"}\n\xe9\n')
+    touched: list[str] = []
+    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    assert commands.launch("s,t", "batch", local_input=str(bad), remote_input=None, flags={}) == 2
+    err = capfd.readouterr().err.replace("\n", " ")
+    assert "has no valid record: 2 bad lines" in err and "not valid UTF-8 (byte 0xe9" in err
+    assert touched == []
+
+
+def test_status_shows_failures_full_disks_and_bad_input(ws: Workstation,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """The payload's final states as fab status shows them (status files as the payload
+    writes them; no process)."""
+    def job(name: str, **status: object) -> None:
+        jd = job_dir(ws, "s", name)
+        jd.mkdir(parents=True)
+        (jd / "status.json").write_text(json.dumps(status))
+        (jd / "pid").write_text("999999999\n")
+
+    deployed(ws, "s")
+    job("ok", state="finished", exit_code=0, done=10, failed=0, total=10)
+    job("failures", state="finished", exit_code=1, done=5, failed=5, total=10, max_failed=1)
+    job("full", state="stopped", exit_code=3, stop_reason="disk_full", done=4, failed=0, total=10,
+        last_error="stopping: no space left on device writing /x/output.jsonl; free space")
+    job("allbad", state="aborted", exit_code=2, stop_reason="bad_input", done=0, failed=0, total=0,
+        bad_lines=2, bad_line_samples=[{"line": 1, "reason": "not JSON"}, {"line": 2, "reason": "x"}],
+        last_error="no valid record in the input")
+    assert commands.status("s", "batch") == 1
+    out = capfd.readouterr()
+    text = out.out.replace("\n", " ")
+    assert "finished with failures" in text and "5 ids failed permanently (more than the 1" in text
+    assert "disk_full: stopping: no space left on device" in text
+    assert "not running or finished: s/allbad, s/failures, s/full" in text
+    assert "allbad on s: 2 bad input lines skipped (line 1: not JSON; line 2: x)" in out.err
+    assert commands.status("s", "batch", as_json=True) == 1
+    got = {r["job"]: r for r in records(capfd.readouterr().out)}
+    assert got["failures"]["state"] == "finished" and got["failures"]["finished_with_failures"] is True
+    assert got["failures"]["ok"] is False and got["ok"]["ok"] is True
+    assert (got["full"]["state"], got["full"]["stop_reason"]) == ("stopped", "disk_full")
+    assert got["allbad"]["bad_lines"] == 2 and len(got["allbad"]["bad_line_samples"]) == 2
+    assert commands.status("s", "batch", job="ok") == 0  # one job by name
+
+
+def test_stop_and_logs_act_on_every_job(ws: Workstation, tmp_path: Path,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "d"
+    data.mkdir()
+    dataset(data, "B3", 2)
+    dataset(data, "B4", 2)
+    deployed(ws, "s")
+    assert commands.launch("s", "batch", local_input=[str(data / "B*.jsonl")], remote_input=None,
+                           flags={"mode": "run"}) == 0
+    pids = [int((job_dir(ws, "s", j) / "pid").read_text()) for j in ("B3", "B4")]
+    assert wait_for(lambda: all((job_dir(ws, "s", j) / "status.json").exists() for j in ("B3", "B4")))
+    assert commands.logs("s", "batch", lines=5) == 0
+    out = capfd.readouterr().out
+    assert "== B3" in out and "== B4" in out and out.count("sleeper: running") == 2
+    assert commands.stop("s", "batch", timeout=20) == 0
+    out = capfd.readouterr().out
+    assert "sent SIGTERM to B3" in out and "sent SIGTERM to B4" in out
+    assert all(gone(pid) for pid in pids)
+    assert commands.stop("s", "batch", timeout=20) == 0
+    assert "no job is running (2 job(s) on the host: B3, B4)" in capfd.readouterr().out
+
+
+def test_push_and_launch_check_free_disk_against_the_role(ws: Workstation, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """A role asking for more disk than the host has: push-script, push-key and launch
+    refuse before changing anything (deploy's verify already did)."""
+    (ws.root / "project" / "roles" / "huge.yml").write_text(
+        SLEEPER_ROLE.replace("secret: openrouter", "secret: openrouter\nrequires: {disk_gb: 1.0e+9}"))
+    for command in (commands.push_script, commands.push_key):
+        assert command("s", "huge") == 1
+        out = capfd.readouterr().out.replace("\n", " ")
+        assert "free under" in out and "(role huge needs 1000000.0 TB)" in out
+        assert "set `remote_dir` to a bigger volume; nothing was changed" in out
+    assert not (ws.remote_dir("s") / "releases").exists()
+    deployed(ws, "s")  # the sleeper role asks for no disk: deployed
+    assert commands.launch("s", "huge", local_input=str(dataset(tmp_path, "in", 1)),
+                           remote_input=None, flags={}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "role huge needs" in out and "nothing was started" in out
+    assert not (ws.remote_dir("s") / "jobs").exists()

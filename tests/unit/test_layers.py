@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("child keys: the management API, the record beside a key", {"keyapi"}),
     ("plans and their executor", {"plan"}),
     ("operations, grouped by what they act on", {"verify", "releases", "secrets", "jobs", "trust"}),
+    ("merging a job's fetched shards into one dataset", {"merge"}),
     ("fetching jobs' outputs", {"fetch"}),
     ("plans composed of several operations", {"deploy"}),
     ("command entry points; how fab runs them", {"commands", "cli"}),

@@ -165,6 +165,45 @@ def test_a_remote_module_answers_within_one_process_start(tmp_path: Path) -> Non
     assert time.monotonic() - start < 5
 
 
+def test_jobs_list_and_stop_all_read_every_job_in_one_call(tmp_path: Path) -> None:
+    """`list` (status, launch's probe) and `stop_all` (stop without --job) see every job
+    folder under jobs/; hidden and temp names are not jobs."""
+    jobs_dir = tmp_path / "jobs"
+    for name in ("B3", "B4", ".B5.tmp-1"):
+        (jobs_dir / name).mkdir(parents=True)
+    (jobs_dir / "B3" / "job.json").write_text('{"input_sha256": "abc"}')
+    (jobs_dir / "B3" / "status.json").write_text('{"state": "finished"}')
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(jobs_dir / "B4")])
+    try:
+        (jobs_dir / "B4" / "pid").write_text(f"{proc.pid}\n")
+        listed = ship(remote_code.JOBS, {"op": "list", "jobs_dir": str(jobs_dir),
+                                         "keys": [str(tmp_path / "k")]}, tmp_path)
+        assert sorted(listed["jobs"]) == ["B3", "B4"]  # type: ignore[call-overload]
+        b3, b4 = listed["jobs"]["B3"], listed["jobs"]["B4"]  # type: ignore[index]
+        assert b3["meta"] == {"input_sha256": "abc"} and b3["alive"] is False
+        assert b4["alive"] is True and b4["pid"] == proc.pid
+        assert listed["keys"] == {str(tmp_path / "k"): False}
+        stopped = jobs.stop_all({"jobs_dir": str(jobs_dir), "timeout": 10})
+        assert list(stopped["jobs"]) == ["B4"] and stopped["jobs"]["B4"]["drained"] is True
+        assert stopped["idle"] == ["B3"]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert jobs.list_jobs({"jobs_dir": str(tmp_path / "none")})["jobs"] == {}
+
+
+def test_fetch_list_of_every_job(tmp_path: Path) -> None:
+    for name in ("B3", "B4"):
+        (tmp_path / "jobs" / name).mkdir(parents=True)
+        (tmp_path / "jobs" / name / "output.jsonl").write_bytes(b"abcdef")
+    listing = ship(remote_code.FETCH_LIST, {"jobs_dir": str(tmp_path / "jobs"),
+                                            "local": {"B4": {"output.jsonl": 2}}}, tmp_path)
+    got = listing["jobs"]  # type: ignore[index]
+    assert sorted(got) == ["B3", "B4"]  # type: ignore[arg-type]
+    assert "prefix_sha256" not in got["B3"]["files"][0]  # type: ignore[index]
+    assert got["B4"]["files"][0]["prefix_sha256"]  # type: ignore[index]
+
+
 def test_probe_finds_modules_as_find_spec_does_without_importing_importlib_util() -> None:
     import importlib.util
 

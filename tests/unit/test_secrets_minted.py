@@ -292,7 +292,7 @@ def test_launch_budget_limits_the_child_key_to_the_hosts_share(
     p = launch.plan(ws.targets("s,t", flags={"max_cost": 0.5}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
     assert [s.action for s in p.hosts[0].steps] == ["probe", "push-input", "set-key-limit",
-                                                   "start-job"]
+                                                   "start-job", "check-jobs"]
     p.private["management"] = secrets.ManagementKeys()
     reports = plan.execute(p, connect=ws.connect)
     assert all(r.ok for r in reports), [r.error for r in reports]
