@@ -1,7 +1,8 @@
 """Where a many-host command spends its time: the workstation's CPU, the hosts' CPU, the wall.
 
 On a loopback sandbox of --hosts containers (handoff.testing.sandbox), two measurements:
-  commands  `fab deploy` (fresh, then no-op) and `fab status`: wall time, fab's CPU
+  commands  `fab deploy` (fresh, then no-op) and `fab status` (6 finished jobs per host):
+            wall time, fab's CPU
             (user+sys of the process and its threads) and the sshd side's CPU; with
             --pyinfra, pyinfra doing benchmarks/deploy.py's work, counted the same way;
   phases    the same work cut into its pieces, all hosts at once on a thread pool as fab
@@ -41,6 +42,7 @@ from handoff.testing.sandbox import Sandbox  # noqa: E402
 FAB = REPO / ".venv" / "bin" / "fab"
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 SETTLE_S = 0.2  # for the last sessions' processes to end (and be counted) after a command
+STATUS_JOBS = 6  # finished jobs per host for `fab status` (as benchmarks/deploy.py places them)
 
 
 class ServerCPU:
@@ -118,11 +120,16 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool)
     def nothing() -> None:
         pass
 
+    from benchmarks import deploy as bench_deploy
+
+    def jobs() -> None:
+        bench_deploy.place_jobs(sbx, STATUS_JOBS)
+
     runs: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
         ("fab deploy (fresh)", fresh, fab("deploy")), ("fab deploy (no-op)", nothing, fab("deploy")),
-        ("fab status", nothing, fab("status")), ("fab -l (startup alone)", nothing, fab("-l"))]
+        (f"fab status ({STATUS_JOBS} jobs per host)", jobs, fab("status")),
+        ("fab -l (startup alone)", nothing, fab("-l"))]
     if peer:  # pyinfra doing deploy.py's work, for the same accounting
-        from benchmarks import deploy as bench_deploy
         from handoff.releases import build
 
         payload, keyfile = work / "payload.pyz", work / "openrouter.key"
