@@ -131,17 +131,22 @@ class ChildKey:
 class MgmtFault:
     """Fail management calls of kind `op` (one of OPS, or `*`): let `skip` through first,
     then fail `times` of them (-1: every one) with `status` (0: cut the connection). With
-    `after_effect` the operation is done first and only its answer is lost."""
+    `after_effect` the operation is done first and only its answer is lost. `subject`, when
+    set, limits the fault to calls about a key whose name (create) or hash holds it, so a
+    test can aim it at one host whatever order the hosts' calls arrive in."""
 
     op: str
     status: int = 500
     skip: int = 0
     times: int = 1
     after_effect: bool = False
+    subject: str | None = None
     seen: int = 0
 
-    def hits(self, op: str) -> bool:
+    def hits(self, op: str, subject: str | None = None) -> bool:
         if self.op not in (op, "*"):
+            return False
+        if self.subject is not None and (subject is None or self.subject not in subject):
             return False
         self.seen += 1
         if self.seen <= self.skip:
@@ -240,7 +245,8 @@ class KeyStore:
         app.router.add_patch(prefix + "/keys/{hash}", self._patch)
         app.router.add_delete(prefix + "/keys/{hash}", self._delete)
 
-    def _gate(self, request: web.Request, op: str) -> web.Response | MgmtFault | None:
+    def _gate(self, request: web.Request, op: str,
+              subject: str | None = None) -> web.Response | MgmtFault | None:
         """Authentication and scheduled faults, before the operation."""
         self.calls[op] += 1
         token = _bearer(request)
@@ -250,7 +256,7 @@ class KeyStore:
             if self.by_key(token) is not None or token == self._root_key():
                 return _error(403, "Only management keys can perform this operation")
             return _error(401, "Invalid management key")
-        fault = next((f for f in self.faults if f.hits(op)), None)
+        fault = next((f for f in self.faults if f.hits(op, subject)), None)
         if fault is None:
             return None
         if fault.after_effect:
@@ -280,14 +286,16 @@ class KeyStore:
                             web.json_response({"data": [k.record() for k in page]}))
 
     async def _create(self, request: web.Request) -> web.Response:
-        gate = self._gate(request, "create")
-        if isinstance(gate, web.Response):
-            return gate
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "Invalid request parameters: body is not JSON")
+            body = ValueError  # answered after authentication, as the real API orders them
         name = body.get("name") if isinstance(body, dict) else None
+        gate = self._gate(request, "create", name if isinstance(name, str) else None)
+        if isinstance(gate, web.Response):
+            return gate
+        if body is ValueError:
+            return _error(400, "Invalid request parameters: body is not JSON")
         if not isinstance(name, str) or not name.strip():
             return _error(400, "Invalid request parameters: name is required")
         problem, fields = _fields(body)
@@ -301,7 +309,7 @@ class KeyStore:
                             web.json_response({"data": child.record(), "key": key}, status=201))
 
     async def _get(self, request: web.Request) -> web.Response:
-        gate = self._gate(request, "get")
+        gate = self._gate(request, "get", request.match_info["hash"])
         if isinstance(gate, web.Response):
             return gate
         child = self.keys.get(request.match_info["hash"])
@@ -310,7 +318,7 @@ class KeyStore:
         return self._answer(request, gate, "get", request.match_info["hash"], response)
 
     async def _patch(self, request: web.Request) -> web.Response:
-        gate = self._gate(request, "patch")
+        gate = self._gate(request, "patch", request.match_info["hash"])
         if isinstance(gate, web.Response):
             return gate
         child = self.keys.get(request.match_info["hash"])
@@ -338,7 +346,7 @@ class KeyStore:
                             web.json_response({"data": child.record()}))
 
     async def _delete(self, request: web.Request) -> web.Response:
-        gate = self._gate(request, "delete")
+        gate = self._gate(request, "delete", request.match_info["hash"])
         if isinstance(gate, web.Response):
             return gate
         with self._lock:

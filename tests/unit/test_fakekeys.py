@@ -141,3 +141,13 @@ def test_faults_fail_management_calls_on_a_schedule(keyed_api: KeyedAPI) -> None
     assert sorted(k.name for k in keyed_api.keys.keys.values()) == ["first", "lost", "third"]
     with pytest.raises(ValueError):
         keyed_api.keys.inject(MgmtFault("rotate"))
+
+
+def test_a_fault_aimed_at_one_key_name_spares_the_others(keyed_api: KeyedAPI) -> None:
+    keyed_api.keys.inject(MgmtFault("create", 502, after_effect=True, subject="host-b"))
+    assert call(keyed_api, "POST", "/keys", {"name": "handoff host-a"})[0] == 201
+    assert call(keyed_api, "POST", "/keys", {"name": "handoff host-b"})[0] == 502
+    assert call(keyed_api, "POST", "/keys", {"name": "handoff host-c"})[0] == 201
+    assert len(keyed_api.keys.keys) == 3  # host-b's key was made, only its answer lost
+    # Authentication still comes first, even for a body that is not JSON.
+    assert call(keyed_api, "POST", "/keys", None, token="wrong")[0] == 401
