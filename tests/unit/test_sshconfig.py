@@ -44,10 +44,10 @@ def test_included_alias_resolves(home: Path) -> None:
 
 
 def test_included_block_rewriting_an_address_like_name(home: Path) -> None:
-    """`ssh 10.9.9.1` goes where the included block says; so does fab."""
+    """`ssh 127.0.0.99` goes where the included block says; so does fab."""
     write_config(home, "Include ~/.ssh/conf.d/nat.conf\n",
-                 **{"nat.conf": "Host 10.9.9.1\n  HostName 127.0.0.62\n  Port 2262\n"})
-    cfg = sshconfig.lookup("10.9.9.1")
+                 **{"nat.conf": "Host 127.0.0.99\n  HostName 127.0.0.62\n  Port 2262\n"})
+    cfg = sshconfig.lookup("127.0.0.99")
     assert (cfg.hostname, cfg.port) == ("127.0.0.62", 2262)
 
 
