@@ -203,7 +203,7 @@ class Session(ABC):
                  timeout: float = 120.0) -> Any:
         """Run remote module `module` (handoff.remote_code) with `args`; its JSON answer."""
         source = remote_code.source(module)
-        res = self.exec(self.python_command(["-c", source, json.dumps(args)]), timeout)
+        res = self.exec(self.python_command(["-c", source, remote_code.encode_args(args)]), timeout)
         if res.rc == 127:
             raise RemoteError(
                 f"{self.label}: python {self.vars['python']!r} not found on the host; install "

@@ -21,7 +21,8 @@ MODULES = [remote_code.PROBE, remote_code.JOBS, remote_code.FETCH_LIST, remote_c
 
 
 def ship(module: str, args: dict[str, object], home: Path) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", remote_code.source(module), json.dumps(args)],
+    out = subprocess.run([sys.executable, "-c", remote_code.source(module),
+                          remote_code.encode_args(args)],
                          capture_output=True, text=True, check=True, cwd=home,
                          env={"HOME": str(home), "PATH": os.environ["PATH"]})
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -222,3 +223,34 @@ def test_probe_finds_modules_as_find_spec_does_without_importing_importlib_util(
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "False"
+
+
+def test_probe_answer_is_json_without_importing_json_or_re(tmp_path: Path) -> None:
+    values = [None, True, False, 0, -7, 2**70, 1.5, -0.0, 1e300, float("nan"), float("inf"),
+              "", "plain", 'quo"te \\ back', "line\nbreak\ttab\x00", "héllo ✓ 😀",
+              [], [1, [2, [3]]], (4, 5), {}, {"a": {"b": [None, "c"]}, "é": 1}]
+    for value in values:
+        text = probe.dumps(value)
+        assert text == json.dumps(value), value
+        assert json.dumps(json.loads(text)) == json.dumps(value)
+    with pytest.raises(TypeError):
+        probe.dumps({1, 2})
+    # Shipped as `python -c`, the whole probe runs without importing json or re (-S: this
+    # venv's .pth files import re themselves; a container's python need not).
+    code = (remote_code.source(remote_code.PROBE).replace(
+        "sys.exit(main(sys.argv))",
+        "main(sys.argv); print(sorted({'json', 're'} & set(sys.modules)))"))
+    out = subprocess.run([sys.executable, "-S", "-c", code, remote_code.encode_args(
+        {"remote_dir": str(tmp_path), "modules": ["json"], "files": {"k": str(tmp_path / "k")},
+         "dirs": [str(tmp_path)], "hash": True})], capture_output=True, text=True, check=True,
+        env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}).stdout.splitlines()
+    assert json.loads(out[0])["modules"] == {"json": True}
+    assert out[1] == "[]"
+
+
+def test_encode_args_takes_plain_data_only() -> None:
+    args = {"a": [1, 2.5, None, True, "x'\"\n"], "b": {"c": (1,)}}
+    assert eval(remote_code.encode_args(args), {"__builtins__": {}}) == {**args, "b": {"c": (1,)}}
+    for bad in ({"p": Path("/x")}, {"s": {1}}, {"f": float("inf")}, {1: "int key"}):
+        with pytest.raises(RuntimeError, match="plain data"):
+            remote_code.encode_args(bad)  # type: ignore[arg-type]

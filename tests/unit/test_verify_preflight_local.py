@@ -45,7 +45,7 @@ def run_probe(tmp_path: Path, variables: dict[str, Any], shard: str | None) -> F
                             "commands": list(role.requires.commands), "gpus": True,
                             "files": {}, "dirs": [], "hash": False}
     args.update(deep_args(role, variables, shard))
-    out = subprocess.run([sys.executable, "-c", remote_code.source(remote_code.PROBE), json.dumps(args)],
+    out = subprocess.run([sys.executable, "-c", remote_code.source(remote_code.PROBE), remote_code.encode_args(args)],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path, check=True)
     return Facts.from_json(json.loads(out.stdout.strip().splitlines()[-1]))
 
