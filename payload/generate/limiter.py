@@ -15,7 +15,8 @@ retry. A prompt that waited and asks again is refused again far more often than 
 try when the server is full (a fresh request goes out when a success has just freed a
 place; a retry lands whenever its wait ends), but about as often when throttling is
 random. Each refused retry, while retries are refused at least half the time and twice
-as often as first tries (or, with Retry-After, three times in four), gives its slot up for good
+as often as first tries, by more than chance gives a few dozen answers (or, with
+Retry-After, three times in four), gives its slot up for good
 (YIELD): the window shrinks by one and from then on grows by one per round trip only
 (ssthresh), settling at the capacity. Random 429s, even half of all answers, never
 shrink it.
@@ -42,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import random
 
 from .client import Kind, Outcome
@@ -58,6 +60,9 @@ SLOW_START_EXIT_SHARE = 0.3
 MIN_ANSWERS = 32
 # Refused retries needed before they say anything about the server.
 REPEAT_EVIDENCE = 8
+# Standard errors by which retries must be refused more often than first tries (below
+# that, the gap is what random throttling shows on a few dozen answers).
+NOISE_Z = 4.0
 BIN_S = 0.05  # width of a send-time bin
 # A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
 # rate limit for minutes) gives the slot to prompts that may go now.
@@ -322,9 +327,19 @@ class Limiter:
         if t[REPEATS] < REPEAT_EVIDENCE:
             return False
         repeat_ratio = t[REPEATS_REFUSED] / t[REPEATS]
-        first_ratio = t[FIRST_REFUSED] / t[FIRST] if t[FIRST] else 0.0
-        if repeat_ratio >= 0.5 and repeat_ratio >= 2.0 * first_ratio + 0.05:
-            return True
+        # Against first tries, and only beyond what chance gives a few dozen answers:
+        # half of all answers refused at random reads, on 10 retries and 20 first tries,
+        # as 0.8 against 0.3 often enough to shrink the window for nothing. Without first
+        # tries to compare with (the run's tail: every prompt has been sent) it stays
+        # undecided.
+        if t[FIRST] >= REPEAT_EVIDENCE:
+            first_ratio = t[FIRST_REFUSED] / t[FIRST]
+            pooled = (t[REPEATS_REFUSED] + t[FIRST_REFUSED]) / (t[REPEATS] + t[FIRST])
+            chance = NOISE_Z * math.sqrt(pooled * (1.0 - pooled)
+                                         * (1.0 / t[REPEATS] + 1.0 / t[FIRST]))
+            if (repeat_ratio >= 0.5 and repeat_ratio >= 2.0 * first_ratio + 0.05
+                    and repeat_ratio - first_ratio > chance):
+                return True
         # A full server refuses most retries even while it also refuses first tries (an
         # overshoot). Judged only where refusals come with Retry-After (a server that says
         # "wait" about its load): random throttling without it, even at half of all

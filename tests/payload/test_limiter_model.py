@@ -63,12 +63,18 @@ def test_sporadic_429_with_retry_after_costs_little(n, concurrency, latency, lim
 def test_half_the_answers_429_without_retry_after():
     """50% throttled without Retry-After: every id done (throttles spend no attempt), the
     window is not shrunk by random refusals, and the wall stays within 1.8x fault-free
-    (two requests per prompt on average, plus short waits)."""
+    (two requests per prompt on average, plus short waits). Over many seeds: a few dozen
+    retries now and then look like a full server by chance (before the noise test, 14 of
+    20 seeds shrank the window, to as little as 67 of 200, and took up to 3.2x)."""
     base = simulate(2000, 200, Server(latency=0.2))
-    r = simulate(2000, 200, Server(latency=0.2, throttle_share=0.5))
-    assert r.done == 2000
-    assert r.limiter.capacity_events <= 20 and r.limiter.allowed >= 190  # a few false alarms
-    assert r.wall <= 1.8 * base.wall, (r.wall, base.wall)
+    walls = []
+    for seed in range(1, 13):
+        r = simulate(2000, 200, Server(latency=0.2, throttle_share=0.5, seed=seed), seed=seed)
+        assert r.done == 2000
+        assert r.limiter.capacity_events <= 2 and r.limiter.allowed >= 195, seed
+        walls.append(r.wall / base.wall)
+    assert sorted(walls)[len(walls) // 2] <= 1.8, walls
+    assert max(walls) <= 2.2, walls
 
 
 def test_slow_start_sends_a_few_dozen_before_the_first_answers():
