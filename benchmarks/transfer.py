@@ -1,10 +1,11 @@
 """Transfer benchmark: `fab fetch` of one 1 GB file against `scp` (same key, same host).
 
 One loopback sandbox container (handoff.testing.sandbox: real sshd, an unprivileged user)
-holds a job whose `output.jsonl` is SIZE bytes. Each repetition runs, back to back and in
-a rotating order so machine noise spreads over all of them:
+holds a job whose `output.jsonl` is SIZE bytes of records as the payload writes them. Each
+repetition runs, back to back and in a rotating order so machine noise spreads over all:
   fetch   `fab fetch` into an empty folder (the whole command: startup, connect, listing,
-          download, rename)                                   vs `scp host:FILE DEST`
+          download, rename, and the merge into DEST/<job>/output.jsonl, each id
+          checked once)                                       vs `scp host:FILE DEST`
   resume  `fab fetch` with the first half already there, as a cut fetch leaves it (the
           host and the workstation hash their halves, then only the rest moves)
   upload  transfer.upload_file over an SSHSession, what `fab launch --input` runs (connect,
@@ -25,9 +26,11 @@ Ratios are medians of per-repetition ratios. Every result is checked (size and s
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import os
 import random
+import re
 import resource
 import shutil
 import statistics
@@ -76,11 +79,23 @@ def measure(case: Case) -> None:
 
 
 def make_file(path: Path, size: int) -> str:
-    """`size` pseudo-random bytes at `path`; their sha256."""
-    rnd, digest, left = random.Random(12), hashlib.sha256(), size
+    """A job's `output.jsonl` of exactly `size` bytes at `path`: records as the payload writes
+    them (`id` first, ~7 KB answers of incompressible text, the last one sized to end the
+    file), so fetch's merge does its real work; its sha256."""
+    rnd, digest, left, i = random.Random(12), hashlib.sha256(), size, 0
+
+    def record(length: int) -> bytes:
+        head = b'{"id":"p%d","usage":{"cost":0.0001},"response":"' % i
+        text = base64.b64encode(rnd.randbytes(length * 3 // 4 + 3))[:length - len(head) - 3]
+        return head + text + b'"}\n'
+
     with path.open("wb") as fh:
         while left:
-            block = rnd.randbytes(min(left, 64 << 20))
+            block = bytearray()
+            while len(block) < (8 << 20) and len(block) < left:
+                rest = left - len(block)
+                block += record(rest if rest < 14_000 else 7000)
+                i += 1
             fh.write(block)
             digest.update(block)
             left -= len(block)
@@ -115,18 +130,25 @@ class Bench:
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                     "TERM": "dumb", "NO_COLOR": "1", **sbx.env()}
         self.ssh = ["-F", str(sbx.ssh_config), "-o", "BatchMode=yes"]
+        self.download_s: dict[str, list[float]] = {}  # fab's own download times, by case
 
     # -- the commands ------------------------------------------------------------------------
-    def sub(self, argv: list[str], **kwargs: object) -> None:
+    def sub(self, argv: list[str], **kwargs: object) -> bytes:
         kwargs.setdefault("stdout", subprocess.PIPE)
         proc = subprocess.run(argv, env=self.env, cwd=REPO, stderr=subprocess.PIPE, check=False,
                               **kwargs)  # type: ignore[call-overload]
         if proc.returncode != 0:
             sys.exit(f"{argv[0]} failed ({proc.returncode}): {(proc.stdout or b'')[-2000:]!r} "
                      f"{proc.stderr[-2000:]!r}")
+        return proc.stdout or b""
 
-    def fab_fetch(self) -> None:
-        self.sub([str(FAB), "fetch", "--host", self.c.name, "--dest", str(self.dest)])
+    def fab_fetch(self, case: str) -> None:
+        out = self.sub([str(FAB), "fetch", "--host", self.c.name, "--dest", str(self.dest)])
+        # fab's own line for the download ("↓ output.jsonl: 1.0 GB in 1.2 s (...)"): the
+        # transfer apart from startup, listing and the merge.
+        took = re.findall(rb"output\.jsonl: [\d.]+ [kMG]?B in ([\d.]+) s", out)
+        if took:
+            self.download_s.setdefault(case, []).append(float(took[-1]))
 
     def scp_get(self) -> None:
         self.sub(["scp", "-q", *self.ssh, f"{self.c.name}:{self.remote}", str(self.copy)])
@@ -220,9 +242,11 @@ class Bench:
 
     def cases(self, explore: bool) -> list[Case]:
         cases = [
-            Case("fab fetch", "fetch", self.fab_fetch, self.clear, self.expect(self.local)),
+            Case("fab fetch", "fetch", lambda: self.fab_fetch("fetch"), self.clear,
+                 self.expect(self.local)),
             Case("scp", "fetch", self.scp_get, self.clear, self.expect(self.copy)),
-            Case("fab fetch, half already here", "resume", self.fab_fetch, self.half_fetched,
+            Case("fab fetch, half already here", "resume", lambda: self.fab_fetch("resume"),
+                 self.half_fetched,
                  self.expect(self.local)),
             Case("handoff upload (fab launch --input)", "upload", self.handoff_put, self.clear,
                  self.expect(self.uploaded), in_process=True),
@@ -247,7 +271,8 @@ def paired(case: Case, base: Case) -> float:
     return statistics.median(a / b for a, b in zip(case.walls, base.walls, strict=True))
 
 
-def report(cases: list[Case], size: int, reps: int, command: str, loads: list[str]) -> str:
+def report(cases: list[Case], size: int, reps: int, command: str, loads: list[str],
+           download_s: dict[str, list[float]]) -> str:
     by = {c.name: c for c in cases}
     fab, scp = by["fab fetch"], by["scp"]
     rows = ["| transfer | wall (median) | MB/s | client CPU (median) | wall runs | vs scp (same direction) |",
@@ -269,6 +294,14 @@ def report(cases: list[Case], size: int, reps: int, command: str, loads: list[st
         f"{statistics.median(r / f for r, f in zip(resume.walls, fab.walls, strict=True)):.2f}× "
         "a whole fetch (only the second half moves; both sides hash the first half first)",
     ]
+    if download_s.get("fetch"):
+        down = statistics.median(download_s["fetch"])
+        verdicts.append(
+            f"- of which the download itself (fab's own line, `output.jsonl: ... in X s`): "
+            f"{down:.1f} s, {down / statistics.median(scp.walls):.2f}× scp's whole command "
+            f"({size / down / 1e6:.0f} MB/s); the rest is startup, the listing and the merge "
+            "into DEST/<job>/output.jsonl (each id checked once; one host's copy kept whole "
+            "is hard-linked, not copied)")
     return "\n".join([
         f"One loopback sandbox container, a {size / 1e9:.2f} GB `output.jsonl`, {reps} "
         "repetitions in rotating order; wall time includes each tool's startup, CPU is the "
@@ -301,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rep {rep + 1}/{args.reps} (load {report_md.load()}): " + ", ".join(
                     f"{c.name} {c.walls[-1]:.2f}s" for c in cases), file=sys.stderr)
     loads.append(report_md.load())
-    text = report(cases, size, args.reps, command.strip(), loads)
+    text = report(cases, size, args.reps, command.strip(), loads, bench.download_s)
     print(text)
     if args.write:
         report_md.write_section("Transfers", text)

@@ -14,24 +14,28 @@ is left out and counted: the next fetch brings it whole.
 Checked: when every shard (`job.json`'s `shard` i/n) is present and finished, the merged
 ids must number the shards' `total`s summed; anything else is an error naming both counts.
 A merge of a job still running, stopped, or missing a shard is written and called partial.
-Both files are replaced atomically (payload.atomic), and `merge.json` records what they
-were merged from, so a fetch that brought nothing new leaves them as they are.
+Both files are replaced atomically (payload.atomic; a single copy kept whole is hard-linked
+instead: see `_write`), and `merge.json` records what they were merged from, so a fetch
+that brought nothing new leaves them as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Iterator
+import mmap
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from handoff.transfer import copy_range
 from payload import atomic
-from payload.generate.journal import IdSet, id_hash, record_key
+from payload.generate.journal import IdSet, id_hash, leading_id, record_key
 
 OUTPUT, ERRORS = "output.jsonl", "output.errors.jsonl"
 MANIFEST = "merge.json"
-_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -102,44 +106,118 @@ class Merged:
         return what + (f" ({'; '.join(extras)})" if extras else "")
 
 
-def _lines(path: Path) -> Iterator[tuple[bytes, bool]]:
-    """(line without its newline, complete) for each line of a big file, in 8 MB reads."""
-    if not path.exists():
-        return
-    with path.open("rb") as fh:
-        rest = b""
-        while chunk := fh.read(_CHUNK):
-            parts = (rest + chunk).split(b"\n")
-            rest = parts.pop()
-            for line in parts:
-                yield line, True
-        if rest:
-            yield rest, False
+# A long line's id is read from its first bytes when written first (`{"id":...`, as the
+# payload writes it); a short line, or another layout, is parsed whole.
+_HEAD = 512
 
 
-def _copy(sources: list[Path], out: IO[bytes], seen: IdSet, merged: Merged,
-          skip: IdSet | None = None) -> int:
-    """Write each line whose id is new to `out`; its count."""
-    written = 0
-    for path in sources:
-        for line, complete in _lines(path):
+@dataclass
+class _Kept:
+    """What a merge keeps of one source file: byte ranges, each a run of whole lines."""
+
+    path: Path
+    size: int = 0
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    lines: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return self.runs == [(0, self.size)]
+
+
+def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None) -> _Kept:
+    """Which lines of `path` the merge keeps (their ids new); what it leaves out is counted
+    in `merged`. The file is mapped, not read: lines are found in place and only their heads
+    are decoded, so a 1 GB shard costs a scan, not a Python object per line."""
+    kept = _Kept(path)
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return kept
+    with fh:
+        kept.size = os.fstat(fh.fileno()).st_size
+        if kept.size == 0:
+            return kept
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            pos, run, size = 0, 0, kept.size  # lines [run, pos) are kept
+            while pos < size:
+                nl = mm.find(b"\n", pos)
+                if nl < 0:  # still being written when fetched: the next fetch brings it whole
+                    if mm[pos:size].strip():
+                        merged.torn += 1
+                    break
+                if _admit(mm, pos, nl, seen, skip, merged):
+                    kept.lines += 1
+                else:
+                    if pos > run:
+                        kept.runs.append((run, pos))
+                    run = nl + 1
+                pos = nl + 1
+            if pos > run:
+                kept.runs.append((run, pos))
+    return kept
+
+
+def _write(dest: Path, kept: list[_Kept]) -> None:
+    """`dest` replaced atomically by the kept lines. A single source kept whole (one host's
+    finished job: the usual case) is hard-linked, not copied: 1 GB costs nothing more. The
+    fetch that later appends to that host's copy grows a private copy first
+    (transfer.download), so the merged file never changes under its name."""
+    sources = [k for k in kept if k.runs]
+    if len(sources) == 1 and sources[0].whole:
+        tmp = atomic.temp_name(dest)
+        try:
+            os.link(sources[0].path, tmp)
+            os.replace(tmp, dest)
+            return
+        except OSError:  # no hard links on this filesystem: copy
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    with atomic.atomic_file(dest, durable=False) as out:
+        for k in sources:
+            with k.path.open("rb") as src:
+                for start, end in k.runs:
+                    copy_range(src, out, start, end)
+
+
+def _admit(mm: mmap.mmap, pos: int, end: int, seen: IdSet, skip: IdSet | None,
+           merged: Merged) -> bool:
+    """Is the line mm[pos:end] kept (its id new)? Counts what is left out, and why."""
+    h = _string_id_hash(mm, pos, end)
+    if h is None:
+        key = leading_id(mm[pos:min(end, pos + _HEAD)]) if end - pos > _HEAD else None
+        if key is None:
+            line = mm[pos:end]
             if not line.strip():
-                continue
-            if not complete:
-                merged.torn += 1
-                continue
+                return False  # a blank line: left out, not counted
             key = record_key(line)
-            if key is None:
-                merged.unreadable += 1
-                continue
-            h = id_hash(key)
-            if h in seen or (skip is not None and h in skip):
-                merged.duplicates += 1
-                continue
-            seen.add(h)
-            out.write(line + b"\n")
-            written += 1
-    return written
+        if key is None:
+            merged.unreadable += 1
+            return False
+        h = id_hash(key)
+    if h in seen or (skip is not None and h in skip):
+        merged.duplicates += 1
+        return False
+    seen.add(h)
+    return True
+
+
+_STRING_ID = b'{"id":"'
+
+
+def _string_id_hash(mm: mmap.mmap, pos: int, end: int) -> int | None:
+    """`id_hash` of a line that starts `{"id":"<id>"` with no escape in <id> (the payload's
+    own lines), from its bytes in place: no slice of the line, no decoding. None otherwise."""
+    start = pos + len(_STRING_ID)
+    if mm[pos:start] != _STRING_ID:
+        return None
+    q = mm.find(b'"', start, min(end, pos + _HEAD))
+    if q < 0:
+        return None
+    raw = mm[start:q]
+    if b"\\" in raw:
+        return None
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
 def _shard_index(copy: ShardCopy) -> tuple[int, str]:
@@ -170,12 +248,13 @@ def merge(job: str, copies: list[ShardCopy], dest: Path) -> Merged:
         merged.unchanged = True
         return merged
     answered = IdSet()
-    with atomic.atomic_file(folder / OUTPUT, durable=False) as out:
-        merged.answers = _copy([c.folder / OUTPUT for c in copies], out, answered, merged)
+    kept = [_scan(c.folder / OUTPUT, answered, merged) for c in copies]
+    merged.answers = sum(k.lines for k in kept)
+    _write(folder / OUTPUT, kept)
     failed = IdSet()
-    with atomic.atomic_file(folder / ERRORS, durable=False) as out:
-        merged.failures = _copy([c.folder / ERRORS for c in copies], out, failed, merged,
-                                skip=answered)
+    kept = [_scan(c.folder / ERRORS, failed, merged, skip=answered) for c in copies]
+    merged.failures = sum(k.lines for k in kept)
+    _write(folder / ERRORS, kept)
     atomic.write_json(manifest, {"job": job, "sources": sources, "answers": merged.answers,
                                  "failures": merged.failures, "duplicates": merged.duplicates},
                       durable=False)

@@ -239,6 +239,13 @@ def _slow_record(line: bytes) -> tuple[str, dict[str, Any] | None] | None:
     return key, usage if isinstance(usage, dict) else None
 
 
+def leading_id(head: bytes) -> str | None:
+    """The id of a line whose first bytes are `head`, when `id` comes first (as the payload
+    writes it) and ends within them; else None."""
+    fast = _fast_id(head)
+    return fast[0] if fast is not None else None
+
+
 def record_key(line: bytes) -> str | None:
     """The id (as `str(id)`) of one output or errors line, read in place when `id` comes
     first (as the payload writes it), else from a full parse; None for an unreadable line.

@@ -108,3 +108,28 @@ def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -
     with ws.connect(target) as session:
         done = fetch_job(session, "generator", local)
     assert done.resumed == 0 and (local / "features" / "a.bin").read_bytes() == big
+
+
+def test_a_merged_copy_linked_to_the_host_copy_never_changes_under_its_name(
+        ws: Workstation, tmp_path: Path) -> None:
+    """One host's copy kept whole is linked as the merged dataset, not copied; a later fetch
+    that appends to that host's copy grows a private copy, so the merged file keeps exactly
+    what the merge checked until the next merge replaces it."""
+    jd = make_job(ws, "a")
+    dest = tmp_path / "results"
+    assert commands.fetch("a", None, dest=str(dest)) == 0
+    local, merged = dest / "a" / "generator" / "output.jsonl", dest / "generator" / "output.jsonl"
+    first = merged.read_bytes()
+    assert first == (jd / "output.jsonl").read_bytes()
+    assert os.path.samefile(local, merged)  # linked: 1 GB costs no second copy
+
+    with (jd / "output.jsonl").open("ab") as fh:
+        fh.write(b'{"id": 3}\n')
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:  # the download alone, before any merge
+        done = fetch_job(session, "generator", local.parent)
+    assert done.resumed == 1 and local.read_bytes() == (jd / "output.jsonl").read_bytes()
+    assert merged.read_bytes() == first and not os.path.samefile(local, merged)
+
+    assert commands.fetch("a", None, dest=str(dest)) == 0  # the merge catches up
+    assert merged.read_bytes() == (jd / "output.jsonl").read_bytes()

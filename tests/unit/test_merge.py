@@ -5,7 +5,10 @@ once all are finished, partial merges named as such, and a rerun with nothing ne
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from handoff.merge import ERRORS, OUTPUT, ShardCopy, merge
 
@@ -70,3 +73,53 @@ def test_no_shard_runs_count_each_id_once(tmp_path: Path) -> None:
     b = shard(tmp_path, "b", None, "finished", 2, [2, 1])
     m = merge("B3", [a, b], tmp_path)
     assert (m.answers, m.duplicates, m.expected, m.problem) == (2, 2, 2, None)
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_lines_of_every_shape_are_kept_or_counted_as_a_line_by_line_reading_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool) -> None:
+    """The merge maps each file and writes runs of kept lines as slices; what it keeps and
+    counts must be what reading line by line gives: long lines with `id` first (read from
+    their head) or later (parsed whole), compact and spaced JSON, integer ids, blank lines,
+    unreadable lines, duplicates across hosts, and a torn last line. Both with the kernel's
+    copy_file_range and without it (not every OS has it)."""
+    if not kernel_copy:
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    long = "x" * 5000
+    lines_a = [
+        json.dumps({"id": "a1", "response": long}, separators=(",", ":")),  # head read
+        json.dumps({"response": long, "id": "a2"}),  # id last: parsed whole
+        "", "   ",  # blank: left out, not counted
+        json.dumps({"id": 7, "response": "int id"}),
+        "not json at all",  # unreadable
+        json.dumps({"id": "a1", "response": "again"}),  # duplicate within the host
+        '{"id":"' + "k" * 600 + '","response":"id longer than the head"}',
+    ]
+    lines_b = [json.dumps({"id": "a2", "response": "dup on b"}),
+               json.dumps({"id": "b1", "response": long}, separators=(",", ":"))]
+    for host, lines, tail in (("a", lines_a, b'{"id":"torn","resp'), ("b", lines_b, b"")):
+        folder = tmp_path / host / "B3"
+        folder.mkdir(parents=True)
+        (folder / OUTPUT).write_bytes("\n".join(lines).encode() + b"\n" + tail)
+        (folder / ERRORS).write_text(json.dumps({"id": "b1", "error": "lost"}) + "\n"
+                                     + json.dumps({"id": "e1", "error": "x"}) + "\n")
+        (folder / "status.json").write_text(json.dumps({"state": "running", "total": 9}))
+        (folder / "job.json").write_text(json.dumps({"job": "B3", "shard": f"{host == 'b':d}/2"}))
+    m = merge("B3", [ShardCopy("a", tmp_path / "a" / "B3"), ShardCopy("b", tmp_path / "b" / "B3")],
+              tmp_path)
+    kept = (tmp_path / "B3" / OUTPUT).read_text().splitlines()
+    assert kept == [lines_a[0], lines_a[1], lines_a[4], lines_a[7], lines_b[1]]
+    assert ids(tmp_path / "B3" / ERRORS) == ["e1"]  # b1 answered; e1 once (both hosts have it)
+    assert (m.answers, m.failures, m.unreadable, m.torn) == (5, 1, 1, 1)
+    assert m.duplicates == 2 + 1 + 2  # a1 and a2 again; e1 again; b1 failed but answered (x2)
+
+
+def test_one_copy_kept_whole_is_linked_and_a_copy_with_lines_left_out_is_written(
+        tmp_path: Path) -> None:
+    whole = shard(tmp_path / "w", "a", "0/1", "finished", 2, [1, 2])
+    merge("B3", [whole], tmp_path / "w")
+    assert os.path.samefile(whole.folder / OUTPUT, tmp_path / "w" / "B3" / OUTPUT)
+    cut = shard(tmp_path / "c", "a", "0/1", "running", 3, [1, 2], tail=b'{"id": 3')
+    m = merge("B3", [cut], tmp_path / "c")
+    assert m.torn == 1 and ids(tmp_path / "c" / "B3" / OUTPUT) == ["1", "2"]
+    assert not os.path.samefile(cut.folder / OUTPUT, tmp_path / "c" / "B3" / OUTPUT)
