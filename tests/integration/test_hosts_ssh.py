@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import REPO, clean_env, explain, key_file
+from tests.listener import Listener
 
 AUTH_EVIDENCE = re.compile(r"publickey|Accepted|authenticating user|Failed|Postponed", re.I)
 
@@ -270,37 +269,6 @@ def test_a_stalled_sftp_host_fails_within_the_timeout_while_the_other_finishes(m
 
 
 # -- 10. failures without tracebacks; Ctrl-C ---------------------------------------------------------
-
-class Listener:
-    """A loopback TCP port that misbehaves: silent, an HTTP server, or a banner then silence."""
-
-    def __init__(self, behaviour: str) -> None:
-        self.behaviour = behaviour
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.stop = threading.Event()
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        self.sock.settimeout(0.1)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.conns.append(conn)
-            if self.behaviour == "http":
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-            elif self.behaviour == "banner":
-                conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-
-    def close(self) -> None:
-        self.stop.set()
-        for conn in self.conns:
-            conn.close()
-        self.sock.close()
-
 
 @pytest.fixture
 def listener(request: pytest.FixtureRequest) -> Iterator[Listener]:
