@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import report as report_md  # noqa: E402
+from handoff.fetch import sha256_file  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 FAB = REPO / ".venv" / "bin" / "fab"
@@ -99,14 +100,6 @@ def make_file(path: Path, size: int) -> str:
             fh.write(block)
             digest.update(block)
             left -= len(block)
-    return digest.hexdigest()
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(8 << 20), b""):
-            digest.update(block)
     return digest.hexdigest()
 
 
@@ -236,7 +229,7 @@ class Bench:
 
     def expect(self, path: Path) -> Callable[[], None]:
         def check() -> None:
-            if path.stat().st_size != self.size or sha256(path) != self.digest:
+            if path.stat().st_size != self.size or sha256_file(path) != self.digest:
                 sys.exit(f"{path} does not hold the file")
         return check
 
