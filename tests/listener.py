@@ -1,10 +1,11 @@
-"""A loopback TCP port that misbehaves, for the connection layer's failure messages (unit
-tests of handoff.ssh and the integration tests through `fab`)."""
+"""Loopback helpers for the connection layer's tests (unit tests of handoff.ssh and the
+integration tests through `fab`): a TCP port that misbehaves, and a ProxyCommand relay."""
 
 from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 
 
 class Listener:
@@ -39,3 +40,20 @@ class Listener:
         for conn in self.conns:
             conn.close()
         self.sock.close()
+
+
+def write_relay(folder: Path) -> Path:
+    """A ProxyCommand script (`python relay.py HOST PORT`) that relays stdin/stdout to
+    HOST:PORT and appends `HOST:PORT` to `folder/relayed`, so a test sees that it ran."""
+    script = folder / "relay.py"
+    script.write_text(
+        "import socket, sys, threading\n"
+        f"open({str(folder / 'relayed')!r}, 'a').write(sys.argv[1] + ':' + sys.argv[2] + '\\n')\n"
+        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
+        "def up():\n"
+        "    while (d := sys.stdin.buffer.read1(65536)):\n"
+        "        s.sendall(d)\n"
+        "threading.Thread(target=up, daemon=True).start()\n"
+        "while (d := s.recv(65536)):\n"
+        "    sys.stdout.buffer.write(d); sys.stdout.buffer.flush()\n")
+    return script

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import REPO, clean_env, explain, key_file
-from tests.listener import Listener
+from tests.listener import Listener, write_relay
 
 AUTH_EVIDENCE = re.compile(r"publickey|Accepted|authenticating user|Failed|Postponed", re.I)
 
@@ -172,18 +172,7 @@ def test_changed_and_unknown_keys_are_refused_before_authentication(make_sandbox
 @pytest.fixture
 def relay(tmp_path: Path) -> Path:
     """A ProxyCommand: relays stdin/stdout to HOST PORT and notes that it ran."""
-    script = tmp_path / "relay.py"
-    script.write_text(
-        "import socket, sys, threading\n"
-        f"open({str(tmp_path / 'relayed')!r}, 'a').write(sys.argv[1] + ':' + sys.argv[2] + '\\n')\n"
-        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
-        "def up():\n"
-        "    while (d := sys.stdin.buffer.read1(65536)):\n"
-        "        s.sendall(d)\n"
-        "threading.Thread(target=up, daemon=True).start()\n"
-        "while (d := s.recv(65536)):\n"
-        "    sys.stdout.buffer.write(d); sys.stdout.buffer.flush()\n")
-    return script
+    return write_relay(tmp_path)
 
 
 def test_two_hop_proxyjump_goes_through_both_bastions(make_sandbox, fab, relay: Path) -> None:

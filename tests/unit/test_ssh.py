@@ -22,7 +22,7 @@ import pytest
 from handoff import hostkeys, ssh
 from handoff.errors import ConnectError
 from handoff.ssh import Endpoint, open_connection
-from tests.listener import Listener
+from tests.listener import Listener, write_relay
 from tests.unit.test_hostkeys import FakeSSH, _ed25519
 
 
@@ -136,23 +136,12 @@ def test_identities_only_keeps_agent_keys_back(only: bool, known_server: FakeSSH
 
 def test_proxy_command_is_used_with_its_tokens(known_server: FakeSSH, home: Path, tmp_path: Path) -> None:
     """ProxyCommand is honoured (never bypassed): a relay that records it ran, for %h:%p."""
-    relay = tmp_path / "relay.py"
-    mark = tmp_path / "relayed"
-    relay.write_text(
-        "import socket, sys, threading\n"
-        f"open({str(mark)!r}, 'w').write(sys.argv[1] + ':' + sys.argv[2])\n"
-        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
-        "def up():\n"
-        "    while (d := sys.stdin.buffer.read1(65536)):\n"
-        "        s.sendall(d)\n"
-        "threading.Thread(target=up, daemon=True).start()\n"
-        "while (d := s.recv(65536)):\n"
-        "    sys.stdout.buffer.write(d); sys.stdout.buffer.flush()\n")
+    relay = write_relay(tmp_path)
     command = f"{sys.executable} {relay} %h %p"
     with pytest.raises(ConnectError, match=r"login refused|no key to log in"):
         open_connection(ep(known_server.port, proxy_command=command,
                            identity=(str(keygen(home / ".ssh" / "id_x")),)), "box")
-    assert mark.read_text() == f"127.0.0.1:{known_server.port}"
+    assert (tmp_path / "relayed").read_text() == f"127.0.0.1:{known_server.port}\n"
 
 
 def test_unsupported_proxy_command_token_is_refused(home: Path) -> None:
