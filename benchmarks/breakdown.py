@@ -242,10 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{loads[0]}; at end: {loads[1]}. Command:",
         "", "```", command, "```", "", *table(by_command, args.hosts), "",
         "The same work in pieces:", "", *table(by_phase, args.hosts)])
-    print(text)
-    if args.write:
-        report_md.write_section("Where the time goes", text)
-        print(f"\nwritten to {REPO / 'BENCHMARKS.md'} (## Where the time goes)", file=sys.stderr)
+    report_md.publish("Where the time goes", text, args.write)
     return 0
 
 

@@ -427,10 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_size(Path(tmp), hosts, wanted, args, payload))
     LOAD.append(os.getloadavg()[0])
     text = report(runs, args.reps, command.strip())
-    print(text)
-    if args.write:
-        write_section(text)
-        print(f"\nwritten to {REPO / 'BENCHMARKS.md'} (## Deploy)", file=sys.stderr)
+    report_md.publish("Deploy", text, args.write)
     return 0
 
 

@@ -4,6 +4,7 @@ load, so each figure is recorded with the command that made it and how busy the 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,6 +23,14 @@ def write_section(title: str, body: str, path: Path = REPO / "BENCHMARKS.md") ->
                    len(lines))
         lines[start:end] = section
     path.write_text("\n".join(lines).rstrip("\n") + "\n")
+
+
+def publish(title: str, text: str, write: bool, path: Path = REPO / "BENCHMARKS.md") -> None:
+    """Print a benchmark's report and, when asked, record it as the `## {title}` section."""
+    print(text)
+    if write:
+        write_section(title, text, path)
+        print(f"\nwritten to {path} (## {title})", file=sys.stderr)
 
 
 def load() -> str:

@@ -287,8 +287,8 @@ def report(cases: list[Case], size: int, reps: int, command: str, loads: list[st
         f"{statistics.median(r / f for r, f in zip(resume.walls, fab.walls, strict=True)):.2f}× "
         "a whole fetch (only the second half moves; both sides hash the first half first)",
     ]
-    if download_s.get("fetch"):
-        down = statistics.median(download_s["fetch"])
+    down = statistics.median(download_s["fetch"]) if download_s.get("fetch") else 0.0
+    if down > 0:  # fab prints tenths of a second: a small file reads 0.0 s
         verdicts.append(
             f"- of which the download itself (fab's own line, `output.jsonl: ... in X s`): "
             f"{down:.1f} s, {down / statistics.median(scp.walls):.2f}× scp's whole command "
@@ -328,10 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{c.name} {c.walls[-1]:.2f}s" for c in cases), file=sys.stderr)
     loads.append(report_md.load())
     text = report(cases, size, args.reps, command.strip(), loads, bench.download_s)
-    print(text)
-    if args.write:
-        report_md.write_section("Transfers", text)
-        print(f"\nwritten to {REPO / 'BENCHMARKS.md'} (## Transfers)", file=sys.stderr)
+    report_md.publish("Transfers", text, args.write)
     return 0
 
 
