@@ -1,0 +1,352 @@
+"""What a host says, checked before the workstation acts on it or shows it.
+
+The host is not trusted: its login user (a compromised image, another tenant of a shared
+box) controls every byte a remote module answers, every status, job and record file, every
+listing, log line and stderr. Everything read from a host enters through this module:
+
+- `loads`: a remote JSON answer, with non-finite numbers (`NaN`, `Infinity`, `1e400`)
+  read as None, so no infinity or NaN ever reaches arithmetic or output;
+- `Capped`: a byte budget for what a host sends (a remote module's answer, its stderr, a
+  log line), so a 300 MB answer costs a few MB and an error that says so, not 1 GB of RSS;
+- typed readers (`number`, `count`, `text`, `flag`, `strings`): the value when it has the
+  right type (finite, non-negative where it matters, strings cut to a length), else None;
+  `status`/`meta` read a job's status.json / job.json field by field, and say which fields
+  were wrong;
+- names (`name_problem`, `job_name`, `rel_path`, `inside`): what a host names is a plain
+  folder name or a relative path below a folder: no absolute path, no `..`, no NUL or
+  control character, never a path that leaves its folder on the workstation;
+- `visible`: control characters shown as `\\x1b`-style escapes, so a terminal never
+  receives an escape sequence from a host (OSC 52 clipboard writes, screen clears, titles,
+  hyperlinks); JSON output keeps the strings and lets JSON escape them.
+
+Stdlib only, and no handoff import: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+# How much of each kind of thing a host may send. The real answers are far below: the
+# largest remote module answer (a `list` of a few hundred jobs) is tens of KB.
+MAX_ANSWER_BYTES = 8 << 20  # a remote module's JSON answer
+MAX_STDERR_BYTES = 64 << 10  # what a failing remote command wrote to stderr (its tail shown)
+MAX_LINE_CHARS = 16 << 10  # one log line as shown; the rest is cut, with its length said
+MAX_TEXT_CHARS = 4096  # one string field (last_error, stop_reason, a record's name)
+MAX_NAME_CHARS = 255  # a job or file name (a POSIX NAME_MAX)
+MAX_SAMPLES = 20  # bad_line_samples kept per job
+
+# C0 and C1 controls (ESC, BEL, NUL, CSI 0x9b, ...) and DEL, plus the Unicode bidi
+# controls that reorder what a terminal shows (a name that reads as another).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_OR_NEWLINE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+class Untrusted(ValueError):
+    """A host's answer failed a check; the message says what was wrong (shown visibly)."""
+
+
+class TooLarge(Untrusted):
+    """A host sent more than its budget."""
+
+    def __init__(self, what: str, limit: int, seen: int | None = None) -> None:
+        more = f" ({mb(seen)} and counting)" if seen is not None else ""
+        super().__init__(f"{what} is too large: more than {mb(limit)}{more}; refused (a "
+                         f"host's answer is capped at {mb(limit)})")
+        self.limit = limit
+
+
+def mb(n: int | float | None) -> str:
+    """Bytes for people: `8.0 MB`, `1.1 TB`."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(value) < 1000 or unit == "PB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} PB"  # pragma: no cover (the loop returns)
+
+
+# -- showing ------------------------------------------------------------------------------------
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(value: Any, limit: int | None = None, *, newlines: bool = False) -> str:
+    """`value` as text a terminal can show as is: every control character as `\\x1b`
+    (`\\n` too, unless `newlines`), cut to `limit` characters with the rest counted."""
+    text = value if isinstance(value, str) else str(value)
+    cut = ""
+    if limit is not None and len(text) > limit:
+        cut = f"… ({len(text) - limit} more characters)"
+        text = text[:limit]
+    pattern = _CONTROL if newlines else _CONTROL_OR_NEWLINE
+    return pattern.sub(_escape, text) + cut
+
+
+def has_control(text: str) -> bool:
+    return bool(_CONTROL_OR_NEWLINE.search(text))
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def loads(raw: str | bytes) -> Any:
+    """JSON from a host: `NaN`, `Infinity` and numbers too large for a float read as None."""
+    return json.loads(raw, parse_constant=lambda _name: None, parse_float=_finite)
+
+
+def number(value: Any, *, minimum: float | None = None) -> float | None:
+    """A finite int or float (never a bool, never a numeric string), at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        result = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    if not math.isfinite(result) or (minimum is not None and result < minimum):
+        return None
+    return result
+
+
+def count(value: Any) -> int | None:
+    """A whole number >= 0 (an int, or a float with no fraction)."""
+    n = number(value, minimum=0)
+    return int(n) if n is not None and n == int(n) else None
+
+
+def integer(value: Any) -> int | None:
+    """Any whole number (an exit code may be negative: a signal)."""
+    n = number(value)
+    return int(n) if n is not None and n == int(n) else None
+
+
+def text(value: Any, limit: int = MAX_TEXT_CHARS) -> str | None:
+    """A string, cut to `limit` characters (the rest counted); anything else None."""
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= limit else value[:limit] + f"… ({len(value) - limit} more characters)"
+
+
+def flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def strings(value: Any, limit: int = MAX_SAMPLES) -> list[str]:
+    return [s for s in (text(v) for v in value[:limit]) if s is not None] if isinstance(value, list) else []
+
+
+# What each status.json field is (docs/records.md); a field of the wrong type reads as None
+# and is named in the problems, so the row says which field a host got wrong.
+Reader = Callable[[Any], Any]
+_STATUS: dict[str, Reader] = {
+    "state": lambda v: text(v, 64), "stop_reason": text, "last_error": text,
+    "done": count, "failed": count, "total": count, "bad_lines": count, "duplicates": count,
+    "in_flight": count, "max_failed": count, "window": count, "exit_code": integer,
+    "cost": lambda v: number(v, minimum=0), "max_cost": lambda v: number(v, minimum=0),
+    "tokens_per_s": lambda v: number(v, minimum=0), "rate_rps": lambda v: number(v, minimum=0),
+    "outage_s": lambda v: number(v, minimum=0), "updated": lambda v: number(v, minimum=0),
+    "started": lambda v: number(v, minimum=0), "budget_enforced": flag,
+    "bad_line_samples": lambda v: _samples(v),
+}
+
+
+def _samples(value: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(value, list):
+        return None
+    out = []
+    for s in value[:MAX_SAMPLES]:
+        if isinstance(s, dict):
+            out.append({"line": count(s.get("line")), "reason": text(s.get("reason"), 500)})
+    return out
+
+
+def fields(raw: Any, readers: dict[str, Reader], what: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the known fields of `raw`, each read by its reader, problems): a field present with
+    the wrong type is left out and named; unknown fields are dropped."""
+    if raw is None:
+        return None, []
+    if not isinstance(raw, dict):
+        return None, [f"{what} is not a JSON object ({type(raw).__name__})"]
+    out: dict[str, Any] = {}
+    problems = []
+    for name, read in readers.items():
+        if name not in raw or raw[name] is None:
+            continue
+        value = read(raw[name])
+        if value is None:
+            problems.append(f"{what}: {name} {visible(repr(raw[name]), 40)} is not valid")
+        else:
+            out[name] = value
+    return out, problems
+
+
+def status(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """A job's status.json as a host returned it, field by field."""
+    return fields(raw, _STATUS, "status.json")
+
+
+_META: dict[str, Reader] = {
+    "shard": lambda v: text(v, 64), "input": text, "input_sha256": lambda v: text(v, 64),
+    "command": text, "job": lambda v: text(v, MAX_NAME_CHARS), "hosts": count,
+    "max_cost": lambda v: number(v, minimum=0), "started": lambda v: number(v, minimum=0),
+}
+
+
+def meta(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """A job's job.json as a host returned it (only the fields handoff reads)."""
+    if isinstance(raw, dict):  # launch writes more (role vars): keep the plain ones as they are
+        kept = {k: v for k, v in raw.items() if isinstance(k, str) and k not in _META
+                and (v is None or isinstance(v, (bool, int, float, str)))}
+        known, problems = fields(raw, _META, "job.json")
+        return {**kept, **(known or {})}, problems
+    return fields(raw, _META, "job.json")
+
+
+# -- names --------------------------------------------------------------------------------------
+
+def name_problem(name: Any, *, path: bool = False) -> str | None:
+    """Why `name` is not a plain name (`path`: a relative path of plain names); None if it is."""
+    if not isinstance(name, str) or not name:
+        return "not a name"
+    if len(name) > (4096 if path else MAX_NAME_CHARS):
+        return "too long"
+    if "\x00" in name or has_control(name):
+        return "holds a NUL or control character"
+    if name.startswith("/"):
+        return "an absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "climbs out with '..'"
+    if not path and len(parts) > 1:
+        return "holds a '/'"
+    if any(p in ("", ".") for p in parts):
+        return "holds an empty or '.' component"
+    if not path and name.startswith("."):
+        return "starts with '.'"
+    return None
+
+
+def job_name(name: Any) -> str:
+    """A job name from a host: the `--job` rule (one plain folder name), else Untrusted."""
+    problem = name_problem(name)
+    if problem:
+        raise Untrusted(f"job name {visible(repr(name), 80)} {problem}")
+    return str(name)
+
+
+def rel_path(rel: Any) -> str:
+    """A file's path relative to its job folder, from a host, else Untrusted."""
+    problem = name_problem(rel, path=True)
+    if problem:
+        raise Untrusted(f"file {visible(repr(rel), 120)} {problem}")
+    return str(rel)
+
+
+def inside(root: Path, rel: str) -> Path:
+    """`root/rel` on the workstation, proven to stay under `root`: `rel` is checked, and no
+    component below `root` that exists may be a symlink (a link planted earlier would
+    carry the write elsewhere). Untrusted otherwise."""
+    rel = rel_path(rel)
+    target = root.joinpath(*PurePosixPath(rel).parts)
+    here = root
+    for part in PurePosixPath(rel).parts:
+        here = here / part
+        if here.is_symlink():
+            raise Untrusted(f"{visible(str(here))} is a symlink on the workstation; not followed")
+    base = os.path.realpath(root)
+    real = os.path.realpath(target)
+    if real != base and not real.startswith(base.rstrip("/") + "/"):
+        raise Untrusted(f"file {visible(repr(rel), 120)} would be written outside {visible(str(root))}")
+    return target
+
+
+def refused(names: Iterable[str]) -> str:
+    """`a, b and 2 more` for a message naming refused entries (each already visible)."""
+    shown = list(names)
+    head = ", ".join(shown[:10])
+    return head + (f" and {len(shown) - 10} more" if len(shown) > 10 else "")
+
+
+# -- sizes -----------------------------------------------------------------------------------------
+
+class Capped:
+    """Bytes from a host, up to `limit`: `add` raises TooLarge past it (the caller then
+    stops reading and closes the channel)."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit = limit
+        self.what = what
+        self.data = bytearray()
+        self.seen = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.seen > self.limit:
+            raise TooLarge(self.what, self.limit, self.seen)
+        self.data += chunk
+
+
+class Tail:
+    """The last `limit` bytes of a stream (a failing command's stderr: its end says why)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.seen = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        self.data += chunk
+        if len(self.data) > 2 * self.limit:
+            del self.data[:-self.limit]
+
+    def bytes(self) -> bytes:
+        return bytes(self.data[-self.limit:])
+
+
+class Lines:
+    """Splits a host's stream into lines, none longer than `limit` bytes: the rest of a
+    longer line is dropped as it arrives (never buffered) and its length said."""
+
+    def __init__(self, limit: int = MAX_LINE_CHARS) -> None:
+        self.limit = limit
+        self.buf = bytearray()
+        self.dropped = 0  # bytes of the current line dropped so far
+
+    def feed(self, chunk: bytes) -> list[str]:
+        out = []
+        while chunk:
+            nl = chunk.find(b"\n")
+            piece, chunk = (chunk, b"") if nl < 0 else (chunk[:nl], chunk[nl + 1:])
+            room = self.limit - len(self.buf)
+            if room > 0:
+                self.buf += piece[:room]
+            self.dropped += max(0, len(piece) - max(room, 0))
+            if nl >= 0:
+                out.append(self._line())
+        return out
+
+    def _line(self) -> str:
+        line = bytes(self.buf).decode("utf-8", "replace")
+        if self.dropped:
+            line += f"… ({self.dropped} more bytes of this line not shown)"
+        self.buf.clear()
+        self.dropped = 0
+        return line
+
+    def rest(self) -> list[str]:
+        return [self._line()] if self.buf or self.dropped else []
