@@ -130,7 +130,7 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool)
         (f"fab status ({STATUS_JOBS} jobs per host)", jobs, fab("status")),
         ("fab -l (startup alone)", nothing, fab("-l"))]
     if peer:  # pyinfra doing deploy.py's work, for the same accounting
-        from handoff.releases import build
+        from handoff.ops.releases import build
 
         payload, keyfile = work / "payload.pyz", work / "openrouter.key"
         payload.write_bytes(build().data)
@@ -157,9 +157,9 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool)
 
 
 def phases(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
-    from handoff import commands as handoff_commands
-    from handoff.facts import KEY_FILE, gather
-    from handoff.session import SSHSession
+    from handoff.cli import commands as handoff_commands
+    from handoff.host.facts import KEY_FILE, gather
+    from handoff.host.session import SSHSession
 
     os.environ.update(sbx.env())
     targets = handoff_commands.targets_for(",".join(c.name for c in sbx.containers), None)

@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(n) for n in str(args.hosts).split(",")]
     command = "sudo .venv/bin/python benchmarks/deploy.py " + " ".join(argv or sys.argv[1:])
 
-    from handoff.releases import build
+    from handoff.ops.releases import build
 
     payload = build().data
     LOAD.append(os.getloadavg()[0])

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import report as report_md  # noqa: E402
-from handoff.fetch import sha256_file  # noqa: E402
+from handoff.ops.fetch import sha256_file  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 FAB = REPO / ".venv" / "bin" / "fab"
@@ -164,8 +164,9 @@ class Bench:
     def session(self, stock: bool = False):  # type: ignore[no-untyped-def]
         import paramiko
 
-        from handoff import commands, ssh
-        from handoff.session import SSHSession
+        from handoff.cli import commands
+        from handoff.host.session import SSHSession
+        from handoff.ssh import connect as ssh
 
         os.environ.update(self.sbx.env())
         [target] = commands.targets_for(self.c.name, None)
@@ -180,7 +181,7 @@ class Bench:
         return s
 
     def handoff_put(self) -> None:
-        from handoff.transfer import upload_file
+        from handoff.host.transfer import upload_file
 
         with self.session() as s:
             upload_file(s.files, self.upload_src, str(self.uploaded), label=s.label)

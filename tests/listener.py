@@ -1,4 +1,4 @@
-"""Loopback helpers for the connection layer's tests (unit tests of handoff.ssh and the
+"""Loopback helpers for the connection layer's tests (unit tests of handoff.ssh.connect and the
 integration tests through `fab`): a TCP port that misbehaves, and a ProxyCommand relay."""
 
 from __future__ import annotations

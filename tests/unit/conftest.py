@@ -1,7 +1,7 @@
 """A workstation and fake hosts for unit tests of per-host logic, without sshd.
 
 `ws` (a `Workstation`) isolates HOME, the state dir, the inventory and the project dir in
-a temp dir, and points `handoff.commands.CONNECT` at `LocalSession`s: each inventory host
+a temp dir, and points `handoff.cli.commands.CONNECT` at `LocalSession`s: each inventory host
 is a folder standing for its login user's home, where commands run with the local sh and
 remote modules with this python. The project's `roles/` adds two test roles whose job is
 tests/unit/sleeper.py (runs until SIGTERM, crashes, finishes at once, or answers its shard
@@ -23,9 +23,11 @@ import keyring
 import keyring.backend
 import pytest
 
-from handoff import commands, console, paths
-from handoff.inventory import load_inventory
-from handoff.targets import Target, resolve
+from handoff import console
+from handoff.cli import commands
+from handoff.config import paths
+from handoff.config.inventory import load_inventory
+from handoff.host.targets import Target, resolve
 from handoff.testing.local import LocalSession
 
 SLEEPER = Path(__file__).with_name("sleeper.py")
@@ -66,7 +68,7 @@ class Workstation:
     def kill_jobs(self) -> None:
         """End every job a test left running on the fake hosts (a failed assertion must not
         leave processes behind)."""
-        from handoff.remote_code.jobs import is_alive
+        from handoff.host.remote_code.jobs import is_alive
 
         for pid_file in self.hosts_dir.glob("*/.handoff/jobs/*/pid"):
             with contextlib.suppress(ValueError, OSError):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from handoff import state
+from handoff.config import state
 from handoff.errors import UsageError
-from handoff.jobs import datasets, estimate, launch, smoke
-from handoff.jobs.datasets import check_file, expand
+from handoff.ops.jobs import datasets, estimate, launch, smoke
+from handoff.ops.jobs.datasets import check_file, expand
 from tests.unit.conftest import Workstation
 
 
@@ -128,7 +128,7 @@ def test_estimate_from_old_answers_and_the_smoke_test(ws: Workstation, tmp_path:
 
 def test_launch_prints_the_estimate_and_the_budget_split(ws: Workstation, tmp_path: Path,
                                                          capfd: pytest.CaptureFixture[str]) -> None:
-    from handoff import commands
+    from handoff.cli import commands
 
     state.save_smoke("http://127.0.0.1:9/api/v1", "moonshotai/kimi-k2.5",
                      {"latency_s": 1.0, "prompt_tokens": 10, "completion_tokens": 100, "cost": 0.0011,

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from handoff import console, deploy, plan, state
-from handoff.inventory import load_inventory
-from handoff.targets import resolve
+from handoff import console
+from handoff.config import state
+from handoff.config.inventory import load_inventory
+from handoff.host.targets import resolve
+from handoff.ops import deploy
+from handoff.run import plan
 from payload.redact import REDACTOR
 from tests.unit.conftest import Workstation
 
@@ -96,7 +99,7 @@ def test_dry_run_without_a_stored_key_still_plans(env: Path, capfd: pytest.Captu
     import keyring
     from keyring.backends import null
 
-    from handoff import commands
+    from handoff.cli import commands
 
     previous = keyring.get_keyring()
     keyring.set_keyring(null.Keyring())
@@ -118,7 +121,7 @@ def test_deploy_on_fake_hosts_places_release_and_key_then_is_a_no_op(ws: Worksta
     """The deploy plan's steps on two fake hosts: the real payload.pyz lands under
     releases/<sha12>, `current` points at it, the key is 0600 in a 0700 folder and in the
     ledger; a second run changes nothing."""
-    from handoff import releases
+    from handoff.ops import releases
 
     key = fake_key()
     targets = ws.targets("a,b")

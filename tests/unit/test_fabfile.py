@@ -94,7 +94,7 @@ def test_dry_runs_through_fab_connect_to_nothing(tmp_path: Path) -> None:
 
 
 def test_dash_h_is_one_run_over_exactly_the_named_hosts(tmp_path: Path) -> None:
-    """Fabric's -H/--hosts reach the task's --host (handoff.cli via fabric.yaml): one plan per
+    """Fabric's -H/--hosts reach the task's --host (handoff.cli.program via fabric.yaml): one plan per
     named host, in one run, never the inventory's hosts; a task that acts on no host, and
     Fabric's connection flags handoff does not use, are refused with exit 2."""
     inv = tmp_path / "hosts.yml"

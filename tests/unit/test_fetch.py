@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handoff import commands
-from handoff.fetch import append_only, fetch_job
+from handoff.cli import commands
+from handoff.ops.fetch import append_only, fetch_job
 from tests.unit.conftest import Workstation
 
 
@@ -80,7 +80,7 @@ def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -
     """Cut mid-file, the next fetch asks the host to prove the part is a prefix, then moves
     only the rest; a part that is no longer a prefix (the file was rewritten) is refetched."""
     from handoff.errors import RemoteError
-    from handoff.transfer import partial
+    from handoff.host.transfer import partial
     from tests.unit.test_transfer import CutFiles
 
     jd = make_job(ws, "a")

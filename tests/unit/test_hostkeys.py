@@ -25,9 +25,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from handoff import console, hostkeys
+from handoff import console
 from handoff.errors import ChangedHostKey, ConnectError, RevokedHostKey, UnknownHostKey
-from handoff.ssh import Endpoint, open_connection
+from handoff.ssh import hostkeys
+from handoff.ssh.connect import Endpoint, open_connection
 
 
 class Server(paramiko.ServerInterface):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from handoff.config.inventory import BUILTIN_VARS, load_inventory
+from handoff.config.roles import Role
 from handoff.errors import InventoryError
-from handoff.inventory import BUILTIN_VARS, load_inventory
-from handoff.roles import Role
 
 ROLES = ["generator", "extractor"]
 

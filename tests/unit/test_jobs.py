@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from handoff import commands, deploy, plan
+from handoff.cli import commands
 from handoff.errors import RoleError, UsageError
-from handoff.jobs import launch, smoke, status, stop
-from handoff.jobs.state import OK_STATES, JobState, job_name
+from handoff.ops import deploy
+from handoff.ops.jobs import launch, smoke, status, stop
+from handoff.ops.jobs.state import OK_STATES, JobState, job_name
+from handoff.run import plan
 from tests.unit.conftest import SLEEPER_ROLE, Workstation
 
 KEY = "sk-or-v1-" + "ab" * 32
@@ -321,7 +323,7 @@ def test_launch_needs_a_release_and_the_key(ws: Workstation, capfd: pytest.Captu
 
 def test_a_reused_pid_is_not_the_job(ws: Workstation) -> None:
     """The pid file names a live process that is not the job (the pid was reused): dead."""
-    from handoff.jobs.state import read
+    from handoff.ops.jobs.state import read
 
     [s_target] = ws.targets("s")
     jd = job_dir(ws, "s")

@@ -1,4 +1,4 @@
-"""handoff.keyapi against the fake's management API over real HTTP: the calls, the proof of
+"""handoff.ops.keyapi against the fake's management API over real HTTP: the calls, the proof of
 revocation, the search by name across pages, and errors that name their fix and never the
 key; the record beside a key on a host."""
 
@@ -9,7 +9,6 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from handoff import keyapi
 from handoff.errors import (
     KeyAPIFailed,
     KeyAPIRateLimited,
@@ -17,6 +16,7 @@ from handoff.errors import (
     ManagementKeyRefused,
     NotAManagementKey,
 )
+from handoff.ops import keyapi
 from handoff.testing.fakekeys import MgmtFault
 from handoff.testing.local import LocalSession
 from tests.unit.conftest import KeyedAPI, Workstation

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handoff.layout import RemoteLayout, expand_home, parents
+from handoff.config.layout import RemoteLayout, expand_home, parents
 
 
 def test_layout_names_every_folder() -> None:

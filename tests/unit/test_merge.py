@@ -1,4 +1,4 @@
-"""Merging a job's fetched shards (handoff.merge): every id exactly once, answers winning over
+"""Merging a job's fetched shards (handoff.ops.merge): every id exactly once, answers winning over
 failures, lines still being written left out, the count checked against the shards' totals
 once all are finished, partial merges named as such, and a rerun with nothing new a no-op."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.merge import ERRORS, OUTPUT, ShardCopy, merge
+from handoff.ops.merge import ERRORS, OUTPUT, ShardCopy, merge
 
 
 def shard(root: Path, host: str, spec: str | None, state: str, total: int, answers: list[object],

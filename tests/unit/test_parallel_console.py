@@ -11,9 +11,9 @@ import pytest
 
 from handoff import console
 from handoff.errors import RemoteError
-from handoff.parallel import HostReport, run_parallel
-from handoff.ssh import Endpoint
-from handoff.targets import Target
+from handoff.host.targets import Target
+from handoff.run.parallel import HostReport, run_parallel
+from handoff.ssh.connect import Endpoint
 from payload.redact import REDACTOR
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handoff import paths, releases, roles
+from handoff.config import paths, roles
+from handoff.ops import releases
 
 
 @pytest.fixture

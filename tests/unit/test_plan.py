@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from handoff import plan
 from handoff.errors import ConnectError, HandoffError
-from handoff.plan import HostContext, HostPlan, Plan, Skipped, Step
+from handoff.run import plan
+from handoff.run.plan import HostContext, HostPlan, Plan, Skipped, Step
 from tests.unit.conftest import Workstation
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import console, progress
-from handoff.progress import MIN_BYTES, PLAIN_EVERY, Display
+from handoff import console
+from handoff.host import progress
+from handoff.host.progress import MIN_BYTES, PLAIN_EVERY, Display
+from handoff.host.transfer import download, upload_file
 from handoff.testing.local import LocalFiles
-from handoff.transfer import download, upload_file
 
 
 class Clock:

@@ -11,7 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from handoff import releases
+from handoff.ops import releases
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The code that runs on the hosts (handoff.remote_code), tested here as ordinary modules:
+"""The code that runs on the hosts (handoff.host.remote_code), tested here as ordinary modules:
 their functions called directly, and each module's source run the way it is shipped
 (`python -c SOURCE ARGS`, one JSON object out)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from handoff import remote_code
-from handoff.remote_code import fetch_list, jobs, probe
+from handoff.host import remote_code
+from handoff.host.remote_code import fetch_list, jobs, probe
 
 MODULES = [remote_code.PROBE, remote_code.JOBS, remote_code.FETCH_LIST, remote_code.INSTALL]
 

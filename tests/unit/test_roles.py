@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from handoff.config.roles import get_role, known_roles, load_role, render_command
 from handoff.errors import RoleError
-from handoff.roles import get_role, known_roles, load_role, render_command
 
 
 def test_shipped_roles() -> None:

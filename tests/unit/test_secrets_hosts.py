@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from handoff import commands, deploy, plan, secrets, state
+from handoff.cli import commands
+from handoff.config import state
+from handoff.ops import deploy, secrets
+from handoff.run import plan
 from tests.unit.conftest import Workstation
 
 KEY = "sk-or-v1-" + "cd" * 32
@@ -32,7 +35,7 @@ def test_place_creates_the_file_0600_exclusively_and_is_idempotent(ws: Workstati
     path = keyfile(ws, "a")
     assert path.read_text() == KEY and stat.S_IMODE(path.stat().st_mode) == 0o600
     with ws.connect(target) as session:  # what the placement asked of the file system
-        from handoff.facts import KEY_FILE, gather
+        from handoff.host.facts import KEY_FILE, gather
 
         facts = gather(session, None, files={KEY_FILE: str(target.vars["key_path"])})
         assert secrets.place(session, facts, KEY).startswith(f"key {secrets.fingerprint(KEY)} already at")

@@ -12,8 +12,8 @@ import keyring
 import keyring.errors
 import pytest
 
-from handoff import secrets
 from handoff.errors import KeyringEntryMissing, NoKeyringBackend
+from handoff.ops import secrets
 from payload.redact import REDACTOR
 from tests.unit.conftest import MemoryKeyring
 
@@ -69,7 +69,7 @@ def test_backend_discovery_off_macos_skips_the_macos_api_but_picks_the_same_back
     env = {k: v for k, v in os.environ.items() if k != "PYTHON_KEYRING_BACKEND"}
     env["XDG_CONFIG_HOME"] = str(tmp_path)  # no keyringrc.cfg there
     name = "type(k).__module__ + '.' + type(k).__name__"
-    via_handoff = ("import sys; from handoff import secrets; k = secrets._keyring().get_keyring(); "
+    via_handoff = ("import sys; from handoff.ops import secrets; k = secrets._keyring().get_keyring(); "
                    f"print({name}, sys.modules.get('keyring.backends.macOS.api', 'absent'))")
     plain = f"import keyring; k = keyring.get_keyring(); print({name})"
     out = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

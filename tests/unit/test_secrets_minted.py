@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 
-from handoff import commands, deploy, plan, secrets, state
+from handoff.cli import commands
+from handoff.config import state
 from handoff.errors import ConnectError
-from handoff.jobs import budget, status
-from handoff.plan import Skipped
+from handoff.ops import deploy, secrets
+from handoff.ops.jobs import budget, status
+from handoff.run import plan
+from handoff.run.plan import Skipped
 from handoff.testing.fakekeys import ROOT, MgmtFault
 from handoff.testing.local import LocalSession
 from tests.unit.conftest import KeyedAPI, MemoryKeyring, Workstation
@@ -233,7 +236,7 @@ def test_cleanup_revokes_the_key_of_an_unreachable_host(
 def test_cleanup_warns_about_a_job_running_on_the_key(
         ws: Workstation, minted: KeyedAPI, tmp_path: Path,
         capfd: pytest.CaptureFixture[str]) -> None:
-    from handoff.jobs import launch
+    from handoff.ops.jobs import launch
 
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
@@ -280,7 +283,7 @@ def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
 
 def test_launch_budget_limits_the_child_key_to_the_hosts_share(
         ws: Workstation, minted: KeyedAPI, tmp_path: Path) -> None:
-    from handoff.jobs import launch
+    from handoff.ops.jobs import launch
 
     assert budget.host_share(10.0, 4) == 2.5
     assert budget.new_limit(usage=0.5, share=2.5, spent=1.0) == 2.0
@@ -303,7 +306,7 @@ def test_launch_budget_limits_the_child_key_to_the_hosts_share(
 def test_the_job_runs_on_the_child_key(ws: Workstation, minted: KeyedAPI) -> None:
     """The fake counts which key served each request: the payload's smoke test from a
     minted host uses that host's child key, never the account's."""
-    from handoff.jobs import smoke
+    from handoff.ops.jobs import smoke
 
     assert all(r.ok for r in plan.execute(deploy.build(ws.targets("a"), key=creds(minted)),
                                           connect=ws.connect))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from handoff import remote_code
 from handoff.errors import RemoteError
-from handoff.session import sh_path
+from handoff.host import remote_code
+from handoff.host.session import sh_path
 from handoff.testing.local import LocalSession
 from tests.unit.conftest import Workstation
 
@@ -46,7 +46,7 @@ def test_run_code_failures_name_the_host_and_the_fix(ws: Workstation) -> None:
 
 
 def test_paths_are_absolute_only_after_the_probe(ws: Workstation) -> None:
-    from handoff.facts import gather
+    from handoff.host.facts import gather
 
     [target] = ws.targets("a")
     with ws.connect(target) as s:

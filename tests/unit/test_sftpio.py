@@ -1,4 +1,4 @@
-"""handoff.sftpio against a scripted SFTP server: answers out of order, short answers, an
+"""handoff.ssh.sftp against a scripted SFTP server: answers out of order, short answers, an
 error status, a reader that stops early; the writer's acknowledgements; and ChunkPipe
 behaving as paramiko's BufferedPipe (the channel buffer it replaces). The same code runs
 against OpenSSH's sftp-server in tests/integration/test_transfer.py."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
-from handoff import sftpio
+from handoff.ssh import sftp as sftpio
 
 
 class ScriptedServer:

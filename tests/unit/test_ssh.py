@@ -1,4 +1,4 @@
-"""The connection layer (handoff.ssh) against loopback servers of every kind of trouble:
+"""The connection layer (handoff.ssh.connect) against loopback servers of every kind of trouble:
 silence, a web server, a banner then nothing, a refused port; the login with an encrypted
 key and no agent, with `IdentitiesOnly` and a real ssh-agent; ProxyCommand; Ctrl-C's
 abort. Every failure is one clear ConnectError within the connect timeout, and paramiko
@@ -19,9 +19,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from handoff import hostkeys, ssh
 from handoff.errors import ConnectError
-from handoff.ssh import Endpoint, open_connection
+from handoff.ssh import connect as ssh
+from handoff.ssh import hostkeys
+from handoff.ssh.connect import Endpoint, open_connection
 from tests.listener import Listener, write_relay
 from tests.unit.test_hostkeys import FakeSSH, _ed25519
 
@@ -178,7 +179,7 @@ def test_route_goes_through_every_hop_in_order(tmp_path: Path, monkeypatch: pyte
         "Host inner\n  HostName 127.0.0.32\n  ProxyJump nowhere-else\n"
         "Host deep\n  HostName 127.0.0.33\n  ProxyJump outer,bob@inner:2202\n")
     monkeypatch.setenv("HOME", str(home))
-    from handoff import sshconfig
+    from handoff.ssh import ssh_config as sshconfig
 
     sshconfig.clear_cache()
     hops = ssh.route(ssh.endpoint("deep"), "deep")

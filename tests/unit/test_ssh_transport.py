@@ -1,5 +1,5 @@
 """The ciphers handoff's connections offer: AES-GCM first (bulk transfers, see
-handoff.sftpio), then every cipher paramiko offers, in paramiko's order; nothing else
+handoff.ssh.sftp), then every cipher paramiko offers, in paramiko's order; nothing else
 about the key exchange changes. (TCP_NODELAY and the negotiated cipher are checked against
 real sshd in tests/integration/test_transfer.py.)"""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import paramiko
 
-from handoff import ssh
+from handoff.ssh import connect as ssh
 
 
 def test_gcm_first_then_paramiko_s_own_order() -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from handoff import console, sshconfig
-from handoff.inventory import load_inventory
-from handoff.targets import resolve
+from handoff import console
+from handoff.config.inventory import load_inventory
+from handoff.host.targets import resolve
+from handoff.ssh import ssh_config as sshconfig
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 

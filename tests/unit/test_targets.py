@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from handoff import state
+from handoff.config import state
+from handoff.config.inventory import load_inventory
 from handoff.errors import TargetError
-from handoff.inventory import load_inventory
-from handoff.ssh import endpoint, parse_spec
-from handoff.targets import resolve
+from handoff.host.targets import resolve
+from handoff.ssh.connect import endpoint, parse_spec
 
 
 @pytest.fixture

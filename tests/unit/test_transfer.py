@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from handoff.layout import parents
-from handoff.testing.local import LocalFiles
-from handoff.transfer import (
+from handoff.config.layout import parents
+from handoff.host.transfer import (
     completes,
     download,
     is_partial,
@@ -21,6 +20,7 @@ from handoff.transfer import (
     temp_prefix,
     upload_atomic,
 )
+from handoff.testing.local import LocalFiles
 
 
 class _RecordingFiles:

@@ -1,6 +1,6 @@
 """verify's verdict for the extractor role from probe facts, without a host.
 
-The probe's JSON answer (handoff.remote_code.probe) is what these facts imitate, typed by
+The probe's JSON answer (handoff.host.remote_code.probe) is what these facts imitate, typed by
 Facts.from_json as the real answer is; each failing check must carry the numbers it saw
 and a fix a person can act on.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from handoff.facts import SELF_PYTHON, Facts, deep_args
-from handoff.roles import get_role
-from handoff.verify import Check, Verdict, evaluate
+from handoff.config.roles import get_role
+from handoff.host.facts import SELF_PYTHON, Facts, deep_args
+from handoff.ops.verify import Check, Verdict, evaluate
 
 ROLE = get_role("extractor")
 GIB = 1 << 30

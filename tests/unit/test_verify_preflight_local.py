@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from handoff import releases, remote_code
-from handoff.facts import Facts, deep_args
-from handoff.roles import get_role
-from handoff.verify import evaluate
+from handoff.config.roles import get_role
+from handoff.host import remote_code
+from handoff.host.facts import Facts, deep_args
+from handoff.ops import releases
+from handoff.ops.verify import evaluate
 from payload.records import Shard
 
 pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from handoff import roles, yamlfile
+from handoff.config import roles, yamlfile
 
 
 @pytest.fixture(params=["libyaml", "pure"])
