@@ -159,7 +159,7 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool)
 def phases(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
     from handoff.cli import commands as handoff_commands
     from handoff.host.facts import KEY_FILE, gather
-    from handoff.host.session import SSHSession
+    from handoff.host.ssh_session import SSHSession
 
     os.environ.update(sbx.env())
     targets = handoff_commands.targets_for(",".join(c.name for c in sbx.containers), None)

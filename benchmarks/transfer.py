@@ -165,19 +165,19 @@ class Bench:
         import paramiko
 
         from handoff.cli import commands
-        from handoff.host.session import SSHSession
-        from handoff.ssh import connect as ssh
+        from handoff.host.ssh_session import SSHSession
+        from handoff.ssh import connect
 
         os.environ.update(self.sbx.env())
         [target] = commands.targets_for(self.c.name, None)
-        saved = ssh._Transport._preferred_ciphers
+        saved = connect._Transport._preferred_ciphers
         if stock:  # paramiko's own order: aes128-ctr first
-            ssh._Transport._preferred_ciphers = paramiko.Transport._preferred_ciphers
+            connect._Transport._preferred_ciphers = paramiko.Transport._preferred_ciphers
         try:
             s = SSHSession(target)
             s.connect()
         finally:
-            ssh._Transport._preferred_ciphers = saved
+            connect._Transport._preferred_ciphers = saved
         return s
 
     def handoff_put(self) -> None:

@@ -33,11 +33,12 @@ from handoff.config import flags as _flag
 from handoff.config.inventory import load_inventory
 from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
 from handoff.errors import HandoffError, SecretError, UsageError
-from handoff.host.session import Connector, SSHSession
+from handoff.host.session import Connector
+from handoff.host.ssh_session import SSHSession
 from handoff.host.targets import Targets, resolve
 from handoff.run import plan
 from handoff.run.parallel import HostReport, run_on_hosts
-from handoff.ssh import connect as ssh
+from handoff.ssh import connect
 from payload import units
 
 # How commands reach a host. Tests may point it at handoff.testing.local.LocalSession.
@@ -64,7 +65,7 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
             console.error(str(exc))
             return exc.exit_code
         except KeyboardInterrupt as exc:
-            ssh.abort_all()
+            connect.abort_all()
             message = exc.message if isinstance(exc, Interrupted) else (
                 "interrupted: what a host was doing may be half done; rerun the command (each "
                 "step is safe to repeat)")
@@ -116,16 +117,16 @@ def deploy(
     """verify → push-script → push-key; each flag set selects one checklist step alone."""
     from handoff.config import state
     from handoff.ops import deploy as deploy_plan
-    from handoff.ops import secrets
+    from handoff.ops.secrets import settings
 
     targets = targets_for(host, role)
-    entry = secrets.keyring_entry(targets, required=title == "push-key") if key else None
+    entry = settings.keyring_entry(targets, required=title == "push-key") if key else None
     # Each host's key_mode says which keyring entries are needed (checked before anything).
-    modes = secrets.key_modes(targets) if entry is not None else set()
+    modes = settings.key_modes(targets) if entry is not None else set()
     if dry_run:
         unavailable = None
         try:
-            secret = None if entry is None else secrets.read_credentials(*entry, modes)
+            secret = None if entry is None else settings.read_credentials(*entry, modes)
         except SecretError as exc:
             # A dry run still shows the whole plan; the missing key becomes a note in it.
             secret, unavailable = None, str(exc)
@@ -133,7 +134,7 @@ def deploy(
                                           install=install, title=title, key_unavailable=unavailable),
                         dry_run=True)
     # Read on a thread while the hosts connect and probe; the plan's changing steps wait.
-    pending = None if entry is None else secrets.read_credentials_soon(*entry, modes)
+    pending = None if entry is None else settings.read_credentials_soon(*entry, modes)
     p = deploy_plan.build(targets, verify=verify, script=script, key=pending, install=install,
                           title=title)
     reports = plan.execute(p, connect=CONNECT)
@@ -173,7 +174,7 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
     """Store the key in the OS keyring from a hidden prompt (or stdin when piped)."""
     import getpass
 
-    from handoff.ops import secrets
+    from handoff.config import os_keyring
 
     if sys.stdin.isatty():
         key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
@@ -184,8 +185,8 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
         raise UsageError("empty key; nothing stored")
     if not key.startswith("sk-"):
         console.warn("that does not look like an OpenRouter key (sk-or-…); storing it anyway")
-    secrets.store_key(key, service, username)
-    console.say(f"stored key {secrets.fingerprint(key)} in the OS keyring as {service}/{username}")
+    os_keyring.store_key(key, service, username)
+    console.say(f"stored key {os_keyring.fingerprint(key)} in the OS keyring as {service}/{username}")
     return 0
 
 
@@ -237,9 +238,9 @@ def launch(
     dry_run: bool = False,
 ) -> int:
     """Start one job per dataset detached on each host, sharded i/n; the estimate first."""
-    from handoff.ops import secrets
     from handoff.ops.jobs import estimate
     from handoff.ops.jobs import launch as launch_plan
+    from handoff.ops.secrets import settings
 
     values = dict(flags)
     job_flag = values.pop("job", None)
@@ -270,7 +271,7 @@ def launch(
         console.say(budget_line)
     # A budget limits the hosts' child keys too: the management key is read (once, on this
     # workstation) only if a host turns out to hold one.
-    p.private["management"] = secrets.ManagementKeys()
+    p.private["management"] = settings.ManagementKeys()
     return run_plan(p, dry_run)
 
 
@@ -280,14 +281,14 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
     import json
 
-    from handoff.ops import secrets
     from handoff.ops.jobs import status as st
+    from handoff.ops.secrets import settings
 
     every = _flag.real("--interval", interval, minimum=0.2, default=2.0)
     assert every is not None
     # Child keys' usage, limit and expiry: from the management API, on this workstation.
     watcher = st.Watcher(targets_for(host, role), job, CONNECT,
-                         key_lookup=secrets.ManagementKeys().lookup)
+                         key_lookup=settings.ManagementKeys().lookup)
     live = wait and console.console().is_terminal and not as_json
     try:
         views = watcher.collect()
@@ -367,7 +368,7 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
     host, or on the --host hosts), revoke the child keys, and verify each is gone."""
     from handoff.config import state
     from handoff.errors import InventoryError
-    from handoff.ops import secrets
+    from handoff.ops.secrets import cleanup, revoke, settings
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
     everywhere: list[str] = []
@@ -379,7 +380,7 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
         except InventoryError as exc:
             console.warn(f"{exc}; checking only the hosts the ledger and the last deploy name")
         everywhere += state.load_targets()[0]
-    scope = secrets.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True),
+    scope = cleanup.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True),
                                     everywhere)
     for skipped in scope.skipped:
         console.warn(f"not checked: {skipped}")
@@ -387,17 +388,17 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
         console.say("the ledger lists no placed or minted keys and there is no host to check: "
                     "nothing to clean (already absent)")
         return 0
-    p = secrets.cleanup_plan(scope)
+    p = cleanup.cleanup_plan(scope)
     if dry_run:
         run_plan(p, dry_run=True)
-        console.say(secrets.revocation_plan(secrets.revocations(scope)))
+        console.say(revoke.revocation_plan(revoke.revocations(scope)))
         return 0
     reports = plan.execute(p, connect=CONNECT) if p.hosts else []
-    todo = secrets.revocations(scope, reports)
-    revoked = secrets.revoke_all(todo, secrets.ManagementKeys()) if todo else []
+    todo = revoke.revocations(scope, reports)
+    revoked = revoke.revoke_all(todo, settings.ManagementKeys()) if todo else []
     if revoked:
-        console.say(secrets.revocation_table(revoked))
-    ok, lines = secrets.cleanup_summary(reports, revoked)
+        console.say(revoke.revocation_table(revoked))
+    ok, lines = revoke.cleanup_summary(reports, revoked)
     for line in lines:
         (console.say if ok else console.error)(line)
     return 0 if ok else 1

@@ -10,9 +10,9 @@ Nothing here opens a connection. Imports only the foundations (handoff.errors, .
 - `roles`: what a host is for (`roles/*.yml`, the shipped defaults).
 - `layout`: where things live on a host (`RemoteLayout`), and remote path helpers.
 - `state`: the local state dir: the last deploy's hosts, the key ledger.
-- `keyring`: the OS keyring, and key fingerprints.
+- `os_keyring`: the OS keyring (the API and management keys), and key fingerprints.
 
 This package's `__init__` imports nothing, so importing one module costs only that module.
 """
 
-__all__ = ["flags", "inventory", "keyring", "layout", "paths", "roles", "state", "yamlfile"]
+__all__ = ["flags", "inventory", "layout", "os_keyring", "paths", "roles", "state", "yamlfile"]

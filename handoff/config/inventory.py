@@ -120,7 +120,7 @@ _NUMBERS: dict[str, dict[str, Any]] = {
 _STRINGS = ("python", "remote_dir", "key_path", "secret_service", "secret_username", "base_url",
             "model", "job", "input")
 _CHOICES: dict[str, tuple[str, ...]] = {}
-# key_mode, key_limit and key_ttl_hours are checked together by handoff.ops.secrets.key_settings
+# key_mode, key_limit and key_ttl_hours are checked together by handoff.ops.secrets.settings.key_settings
 # (they depend on each other), also before any host is contacted.
 
 

@@ -26,7 +26,7 @@ from handoff.config.layout import RemoteLayout
 from handoff.config.roles import Role, get_role, known_roles
 from handoff.defaults import DEFAULT_ROLE
 from handoff.errors import TargetError
-from handoff.ssh.connect import Endpoint, endpoint, is_alias, parse_spec
+from handoff.ssh.endpoint import Endpoint, endpoint, is_alias, parse_spec
 
 
 @dataclass

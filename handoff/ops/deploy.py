@@ -4,7 +4,7 @@ or any one of them alone.
 The probe is always the first step: one round trip that both verifies the host and tells
 the later steps what is already there, so an unchanged redeploy is connect + probe and
 nothing else. The steps come from their own modules (verify.probe_step, releases.steps,
-secrets.place_step); this module only puts them in order per host.
+step.place_step); this module only puts them in order per host.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from handoff.host.targets import Target
-from handoff.ops import releases, secrets
+from handoff.ops import releases
+from handoff.ops.secrets import settings, step
 from handoff.ops.verify import probe_step
 from handoff.run.plan import HostPlan, Plan
 
@@ -23,16 +24,16 @@ def build(
     *,
     verify: bool = True,
     script: bool = True,
-    key: str | secrets.Credentials | Future[Any] | None = None,
+    key: str | settings.Credentials | Future[Any] | None = None,
     key_unavailable: str | None = None,
     install: bool = False,
     title: str = "deploy",
 ) -> Plan:
     """Plan for deploy (all three) or one checklist step alone.
 
-    `key` is what the keyring gave (secrets.Credentials: the API key and/or the management
+    `key` is what the keyring gave (settings.Credentials: the API key and/or the management
     key; a bare string is an API key) and may still be on its way (a Future, see
-    secrets.read_credentials_soon): hosts connect and probe meanwhile, and every step that
+    settings.read_credentials_soon): hosts connect and probe meanwhile, and every step that
     changes a host waits for it first, so a keyring failure still changes nothing anywhere.
     Each host's `key_mode` then decides whether it gets the API key or a child key minted
     for it. `key_unavailable` (dry run only) is why there is no key: the plan still shows
@@ -42,15 +43,15 @@ def build(
     plan = Plan(title, [], private={"release": release, "key": key},
                 pending={"key": "the API key could not be read from the keyring"})
     for t in targets:  # bad key vars stop the whole command before any host is touched
-        if (key is not None or key_unavailable is not None) and secrets.takes_key(t):
-            secrets.key_settings(t)
+        if (key is not None or key_unavailable is not None) and settings.takes_key(t):
+            settings.key_settings(t)
     for i, t in enumerate(targets):
-        places_key = (key is not None or key_unavailable is not None) and secrets.takes_key(t)
+        places_key = (key is not None or key_unavailable is not None) and settings.takes_key(t)
         # The folders later steps may create: the probe reports which exist, so creating
         # them costs no stat round trips.
         dirs = releases.folders(t.layout, release) if release is not None else []
-        if key is not None and secrets.takes_key(t):
-            dirs += secrets.key_folders(t)
+        if key is not None and settings.takes_key(t):
+            dirs += step.key_folders(t)
         # The shard this host would get from `fab launch` over the same targets: a role's
         # preflight (the extractor's disk estimate) then checks this host's share only. It
         # may tokenize the whole input (minutes): `fab verify` runs it, deploy does not, so
@@ -62,6 +63,6 @@ def build(
         if release is not None:
             steps += releases.steps(t, release)
         if places_key:
-            steps.append(secrets.place_step(t, key, key_unavailable))
+            steps.append(step.place_step(t, key, key_unavailable))
         plan.hosts.append(HostPlan(t, steps))
     return plan

@@ -1,4 +1,4 @@
-"""Child keys: OpenRouter's key-management API, and the record of which child key a host holds.
+"""Child keys: OpenRouter's key-management API, called from the workstation.
 
 A management key (never placed on a host) lets the workstation create API keys with a
 spending `limit` and an `expires_at`, read their usage, change their limit and delete them
@@ -15,11 +15,8 @@ The surface is small on purpose:
   entry, and the server's own words pass redaction.
 - `ChildKey`: what the API says about a key (hash, name, limit, usage, expiry), never the
   key itself; `Minted` pairs a fresh key with it, once, for placement.
-- `KeyRecord` (`read_record`, `write_record`): a small JSON file beside the key on the host
-  (`<key_path>.minted.json`) naming the child key's hash and the API it belongs to. The hash
-  is public: it identifies the key to the management API and cannot be used to call
-  models. It lets `cleanup-secrets` revoke, and `fab status` report, the key a host holds
-  even when the local ledger is gone.
+- the record of which child key a host holds, a small JSON file beside the key
+  (`<key_path>.minted.json`), is handoff.host.keyrecord.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -41,20 +38,17 @@ from handoff.errors import (
     ManagementKeyRefused,
     NotAManagementKey,
 )
-from handoff.host.session import Session
-from handoff.host.transfer import upload_atomic
 from payload.redact import REDACTOR
 
 TIMEOUT_S = 20.0
+
 # The list endpoint is paged; a runaway account (or a server that ignores `offset`) must not
 # keep `find` looping.
 MAX_PAGES = 50
 
-
 def utc_iso(moment: datetime) -> str:
     """ISO 8601 in UTC with an explicit `Z`, to the second: OpenRouter rejects other zones."""
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 def parse_time(text: Any) -> datetime | None:
     """An API timestamp (`...Z` or with an offset) as an aware datetime; None if absent/bad."""
@@ -66,15 +60,12 @@ def parse_time(text: Any) -> datetime | None:
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
-
 def expiry(ttl_hours: float, now: datetime | None = None) -> str:
     """`expires_at` for a key minted now that lives `ttl_hours`."""
     return utc_iso((now or datetime.now(timezone.utc)) + timedelta(hours=float(ttl_hours)))
 
-
 def money(value: float | None) -> str:
     return "none" if value is None else f"${value:.4f}"
-
 
 def until(moment: datetime | None, now: datetime | None = None) -> str:
     """`in 23h 59m` / `EXPIRED 5m ago` / `never`: how long a key has left, for people."""
@@ -84,7 +75,6 @@ def until(moment: datetime | None, now: datetime | None = None) -> str:
     span = abs(left)
     text = f"{int(span // 3600)}h {int(span % 3600 // 60)}m" if span >= 3600 else f"{int(span // 60)}m"
     return f"in {text}" if left > 0 else f"EXPIRED {text} ago"
-
 
 @dataclass(frozen=True)
 class ChildKey:
@@ -125,14 +115,12 @@ class ChildKey:
         return (f"used {money(self.usage)} of {money(self.limit)}, expires "
                 f"{until(self.expires_at, now)}{state}")
 
-
 @dataclass(frozen=True)
 class Minted:
     """A key just created: the secret (for placement, once) and its public facts."""
 
     key: str = field(repr=False)
     info: ChildKey
-
 
 def child_name(label: str, role: str | None, job: str | None, endpoint: str,
                now: datetime | None = None) -> str:
@@ -142,7 +130,6 @@ def child_name(label: str, role: str | None, job: str | None, endpoint: str,
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%MZ")
     work = "/".join(dict.fromkeys(p for p in (role, job) if p)) or "no role"
     return f"handoff {label} {work} {endpoint} {stamp} #{secrets.token_hex(3)}"
-
 
 class Client:
     """The management API at `base_url` (the host's `base_url` var), with `management_key`.
@@ -287,10 +274,8 @@ class Client:
                                 status=status)
         return KeyAPIFailed(f"{where} refused to {what} ({status}: {said}).", status=status)
 
-
 def _quote(key_hash: str) -> str:
     return urllib.parse.quote(key_hash, safe="")
-
 
 def _json(raw: bytes) -> Any:
     try:
@@ -298,10 +283,8 @@ def _json(raw: bytes) -> Any:
     except (UnicodeDecodeError, ValueError):
         return None
 
-
 def _redacted(value: Any) -> str:
     return REDACTOR.redact(str(value))
-
 
 def _message(body: Any) -> str:
     """The server's own words (`error.message`), redacted and kept short."""
@@ -310,51 +293,4 @@ def _message(body: Any) -> str:
     return _redacted(text if isinstance(text, str) and text else "no message")[:300]
 
 
-# --- the record beside the key on the host ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KeyRecord:
-    """`<key_path>.minted.json`: which child key the file beside it holds. Public facts only."""
-
-    hash: str
-    name: str
-    api: str  # the management API (the host's base_url when it was minted)
-    service: str  # the keyring service whose management key minted it
-    fingerprint: str  # 8 hex of sha256(key): ties the record to the file beside it
-    expires_at: str | None
-    limit: float | None
-    minted: float  # unix time
-
-    @classmethod
-    def from_json(cls, raw: Any) -> KeyRecord | None:
-        """The record as read from a host; None when it is not one (absent, torn, foreign)."""
-        if not isinstance(raw, dict) or not isinstance(raw.get("hash"), str) or not raw["hash"]:
-            return None
-        limit = raw.get("limit")
-        return cls(raw["hash"], str(raw.get("name") or ""), str(raw.get("api") or ""),
-                   str(raw.get("service") or ""), str(raw.get("fingerprint") or ""),
-                   raw.get("expires_at") if isinstance(raw.get("expires_at"), str) else None,
-                   float(limit) if isinstance(limit, (int, float)) else None,
-                   float(raw.get("minted") or 0.0))
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True) + "\n"
-
-
-def read_record(session: Session, path: str, size: int | None = None) -> KeyRecord | None:
-    """The record at `path` on the host (absolute, or relative to the home); None if absent
-    or unreadable as a record."""
-    files = session.files
-    try:
-        if size is None:
-            size = files.stat(path).size
-        raw = b"".join(files.read_chunks(path, 0, min(int(size), 64 * 1024)))
-    except (FileNotFoundError, OSError):
-        return None
-    return KeyRecord.from_json(_json(raw))
-
-
-def write_record(session: Session, path: str, record: KeyRecord) -> None:
-    """Replace the record atomically, 0600 like the key (it says where a key lies)."""
-    upload_atomic(session.files, record.to_json().encode("utf-8"), path, 0o600, durable=True)
+__all__ = ["ChildKey", "Client", "Minted", "child_name", "expiry", "money", "parse_time", "until", "utc_iso"]

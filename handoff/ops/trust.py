@@ -1,6 +1,6 @@
 """`fab trust-host`: show each host key on the way to a target, pin it once confirmed.
 
-The route is walked as a connection walks it (handoff.ssh.connect.route): every jump host of a
+The route is walked as a connection walks it (handoff.ssh.endpoint.route): every jump host of a
 ProxyJump chain first, then the target. For each, only the key exchange runs, with the
 host key algorithms ordered as for a real connection (the types already known first), so
 the key shown is the one a connection would compare. A key already trusted is said so; a
@@ -18,11 +18,11 @@ import paramiko
 from handoff import console
 from handoff.errors import ChangedHostKey, HostKeyError, RevokedHostKey, UnknownHostKey
 from handoff.host.targets import Target
-from handoff.ssh import connect as ssh
-from handoff.ssh import hostkeys
+from handoff.ssh import connect, hostkeys
+from handoff.ssh.endpoint import Hop, route
 
 
-def _decide(hop: ssh.Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
+def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
             hint: str) -> bool:
     """Show `key` for `hop` and pin it if the user agrees; True when it is trusted after."""
     ep = hop.endpoint
@@ -67,16 +67,16 @@ def _decide(hop: ssh.Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bo
 def trust(target: Target, yes: bool) -> bool:
     """`fab trust-host` for one target (and every jump host on its way); True when all
     their keys are trusted afterwards."""
-    hint = ssh.hint_for(target.label)
-    hops = ssh.route(target.endpoint, target.label)
-    through: ssh.Link | None = None
+    hint = connect.hint_for(target.label)
+    hops = route(target.endpoint, target.label)
+    through: connect.Link | None = None
     try:
         for i, hop in enumerate(hops):
-            key, known = ssh.fetch_host_key(hop, through)
+            key, known = connect.fetch_host_key(hop, through)
             if not _decide(hop, key, known, yes, hint):
                 return False
             if i < len(hops) - 1:
-                through = ssh.connect_hop(hop, through, hint)
+                through = connect.connect_hop(hop, through, hint)
     finally:
         if through is not None:
             through.close()

@@ -24,7 +24,7 @@ from handoff import console
 from handoff.errors import HandoffError
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
-from handoff.ssh import connect as ssh
+from handoff.ssh import connect
 
 MAX_WORKERS = 32
 
@@ -134,7 +134,7 @@ def _run_all(reports: list[HostReport], one: Callable[[HostReport], HostReport],
         for report in reports:
             if id(report) not in done:
                 report.fail("interrupted")
-        ssh.abort_all()
+        connect.abort_all()
         raise
 
 

@@ -30,7 +30,8 @@ from typing import Any
 from handoff import console
 from handoff.errors import HandoffError
 from handoff.host.facts import Facts
-from handoff.host.session import Connector, Session, SSHSession
+from handoff.host.session import Connector, Session
+from handoff.host.ssh_session import SSHSession
 from handoff.host.targets import Target
 from handoff.run.parallel import HostReport, run_parallel
 

@@ -19,7 +19,6 @@ connection in flight (Ctrl-C), which unblocks the threads waiting on them at onc
 
 from __future__ import annotations
 
-import base64
 import getpass
 import logging
 import os
@@ -29,17 +28,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from typing import Any
 
 import paramiko
 
-from handoff.errors import ConnectError, HostKeyError, TargetError
+from handoff.errors import ConnectError, TargetError
 from handoff.ssh import hostkeys
-from handoff.ssh import ssh_config as sshconfig
+from handoff.ssh.auth import login
+from handoff.ssh.endpoint import Endpoint, Hop, route
 
-CONNECT_TIMEOUT = sshconfig.DEFAULT_CONNECT_TIMEOUT
-MAX_HOPS = 10  # a ProxyJump chain longer than this is a loop in ssh_config
 # Ciphers offered first: AES-GCM is an AEAD, so paramiko makes one C call per packet where
 # aes-ctr + hmac-sha2-256 (its default) makes two; a 1 GB fetch took ~25% less CPU
 # (BENCHMARKS.md, "Transfers"). paramiko has no chacha20-poly1305. A server without them
@@ -54,139 +51,18 @@ _paramiko_log = logging.getLogger("paramiko")
 _paramiko_log.addHandler(logging.NullHandler())
 _paramiko_log.propagate = False
 
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and as whom to log in, after ssh_config and the inventory are merged."""
-
-    hostname: str
-    port: int
-    user: str
-    identity: tuple[str, ...] = ()
-    known_hosts: tuple[str, ...] = ()  # UserKnownHostsFile (ssh's default when unset)
-    global_known_hosts: tuple[str, ...] = ()
-    proxy_jump: tuple[str, ...] = ()  # hops, in the order they are connected through
-    proxy_command: str | None = None
-    identities_only: bool = False
-    identity_agent: str | None = None  # None: $SSH_AUTH_SOCK; "none": no agent
-    host_key_alias: str | None = None
-    connect_timeout: float = CONNECT_TIMEOUT
-    name: str = ""  # what ssh_config was looked up for (an alias, an inventory address)
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
-
-    @property
-    def via(self) -> str:
-        """How it is reached, for people: ` via a, b` / ` via ProxyCommand` / ``."""
-        if self.proxy_jump:
-            return " via " + ", ".join(self.proxy_jump)
-        if self.proxy_command:
-            return " via ProxyCommand"
-        return ""
-
-    def direct(self) -> Endpoint:
-        """The same host with no proxy of its own (a hop after the first of a chain)."""
-        return replace(self, proxy_jump=(), proxy_command=None)
-
-
-def endpoint(address: str, port: int | None = None, user: str | None = None,
-             identity: str | None = None) -> Endpoint:
-    """ssh's settings for `address`, the inventory's values given as ssh's command-line
-    options (`-p`, `-l`, `-i`) so that they override ssh_config as they would for ssh."""
-    return from_config(sshconfig.lookup(address, port, user, identity))
-
-
-def from_config(cfg: sshconfig.HostConfig) -> Endpoint:
-    return Endpoint(
-        hostname=cfg.hostname, port=cfg.port, user=cfg.user, identity=cfg.identity_files,
-        known_hosts=cfg.user_known_hosts, global_known_hosts=cfg.global_known_hosts,
-        proxy_jump=cfg.proxy_jump, proxy_command=cfg.proxy_command,
-        identities_only=cfg.identities_only, identity_agent=cfg.identity_agent,
-        host_key_alias=cfg.host_key_alias, connect_timeout=cfg.connect_timeout, name=cfg.name,
-    )
-
-
-def is_alias(name: str) -> bool:
-    return sshconfig.is_alias(name)
-
-
-def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
-    """`[user@]address[:port]` (IPv6 as `[addr]:port`; also ssh's `ssh://` form, as a
-    ProxyJump entry may be written) -> (user, address, port)."""
-    if spec.startswith("ssh://"):
-        spec = spec[len("ssh://"):].rstrip("/")
-    user = None
-    if "@" in spec:
-        user, spec = spec.rsplit("@", 1)
-    port = None
-    if spec.startswith("["):
-        address, _, rest = spec[1:].partition("]")
-        if rest.startswith(":"):
-            port = int(rest[1:])
-    elif spec.count(":") == 1:
-        address, port_s = spec.split(":")
-        port = int(port_s)
-    else:
-        address = spec
-    return user or None, address, port
-
-
-# --- the route: every host connected to, in order ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One host of a route, with what to call it in messages."""
-
-    endpoint: Endpoint
-    label: str  # "sbx-3" for the target, "bast (jump host for sbx-3)" for a hop
-    spec: str  # the name it was given by (ProxyJump entry, alias, address)
-
-
-def route(ep: Endpoint, label: str, depth: int = 0) -> list[Hop]:
-    """The hosts to connect through, first to last, ending with `ep` itself. The first hop
-    keeps its own ProxyJump/ProxyCommand (as `ssh -J a,b` does: `a` is reached as ssh reaches
-    it); each later hop is reached through the one before it."""
-    if depth > MAX_HOPS:
-        raise TargetError(f"{label}: ProxyJump chain longer than {MAX_HOPS} hops (a loop in "
-                          f"~/.ssh/config?)")
-    if not ep.proxy_jump:
-        return [Hop(ep, label, ep.name or ep.hostname)]
-    hops: list[Hop] = []
-    for i, spec in enumerate(ep.proxy_jump):
-        try:
-            user, address, port = parse_spec(spec)
-        except ValueError:
-            raise TargetError(f"{label}: ProxyJump entry {spec!r} is not [user@]host[:port]") from None
-        hop_ep = endpoint(address, port, user)
-        hop_label = f"{spec} (jump host for {label})"
-        if i == 0:
-            first = route(hop_ep, hop_label, depth + 1)
-            hops.extend(first[:-1])
-            hops.append(Hop(first[-1].endpoint, hop_label, spec))
-        else:
-            hops.append(Hop(hop_ep.direct(), hop_label, spec))
-    hops.append(Hop(ep.direct(), label, ep.name or ep.hostname))
-    return hops
-
-
-# --- connections in flight (Ctrl-C closes them all) ------------------------------------------------
-
 _live_lock = threading.Lock()
-_live: set[Any] = set()  # transports, sockets, proxy commands being used or set up
 
+_live: set[Any] = set()  # transports, sockets, proxy commands being used or set up
 
 def _track(thing: Any) -> Any:
     with _live_lock:
         _live.add(thing)
     return thing
 
-
 def _untrack(thing: Any) -> None:
     with _live_lock:
         _live.discard(thing)
-
 
 def _close_quietly(thing: Any) -> None:
     try:
@@ -194,7 +70,6 @@ def _close_quietly(thing: Any) -> None:
     except Exception:
         pass
     _untrack(thing)
-
 
 def abort_all() -> int:
     """Close every connection and connection attempt of this process (Ctrl-C): threads
@@ -208,7 +83,6 @@ def abort_all() -> int:
         except Exception:
             pass
     return len(things)
-
 
 class _Transport(paramiko.Transport):
     """paramiko's Transport offering host key algorithms in the order handoff chose (known
@@ -224,7 +98,6 @@ class _Transport(paramiko.Transport):
         usable = set(self._key_info)
         disabled = set(self.disabled_algorithms.get("keys", []))
         return tuple(a for a in self.host_key_order if a in usable and a not in disabled)
-
 
 class Link:
     """One authenticated SSH connection and the hops (links) it runs through."""
@@ -255,13 +128,8 @@ class Link:
         """The hops' labels, first to last (this link last)."""
         return ([] if self.through is None else self.through.route) + [self.label]
 
-
-# --- step 1: the socket --------------------------------------------------------------------------------
-
-
 def _where(ep: Endpoint) -> str:
     return f"{ep.hostname}:{ep.port}"
-
 
 def _expand_proxy_command(command: str, ep: Endpoint) -> str:
     """ssh's tokens in a ProxyCommand: %h %p %r %n %u %d %%."""
@@ -281,7 +149,6 @@ def _expand_proxy_command(command: str, ep: Endpoint) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
-
 
 def _open_socket(hop: Hop, through: Link | None) -> Any:
     """A socket-like object to `hop`: TCP, a channel through the previous link, or a
@@ -328,14 +195,9 @@ def _open_socket(hop: Hop, through: Link | None) -> Any:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return _track(sock)
 
-
-# --- step 2: key exchange and the host key ------------------------------------------------------------
-
-
 def knowledge_for(ep: Endpoint) -> hostkeys.Knowledge:
     return hostkeys.knowledge(ep.hostname, ep.port, ep.known_hosts, ep.global_known_hosts,
                               ep.host_key_alias)
-
 
 def _handshake(sock: Any, hop: Hop, known: hostkeys.Knowledge) -> paramiko.Transport:
     """Key exchange only (no check, no login): the transport and the server's key."""
@@ -367,7 +229,6 @@ def _handshake(sock: Any, hop: Hop, known: hostkeys.Knowledge) -> paramiko.Trans
     raise ConnectError(_handshake_failure(where, timeout, failure, banner,
                                           time.monotonic() - started, recorder.head))
 
-
 class _Recording:
     """A socket-like object that keeps the first bytes the server sent: what a server that
     is not an SSH server said, for the message (paramiko skips such lines silently)."""
@@ -384,7 +245,6 @@ class _Recording:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
-
 
 def _handshake_failure(where: str, timeout: float, failure: BaseException | None,
                        banner: str, elapsed: float, head: bytes = b"") -> str:
@@ -417,126 +277,9 @@ def _handshake_failure(where: str, timeout: float, failure: BaseException | None
         return f"{where} closed the connection during the key exchange"
     return f"{where}: SSH key exchange failed: {text or type(failure).__name__}"
 
-
 def hint_for(target_label: str) -> str:
     """The command that pins host keys for a target (and every jump host on its way)."""
     return f"fab trust-host --host {shlex.quote(target_label)}"
-
-
-# --- step 3: the login ------------------------------------------------------------------------------
-
-
-def _agent(ep: Endpoint) -> paramiko.Agent | None:
-    """The ssh-agent ssh would use (IdentityAgent, else $SSH_AUTH_SOCK), or None."""
-    if ep.identity_agent == "none":
-        return None
-    path = ep.identity_agent or os.environ.get("SSH_AUTH_SOCK")
-    if not path:
-        return None
-    agent = paramiko.Agent.__new__(paramiko.Agent)
-    paramiko.agent.AgentSSH.__init__(agent)
-    try:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(5)
-        conn.connect(path)
-        agent._connect(conn)
-    except (OSError, paramiko.SSHException):
-        return None  # ssh too goes on without an agent it cannot reach
-    return agent
-
-
-def _public_blob(path: str) -> bytes | None:
-    """The public key of an identity file (`F.pub`), to find it in the agent."""
-    try:
-        with open(path + ".pub", encoding="utf-8") as fh:
-            return base64.b64decode(fh.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _candidates(ep: Endpoint, agent: paramiko.Agent | None) -> tuple[list[tuple[str, Any]], list[str]]:
-    """Keys to offer, in ssh's order, and encrypted identity files that could not be used
-    (no agent holds them)."""
-    agent_keys = list(agent.get_keys()) if agent is not None else []
-    by_blob = {k.asbytes(): k for k in agent_keys}
-    offered: list[tuple[str, Any]] = []
-    used: set[bytes] = set()
-    encrypted: list[str] = []
-    for path in ep.identity:
-        if not os.path.isfile(path):
-            continue
-        pub = _public_blob(path)
-        if pub is not None and pub in by_blob:
-            offered.append((f"{path} (agent)", by_blob[pub]))
-            used.add(pub)
-            continue
-        try:
-            key = paramiko.PKey.from_path(path)
-        except paramiko.PasswordRequiredException:
-            encrypted.append(path)
-            continue
-        except TypeError as exc:  # cryptography's words for the same thing
-            if "password" in str(exc).lower():
-                encrypted.append(path)
-            continue
-        except (paramiko.SSHException, OSError, ValueError):
-            continue  # not a key ssh could use either
-        if key.asbytes() in by_blob:
-            used.add(key.asbytes())
-        offered.append((path, key))
-    if not ep.identities_only:
-        offered += [(f"agent key {hostkeys.fingerprint(k.asbytes())}", k)
-                    for k in agent_keys if k.asbytes() not in used]
-    return offered, encrypted
-
-
-def _login(transport: paramiko.Transport, hop: Hop) -> None:
-    ep, label = hop.endpoint, hop.label
-    where = f"{label} ({ep})"
-    agent = _agent(ep)
-    try:
-        offered, encrypted = _candidates(ep, agent)
-        if not offered:
-            if encrypted:
-                raise ConnectError(f"{where}: encrypted key {encrypted[0]} and no agent: add it "
-                                   f"with `ssh-add {encrypted[0]}`, then run this again")
-            files = ", ".join(ep.identity) or "none"
-            raise ConnectError(f"{where}: no key to log in with (identity files tried: {files}; "
-                               f"no ssh-agent); set `identity` in the inventory or IdentityFile "
-                               f"in ~/.ssh/config")
-        for _name, key in offered:
-            try:
-                transport.auth_publickey(ep.user, key)
-            except paramiko.BadAuthenticationType as exc:
-                raise ConnectError(f"{where}: the server does not take SSH keys (it allows: "
-                                   f"{', '.join(exc.allowed_types) or 'nothing'})") from None
-            except paramiko.AuthenticationException as exc:
-                if "timeout" in str(exc).lower():
-                    # paramiko reports a slow server with the same class as a refused key;
-                    # "refused" would send the user after the wrong fix.
-                    raise ConnectError(f"{where}: the login did not finish within "
-                                       f"{ep.connect_timeout:.0f} s (host overloaded?); try "
-                                       f"again") from None
-                continue
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                raise ConnectError(f"{where}: the host closed the connection during the login "
-                                   f"({exc or type(exc).__name__}); too many keys offered "
-                                   f"(MaxAuthTries)? set IdentitiesOnly yes") from None
-            if transport.is_authenticated():
-                return
-        tried = ", ".join(name for name, _ in offered)
-        extra = (f"; encrypted key {encrypted[0]} was skipped (no agent holds it): add it "
-                 f"with `ssh-add {encrypted[0]}`") if encrypted else ""
-        raise ConnectError(f"{where}: login refused for user {ep.user!r} with {tried}{extra}; "
-                           f"check `user`/`identity` in the inventory or User/IdentityFile in "
-                           f"~/.ssh/config")
-    finally:
-        if agent is not None:
-            agent.close()
-
-
-# --- putting it together --------------------------------------------------------------------------------
-
 
 def _link(hop: Hop, through: Link | None, hint: str) -> Link:
     sock = _open_socket(hop, through)
@@ -545,7 +288,7 @@ def _link(hop: Hop, through: Link | None, hint: str) -> Link:
         transport = _handshake(sock, hop, known)
         try:
             how = known.check(hop.label, hop.endpoint.hostname, transport.get_remote_server_key(), hint)
-            _login(transport, hop)
+            login(transport, hop)
         except BaseException:
             _close_quietly(transport)
             raise
@@ -555,7 +298,6 @@ def _link(hop: Hop, through: Link | None, hint: str) -> Link:
     link = Link(hop, transport, through, sock)
     link.trusted_by = how
     return link
-
 
 def open_connection(ep: Endpoint, label: str) -> Link:
     """Connect through every hop of the route, checking each host key and logging in to
@@ -572,7 +314,6 @@ def open_connection(ep: Endpoint, label: str) -> Link:
     assert link is not None
     return link
 
-
 def fetch_host_key(hop: Hop, through: Link | None) -> tuple[paramiko.PKey, hostkeys.Knowledge]:
     """The key `hop` shows (negotiated as for a connection), without checking it or logging
     in: for trust-host, which shows it to the user."""
@@ -587,7 +328,6 @@ def fetch_host_key(hop: Hop, through: Link | None) -> tuple[paramiko.PKey, hostk
     finally:
         _close_quietly(sock)
 
-
 def connect_hop(hop: Hop, through: Link | None, hint: str) -> Link:
     """One checked, authenticated link (trust-host walks a route with it)."""
     try:
@@ -596,7 +336,6 @@ def connect_hop(hop: Hop, through: Link | None, hint: str) -> Link:
         if through is not None:
             through.close()
         raise
-
 
 @contextmanager
 def deadline(link: Link, seconds: float, what: str) -> Iterator[None]:
@@ -625,6 +364,4 @@ def deadline(link: Link, seconds: float, what: str) -> Iterator[None]:
                            f"{what}; the connection was closed")
 
 
-__all__ = ["CONNECT_TIMEOUT", "Endpoint", "Hop", "HostKeyError", "Link", "abort_all",
-           "connect_hop", "deadline", "endpoint", "fetch_host_key", "from_config", "hint_for",
-           "is_alias", "knowledge_for", "open_connection", "parse_spec", "route"]
+__all__ = ["Link", "abort_all", "connect_hop", "deadline", "fetch_host_key", "hint_for", "knowledge_for", "open_connection"]

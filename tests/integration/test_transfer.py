@@ -76,7 +76,7 @@ def test_a_cut_fetch_resumes_moving_only_the_rest(make_sandbox, fab, tmp_path: P
 def session(make_sandbox) -> Any:
     """An SSHSession to a fresh one-host sandbox, as `fab` would open it."""
     from handoff.cli import commands
-    from handoff.host.session import SSHSession
+    from handoff.host.ssh_session import SSHSession
 
     sbx = make_sandbox(hosts=1, api=False, keyring="file")
     saved = dict(os.environ)

@@ -28,7 +28,8 @@ import pytest
 from handoff import console
 from handoff.errors import ChangedHostKey, ConnectError, RevokedHostKey, UnknownHostKey
 from handoff.ssh import hostkeys
-from handoff.ssh.connect import Endpoint, open_connection
+from handoff.ssh.connect import open_connection
+from handoff.ssh.endpoint import Endpoint
 
 
 class Server(paramiko.ServerInterface):

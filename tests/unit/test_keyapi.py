@@ -16,6 +16,7 @@ from handoff.errors import (
     ManagementKeyRefused,
     NotAManagementKey,
 )
+from handoff.host import keyrecord
 from handoff.ops import keyapi
 from handoff.testing.fakekeys import MgmtFault
 from handoff.testing.local import LocalSession
@@ -104,13 +105,13 @@ def test_time_helpers() -> None:
 
 def test_the_record_beside_the_key(ws: Workstation) -> None:
     [target] = ws.targets("a")
-    record = keyapi.KeyRecord("h" * 64, "n", "http://127.0.0.1:9/api/v1", "openrouter",
+    record = keyrecord.KeyRecord("h" * 64, "n", "http://127.0.0.1:9/api/v1", "openrouter",
                               "abcd1234", "2099-01-01T00:00:00Z", 5.0, 1.0)
     with LocalSession(target, ws.home("a")) as session:
         session.files.mkdir(".handoff")
-        assert keyapi.read_record(session, ".handoff/k.minted.json") is None
-        keyapi.write_record(session, ".handoff/k.minted.json", record)
-        assert keyapi.read_record(session, ".handoff/k.minted.json") == record
+        assert keyrecord.read_record(session, ".handoff/k.minted.json") is None
+        keyrecord.write_record(session, ".handoff/k.minted.json", record)
+        assert keyrecord.read_record(session, ".handoff/k.minted.json") == record
         assert (ws.home("a") / ".handoff/k.minted.json").stat().st_mode & 0o777 == 0o600
         (ws.home("a") / ".handoff/torn.minted.json").write_text('{"hash": ')
-        assert keyapi.read_record(session, ".handoff/torn.minted.json") is None
+        assert keyrecord.read_record(session, ".handoff/torn.minted.json") is None

@@ -13,7 +13,7 @@ from handoff import console
 from handoff.errors import RemoteError
 from handoff.host.targets import Target
 from handoff.run.parallel import HostReport, run_parallel
-from handoff.ssh.connect import Endpoint
+from handoff.ssh.endpoint import Endpoint
 from payload.redact import REDACTOR
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from handoff.cli import commands
-from handoff.config import state
-from handoff.ops import deploy, secrets
+from handoff.config import os_keyring, state
+from handoff.ops import deploy
+from handoff.ops.secrets import cleanup
+from handoff.ops.secrets import place as placing
 from handoff.run import plan
 from tests.unit.conftest import Workstation
 
@@ -38,15 +40,15 @@ def test_place_creates_the_file_0600_exclusively_and_is_idempotent(ws: Workstati
         from handoff.host.facts import KEY_FILE, gather
 
         facts = gather(session, None, files={KEY_FILE: str(target.vars["key_path"])})
-        assert secrets.place(session, facts, KEY).startswith(f"key {secrets.fingerprint(KEY)} already at")
+        assert placing.place(session, facts, KEY).startswith(f"key {os_keyring.fingerprint(KEY)} already at")
         assert session.files.calls == []  # type: ignore[attr-defined]  # compared on the host: no write
         new = "sk-or-v1-" + "ef" * 32
-        assert secrets.place(session, facts, new).startswith("placed key")
+        assert placing.place(session, facts, new).startswith("placed key")
         ops = [op for op, _ in session.files.calls]  # type: ignore[attr-defined]
     assert ops.index("create") < ops.index("rename")  # temp name, then rename over
     assert path.read_text() == new
     placed = [e for e in state.ledger_events() if e.event == "placed"]
-    assert [e.fingerprint for e in placed] == [secrets.fingerprint(KEY), secrets.fingerprint(new)]
+    assert [e.fingerprint for e in placed] == [os_keyring.fingerprint(KEY), os_keyring.fingerprint(new)]
     assert all(KEY not in line and new not in line
                for line in state.ledger_path().read_text().splitlines())
 
@@ -84,7 +86,7 @@ def test_cleanup_dry_run_lists_the_files_and_contacts_no_host(ws: Workstation,
     out = capfd.readouterr().out
     # a and b from the ledger (with their fingerprints), s and t: inventory hosts to check.
     assert touched == [] and "dry run" in out and out.count("remove the key file") == 4
-    assert str(keyfile(ws, "a")) in out and secrets.fingerprint(KEY) in out and KEY not in out
+    assert str(keyfile(ws, "a")) in out and os_keyring.fingerprint(KEY) in out and KEY not in out
     assert out.count("remove the key file .handoff/secrets/openrouter.key") == 2
     assert keyfile(ws, "a").exists() and len(state.placed()) == 2
 
@@ -94,7 +96,7 @@ def test_cleanup_plan_groups_keys_by_host() -> None:
         return state.LedgerEntry(host=user, hostname="127.0.0.2", port=22, user=user, identity=[],
                                  path=path, fingerprint="abcd1234", time=1.0)
 
-    p = secrets.cleanup_plan([entry("u1", "/h/k1"), entry("u2", "/h/k"), entry("u1", "/h/k2")])
+    p = cleanup.cleanup_plan([entry("u1", "/h/k1"), entry("u2", "/h/k"), entry("u1", "/h/k2")])
     assert [(hp.target.label, [s.params["path"] for s in hp.steps]) for hp in p.hosts] == \
         [("u1", ["/h/k1", "/h/k2"]), ("u2", ["/h/k"])]
     assert all(s.action == "remove-key" and s.changes for hp in p.hosts for s in hp.steps)

@@ -12,15 +12,15 @@ import keyring
 import keyring.errors
 import pytest
 
+from handoff.config import os_keyring
 from handoff.errors import KeyringEntryMissing, NoKeyringBackend
-from handoff.ops import secrets
 from payload.redact import REDACTOR
 from tests.unit.conftest import MemoryKeyring
 
 
 def test_missing_entry_names_the_commands(memory: MemoryKeyring) -> None:
     with pytest.raises(KeyringEntryMissing) as exc:
-        secrets.read_key("openrouter", "api-key")
+        os_keyring.read_key("openrouter", "api-key")
     assert "keyring set openrouter api-key" in str(exc.value) and "fab set-key" in str(exc.value)
 
 
@@ -31,7 +31,7 @@ def test_no_backend_names_the_fix() -> None:
     keyring.set_keyring(fail.Keyring())
     try:
         with pytest.raises(NoKeyringBackend) as exc:
-            secrets.read_key("svc", "user")
+            os_keyring.read_key("svc", "user")
     finally:
         keyring.set_keyring(previous)
     assert "keyring set svc user" in str(exc.value) and "fab set-key" in str(exc.value)
@@ -39,22 +39,22 @@ def test_no_backend_names_the_fix() -> None:
 
 def test_read_strips_registers_for_redaction_and_fingerprints(memory: MemoryKeyring) -> None:
     key = "sk-or-v1-" + pysecrets.token_hex(32)
-    secrets.store_key(key)
+    os_keyring.store_key(key)
     memory.store[("openrouter", "api-key")] = f"  {key}\n"
-    assert secrets.read_key() == key
+    assert os_keyring.read_key() == key
     assert key not in REDACTOR.redact(f"x {key} y")
-    fp = secrets.fingerprint(key)
-    assert len(fp) == 8 and fp == secrets.sha256(key)[:8] and fp not in key
+    fp = os_keyring.fingerprint(key)
+    assert len(fp) == 8 and fp == os_keyring.sha256(key)[:8] and fp not in key
 
 
 def test_read_key_soon_delivers_the_key_or_the_error(memory: MemoryKeyring) -> None:
     """The threaded read gives the same key (redaction registered) or the same clear error."""
-    missing = secrets.read_key_soon("openrouter", "api-key")
+    missing = os_keyring.read_key_soon("openrouter", "api-key")
     with pytest.raises(KeyringEntryMissing):
         missing.result(timeout=10)
     key = "sk-or-v1-" + pysecrets.token_hex(32)
     memory.store[("openrouter", "api-key")] = key
-    assert secrets.read_key_soon().result(timeout=10) == key
+    assert os_keyring.read_key_soon().result(timeout=10) == key
     assert key not in REDACTOR.redact(key)
 
 
@@ -69,7 +69,7 @@ def test_backend_discovery_off_macos_skips_the_macos_api_but_picks_the_same_back
     env = {k: v for k, v in os.environ.items() if k != "PYTHON_KEYRING_BACKEND"}
     env["XDG_CONFIG_HOME"] = str(tmp_path)  # no keyringrc.cfg there
     name = "type(k).__module__ + '.' + type(k).__name__"
-    via_handoff = ("import sys; from handoff.ops import secrets; k = secrets._keyring().get_keyring(); "
+    via_handoff = ("import sys; from handoff.config import os_keyring; k = os_keyring._keyring().get_keyring(); "
                    f"print({name}, sys.modules.get('keyring.backends.macOS.api', 'absent'))")
     plain = f"import keyring; k = keyring.get_keyring(); print({name})"
     out = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

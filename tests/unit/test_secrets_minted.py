@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from handoff import errors
 from handoff.cli import commands
-from handoff.config import state
+from handoff.config import os_keyring, state
 from handoff.errors import ConnectError
-from handoff.ops import deploy, secrets
+from handoff.ops import deploy
 from handoff.ops.jobs import budget, status
+from handoff.ops.secrets import settings
 from handoff.run import plan
 from handoff.run.plan import Skipped
 from handoff.testing.fakekeys import ROOT, MgmtFault
@@ -41,8 +43,8 @@ def minted(ws: Workstation, keyed_api: KeyedAPI, memory: MemoryKeyring) -> Keyed
     return keyed_api
 
 
-def creds(api: KeyedAPI, management: bool = True) -> secrets.Credentials:
-    return secrets.Credentials(api.api_key, api.management_key if management else None)
+def creds(api: KeyedAPI, management: bool = True) -> settings.Credentials:
+    return settings.Credentials(api.api_key, api.management_key if management else None)
 
 
 def push(ws: Workstation, spec: str, key: Any) -> list[Any]:
@@ -78,7 +80,7 @@ def test_push_mints_one_capped_expiring_key_per_host_and_reuses_it(
         assert stat.S_IMODE(keyfile(ws, label).stat().st_mode) == 0o600
         rec = record_of(ws, label)
         assert rec["hash"] == by_name[label].hash and rec["api"] == minted.url
-        assert rec["fingerprint"] == secrets.fingerprint(held)
+        assert rec["fingerprint"] == os_keyring.fingerprint(held)
         assert held not in json.dumps(rec)
     ledger = state.ledger_path().read_text()
     assert all(k.key not in ledger for k in live) and minted.management_key not in ledger
@@ -130,12 +132,12 @@ def test_a_create_whose_answer_was_lost_is_found_by_name_and_deleted(
 
 def test_management_errors_are_reported_per_host_with_the_fix(ws: Workstation,
                                                                minted: KeyedAPI) -> None:
-    wrong = secrets.Credentials(None, "sk-or-v1-" + "0" * 64)
+    wrong = settings.Credentials(None, "sk-or-v1-" + "0" * 64)
     reports = push(ws, "a,b", wrong)
     assert [r.ok for r in reports] == [False, False]
     assert all("fab set-key --username management-key" in str(r.error) for r in reports)
     assert all("0" * 64 not in str(r.error) for r in reports)
-    plain_as_management = secrets.Credentials(None, minted.api_key)
+    plain_as_management = settings.Credentials(None, minted.api_key)
     [report] = push(ws, "a", plain_as_management)
     assert "not a management key" in str(report.error)
     minted.keys.inject(MgmtFault("create", 429, times=-1))
@@ -176,9 +178,9 @@ def test_modes_choose_the_key(ws: Workstation, minted: KeyedAPI, memory: MemoryK
     assert len(state.live_minted()) == 1
     # the keyring read follows the modes: minted needs the management key
     memory.store.pop(("openrouter", "management-key"))
-    with pytest.raises(secrets.ManagementKeyMissing, match="fab set-key --username management-key"):
-        secrets.read_credentials("openrouter", "api-key", {"minted"})
-    assert secrets.read_credentials("openrouter", "api-key", {"auto"}).api_key == minted.api_key
+    with pytest.raises(errors.ManagementKeyMissing, match="fab set-key --username management-key"):
+        settings.read_credentials("openrouter", "api-key", {"minted"})
+    assert settings.read_credentials("openrouter", "api-key", {"auto"}).api_key == minted.api_key
 
 
 def test_cleanup_removes_the_files_and_revokes_the_child_keys(
@@ -255,7 +257,7 @@ def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
     push(ws, "a", creds(minted))
     push(ws, "b", minted.api_key)
     watcher = status.Watcher(ws.targets("a,b"), None, ws.connect,
-                             key_lookup=secrets.ManagementKeys().lookup)
+                             key_lookup=settings.ManagementKeys().lookup)
     try:
         views = {v.host: v for v in watcher.collect()}
     finally:
@@ -273,7 +275,7 @@ def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
     # revoked behind the host's back: said so
     del minted.keys.keys[record_of(ws, "a")["hash"]]
     watcher = status.Watcher(ws.targets("a"), None, ws.connect,
-                             key_lookup=secrets.ManagementKeys().lookup)
+                             key_lookup=settings.ManagementKeys().lookup)
     try:
         [view] = watcher.collect()
     finally:
@@ -296,7 +298,7 @@ def test_launch_budget_limits_the_child_key_to_the_hosts_share(
                     remote_input=None, job_flag=None)
     assert [s.action for s in p.hosts[0].steps] == ["probe", "push-input", "set-key-limit",
                                                    "start-job", "check-jobs"]
-    p.private["management"] = secrets.ManagementKeys()
+    p.private["management"] = settings.ManagementKeys()
     reports = plan.execute(p, connect=ws.connect)
     assert all(r.ok for r in reports), [r.error for r in reports]
     assert sorted(k.limit for k in minted.keys.live()) == [0.25, 0.25]  # $0.50 over 2 hosts

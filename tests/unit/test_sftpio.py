@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
-from handoff.ssh import sftp as sftpio
+from handoff.ssh import sftp
 
 
 class ScriptedServer:
@@ -61,7 +61,7 @@ class ScriptedServer:
     def handle(self, packet: bytes) -> None:
         kind, num, hlen = struct.unpack_from(">BII", packet)
         offset, length = struct.unpack_from(">QI", packet, 9 + hlen)
-        if kind == sftpio.FXP_WRITE:
+        if kind == sftp.FXP_WRITE:
             data = packet[9 + hlen + 12 : 9 + hlen + 12 + length]
             self.data[offset : offset + len(data)] = data
             self.status(num, 0)
@@ -69,7 +69,7 @@ class ScriptedServer:
             self.requests.append((num, offset, length))
 
     def status(self, num: int, code: int, message: bytes = b"") -> None:
-        body = struct.pack(">BII", sftpio.FXP_STATUS, num, code)
+        body = struct.pack(">BII", sftp.FXP_STATUS, num, code)
         body += struct.pack(">I", len(message)) + message + struct.pack(">I", 0)
         self.outbox += struct.pack(">I", len(body)) + body
 
@@ -84,15 +84,15 @@ class ScriptedServer:
                 self.status(num, 4, b"Failure")
                 continue
             if offset >= len(self.data):
-                self.status(num, sftpio.FX_EOF, b"End of file")
+                self.status(num, sftp.FX_EOF, b"End of file")
                 continue
             chunk = bytes(self.data[offset : offset + min(length, self.serve_max or length)])
-            body = struct.pack(">BII", sftpio.FXP_DATA, num, len(chunk)) + chunk
+            body = struct.pack(">BII", sftp.FXP_DATA, num, len(chunk)) + chunk
             self.outbox += struct.pack(">I", len(body)) + body
 
 
 def read_all(server: ScriptedServer, offset: int, end: int, **kw: Any) -> bytes:
-    return b"".join(bytes(v) for v in sftpio.read(server, b"H", offset, end, "t", **kw))  # type: ignore[arg-type]
+    return b"".join(bytes(v) for v in sftp.read(server, b"H", offset, end, "t", **kw))  # type: ignore[arg-type]
 
 
 DATA = os.urandom(100_000)
@@ -130,7 +130,7 @@ def test_a_file_that_ends_early_and_an_error_status_raise_and_leave_nothing_in_f
 
 def test_a_reader_that_stops_midway_leaves_the_channel_in_step() -> None:
     server = ScriptedServer(DATA, order="reverse")
-    stream = sftpio.read(server, b"H", 0, len(DATA), "t", depth=8, request=4096)  # type: ignore[arg-type]
+    stream = sftp.read(server, b"H", 0, len(DATA), "t", depth=8, request=4096)  # type: ignore[arg-type]
     first = next(stream)
     assert bytes(first) == DATA[: len(first)]
     stream.close()
@@ -139,7 +139,7 @@ def test_a_reader_that_stops_midway_leaves_the_channel_in_step() -> None:
 
 def test_writer_pipelines_and_reports_a_refused_write() -> None:
     server = ScriptedServer(bytes(len(DATA)))
-    writer = sftpio.Writer(server, b"H", "t", depth=4, request=7000)  # type: ignore[arg-type]
+    writer = sftp.Writer(server, b"H", "t", depth=4, request=7000)  # type: ignore[arg-type]
     writer.write(DATA[:10])
     writer.write(memoryview(DATA)[10:])
     writer.finish()
@@ -150,14 +150,14 @@ def test_writer_pipelines_and_reports_a_refused_write() -> None:
             num = struct.unpack_from(">I", packet, 1)[0]
             self.status(num, 3, b"Permission denied")
 
-    writer = sftpio.Writer(Refusing(b""), b"H", "t", depth=4, request=7000)  # type: ignore[arg-type]
+    writer = sftp.Writer(Refusing(b""), b"H", "t", depth=4, request=7000)  # type: ignore[arg-type]
     with pytest.raises(OSError, match="Permission denied"):
         writer.write(DATA)
         writer.finish()
 
 
 def test_chunk_pipe_behaves_as_paramiko_s_buffered_pipe() -> None:
-    for pipe in (BufferedPipe(), sftpio.ChunkPipe()):
+    for pipe in (BufferedPipe(), sftp.ChunkPipe()):
         event = threading.Event()
         pipe.set_event(event)
         assert not event.is_set() and not pipe.read_ready() and len(pipe) == 0

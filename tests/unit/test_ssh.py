@@ -20,9 +20,9 @@ import paramiko
 import pytest
 
 from handoff.errors import ConnectError
-from handoff.ssh import connect as ssh
-from handoff.ssh import hostkeys
-from handoff.ssh.connect import Endpoint, open_connection
+from handoff.ssh import connect, endpoint, hostkeys
+from handoff.ssh.connect import open_connection
+from handoff.ssh.endpoint import Endpoint
 from tests.listener import Listener, write_relay
 from tests.unit.test_hostkeys import FakeSSH, _ed25519
 
@@ -164,7 +164,7 @@ def test_abort_all_ends_a_connection_attempt_at_once(home: Path) -> None:
     thread.start()
     time.sleep(0.5)
     start = time.monotonic()
-    assert ssh.abort_all() >= 1
+    assert connect.abort_all() >= 1
     thread.join(5)
     server.close()
     assert not thread.is_alive() and time.monotonic() - start < 2
@@ -179,10 +179,10 @@ def test_route_goes_through_every_hop_in_order(tmp_path: Path, monkeypatch: pyte
         "Host inner\n  HostName 127.0.0.32\n  ProxyJump nowhere-else\n"
         "Host deep\n  HostName 127.0.0.33\n  ProxyJump outer,bob@inner:2202\n")
     monkeypatch.setenv("HOME", str(home))
-    from handoff.ssh import ssh_config as sshconfig
+    from handoff.ssh import ssh_config
 
-    sshconfig.clear_cache()
-    hops = ssh.route(ssh.endpoint("deep"), "deep")
+    ssh_config.clear_cache()
+    hops = endpoint.route(endpoint.endpoint("deep"), "deep")
     assert [(h.endpoint.hostname, h.endpoint.port, h.endpoint.user) for h in hops][:2] == [
         ("127.0.0.31", 2201, hops[0].endpoint.user), ("127.0.0.32", 2202, "bob")]
     assert hops[-1].endpoint.hostname == "127.0.0.33" and hops[-1].label == "deep"

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import paramiko
 
-from handoff.ssh import connect as ssh
+from handoff.ssh import connect
 
 
 def test_gcm_first_then_paramiko_s_own_order() -> None:
-    offered = ssh._Transport._preferred_ciphers
-    assert offered[:2] == ssh.PREFERRED_CIPHERS == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-    rest = [c for c in paramiko.Transport._preferred_ciphers if c not in ssh.PREFERRED_CIPHERS]
+    offered = connect._Transport._preferred_ciphers
+    assert offered[:2] == connect.PREFERRED_CIPHERS == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+    rest = [c for c in paramiko.Transport._preferred_ciphers if c not in connect.PREFERRED_CIPHERS]
     assert list(offered[2:]) == rest  # a server without GCM still connects
-    assert ssh._Transport._preferred_kex == paramiko.Transport._preferred_kex
-    assert ssh._Transport._preferred_macs == paramiko.Transport._preferred_macs
+    assert connect._Transport._preferred_kex == paramiko.Transport._preferred_kex
+    assert connect._Transport._preferred_macs == paramiko.Transport._preferred_macs

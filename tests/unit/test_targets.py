@@ -11,7 +11,7 @@ from handoff.config import state
 from handoff.config.inventory import load_inventory
 from handoff.errors import TargetError
 from handoff.host.targets import resolve
-from handoff.ssh.connect import endpoint, parse_spec
+from handoff.ssh.endpoint import endpoint, parse_spec
 
 
 @pytest.fixture

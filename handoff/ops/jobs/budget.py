@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from handoff.config.layout import key_record
 from handoff.errors import RemoteError, UsageError
+from handoff.host import keyrecord
 from handoff.host.targets import Target
 from handoff.ops import keyapi
 from handoff.ops.jobs.state import read
@@ -65,7 +66,7 @@ def limit_step(target: Target, share: float, jobs: list[str]) -> Step:
 def _set_limit(ctx: HostContext, step: Step) -> str:
     s = ctx.session
     share, jobs = float(step.params["share"]), [str(j) for j in step.params["jobs"]]
-    record = keyapi.read_record(s, s.abs(key_record(str(s.vars["key_path"]))))
+    record = keyrecord.read_record(s, s.abs(key_record(str(s.vars["key_path"]))))
     if record is None:
         return Skipped("the host holds the plain API key: no key limit to set (the payload's "
                        "--max-cost still caps the job)")

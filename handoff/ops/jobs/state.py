@@ -17,11 +17,10 @@ from handoff.config import state
 from handoff.config.layout import RemoteLayout, key_record
 from handoff.config.roles import Role
 from handoff.errors import NotDeployed, UsageError
-from handoff.host import remote_code
+from handoff.host import keyrecord, remote_code
 from handoff.host.facts import KEY_FILE, Facts
 from handoff.host.session import Session
 from handoff.host.targets import Target
-from handoff.ops import keyapi
 
 # `fab status` exits 0 only when every job is in one of these.
 OK_STATES = frozenset({"running", "starting", "finished"})
@@ -107,10 +106,10 @@ class JobState:
         return [path for path, present in self.keys.items() if present]
 
     @property
-    def key_record(self) -> keyapi.KeyRecord | None:
+    def key_record(self) -> keyrecord.KeyRecord | None:
         """The record of the minted child key the host's key file holds, if it is one."""
         for raw in self.records.values():
-            record = keyapi.KeyRecord.from_json(raw)
+            record = keyrecord.KeyRecord.from_json(raw)
             if record is not None:
                 return record
         return None

@@ -26,6 +26,7 @@ from typing import Any
 
 from handoff import console
 from handoff.errors import HandoffError
+from handoff.host import keyrecord
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
 from handoff.ops import keyapi
@@ -36,7 +37,7 @@ from payload import units
 COLORS = {"running": "green", "finished": "blue", "starting": "green", "stopping": "yellow"}
 
 # What the management API says about the child key a host's record names (None: revoked).
-KeyLookup = Callable[[keyapi.KeyRecord], "keyapi.ChildKey | None"]
+KeyLookup = Callable[[keyrecord.KeyRecord], "keyapi.ChildKey | None"]
 
 
 @dataclass
@@ -44,7 +45,7 @@ class KeyView:
     """The key on one host, as the host and the management API tell it."""
 
     placed: bool
-    record: keyapi.KeyRecord | None = None  # a minted child key's record, beside the file
+    record: keyrecord.KeyRecord | None = None  # a minted child key's record, beside the file
     info: keyapi.ChildKey | None = None  # what the API says about it (None: revoked/unknown)
     error: str | None = None  # why the API could not be asked
 

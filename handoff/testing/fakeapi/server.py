@@ -1,181 +1,31 @@
-"""The project's own fake OpenRouter: a real aiohttp server on loopback.
-
-Tests, the benchmark and the demo point the payload at it instead of the real API.
-It answers in OpenRouter's shapes (`/chat/completions`, `/key`,
-`/models/{author}/{slug}/endpoints`, integer `error.code` bodies), injects the faults a
-hosted API really throws (by probability and/or on a deterministic schedule), charges
-a cost per request, and records what it saw so a test can prove exactly-once delivery:
-peak concurrency, requests, and successes per prompt.
-
-A prompt is identified by `payload.records.derive_id(messages)`: the same stable hash the
-payload uses for records without an id. Every answer embeds a digest of the prompt's last
-user message (`answer_digest`), so a test can check each response is paired with its own
-prompt.
-
-Modes that stand in for real servers and real trouble (all off by default):
-- `capacity=K`: at most K requests served at once; the rest are refused at the door with
-  `capacity_status` (429, or 402 as OpenRouter's in-flight budget does) and Retry-After;
-- `outage_at_s` / `outage_for_s` / `outage_kind` (or `start_outage()`): every request
-  fails for T seconds: "503", "reset" (the connection is cut), or "refuse" (the port is
-  closed: connection refused), then the server is back;
-- `known_models`: any other model is a 400 "Invalid model name" (a misconfigured run);
-- `stream_only`: every answer is an SSE stream, as a streaming-only server sends;
-- `error_null` (`"error": null` beside a valid choice), `content_parts` (content as a list
-  of text parts), `report_cost=False` (no `usage.cost`), `pricing=False` (the endpoint
-  list has no prices);
-- fault kinds for sporadic trouble: `429` (with Retry-After), `429_bare` (without),
-  `429_quota` (OpenAI's insufficient_quota), `429_huge` (Retry-After: 86400), `429_date`
-  (an HTTP-date Retry-After), `429_ms` (retry-after-ms), `409`, `422_detail` (a FastAPI
-  `{"detail": ...}` error), `sse`; `fast_faults=True` draws them at the door, before the
-  latency, as a rate limiter in front of a server answers;
-- `timeline=True` records, per 100 ms, arrivals, successes, refusals and the peak number
-  of requests in the server (the benchmark reads recovery after an outage from it).
-
-Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
-`base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
-`$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
+"""The fake OpenRouter itself: an aiohttp server on loopback, in its own thread or in the
+caller's loop (handoff.testing.fakeapi describes what it answers and the modes it has).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import email.utils
-import hashlib
 import json
-import os
-import random
-import signal
-import sys
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from handoff.testing.fakeapi.faults import (
+    DEFAULT_ENDPOINTS,
+    MESSAGES,
+    PREFIX,
+    FakeStats,
+    FaultPlan,
+    answer_digest,
+)
 from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
 
-PREFIX = "/api/v1"
-
-# Fault kinds the plan understands. Retryable ones first: `FaultPlan.mix` spreads over them.
-RETRYABLE_FAULTS = ("429", "500", "502", "503", "504", "524", "529", "reset", "malformed",
-                    "choice_error", "finish_error", "empty", "length_empty", "402_inflight")
-OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404", "429_bare", "429_quota",
-                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse")
-ALL_FAULTS = RETRYABLE_FAULTS + OTHER_FAULTS
-
-_MESSAGES = {
-    400: "Invalid request parameters", 401: "No auth credentials found",
-    402: "Insufficient credits. Add more using https://openrouter.ai/credits",
-    403: "Request blocked by moderation", 404: "No endpoints found that can handle the request",
-    408: "Operation timed out", 429: "Rate limit exceeded", 500: "Internal Server Error",
-    502: "Provider returned error", 503: "Service temporarily unavailable",
-    504: "Gateway timeout", 524: "Request timed out. Please try again later.",
-    529: "Provider returned error",
-}
-
-
-def answer_digest(messages: list[dict[str, Any]]) -> str:
-    """16 hex of sha256 over the last user message's content: what every answer embeds."""
-    last: dict[str, Any] = next(
-        (m for m in reversed(messages) if m.get("role") == "user"), {})
-    content = last.get("content")
-    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-@dataclass
-class FaultPlan:
-    """Which faults to inject. `rates`: kind -> probability per request (summing <= 1).
-    `schedule`: 1-based request number -> kind, applied before any random draw.
-    `per_prompt_first`: kind forced on the first attempt of EVERY prompt (to exercise retries)."""
-
-    rates: dict[str, float] = field(default_factory=dict)
-    schedule: dict[int, str] = field(default_factory=dict)
-    seed: int | None = None
-    retry_after_s: float = 0.2
-    hang_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        for kind in [*self.rates, *self.schedule.values()]:
-            if kind not in ALL_FAULTS:
-                raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
-        if sum(self.rates.values()) > 1.0 + 1e-9:
-            raise ValueError("fault rates sum to more than 1")
-        self._rng = random.Random(self.seed)
-
-    @classmethod
-    def mix(cls, rate: float, *, seed: int | None = None, kinds: tuple[str, ...] = RETRYABLE_FAULTS,
-            retry_after_s: float = 0.2) -> FaultPlan:
-        """`rate` of all requests fail, spread evenly over `kinds` (default: every retryable one)."""
-        return cls(rates={k: rate / len(kinds) for k in kinds}, seed=seed,
-                   retry_after_s=retry_after_s)
-
-    def draw(self, request_no: int) -> str | None:
-        if request_no in self.schedule:
-            return self.schedule[request_no]
-        if not self.rates:
-            return None
-        x = self._rng.random()
-        for kind, p in self.rates.items():
-            if x < p:
-                return kind
-            x -= p
-        return None
-
-    @classmethod
-    def from_json(cls, text: str) -> FaultPlan:
-        raw = json.loads(text)
-        return cls(rates=raw.get("rates", {}),
-                   schedule={int(k): v for k, v in raw.get("schedule", {}).items()},
-                   seed=raw.get("seed"), retry_after_s=raw.get("retry_after_s", 0.2),
-                   hang_s=raw.get("hang_s", 3600.0))
-
-
-@dataclass
-class FakeStats:
-    requests: int = 0
-    in_flight: int = 0
-    peak_concurrency: int = 0
-    successes: int = 0
-    total_cost: float = 0.0
-    capacity_refusals: int = 0
-    outage_refusals: int = 0
-    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    successes_by_prompt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    bodies: list[dict[str, Any]] = field(default_factory=list)  # only when record_bodies
-    endpoint_calls: int = 0
-    key_calls: int = 0
-    # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
-    timeline: dict[int, list[int]] = field(default_factory=dict)
-    outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["faults"] = dict(self.faults)
-        out["successes_by_prompt"] = dict(self.successes_by_prompt)
-        out["bodies"] = list(self.bodies)
-        out["timeline"] = {str(k): v for k, v in self.timeline.items()}
-        out["outage_windows"] = [list(w) for w in self.outage_windows]
-        return out
-
-
-DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
-    {"provider_name": "DeepInfra", "tag": "deepinfra/int4", "quantization": "int4"},
-    {"provider_name": "Together", "tag": "together/int4", "quantization": "int4"},
-    {"provider_name": "Fireworks", "tag": "fireworks", "quantization": "int4"},
-    {"provider_name": "Moonshot AI", "tag": "moonshotai", "quantization": "fp8"},
-]
-
-
 _ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
                  "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
-
 
 class FakeOpenRouter:
     """See the module docstring. `endpoints=None` serves DEFAULT_ENDPOINTS; `[]` serves an empty
@@ -352,7 +202,7 @@ class FakeOpenRouter:
     def _error(self, status: int, message: str | None = None, *,
                retry_after: float | None = None,
                metadata: dict[str, Any] | None = None) -> web.Response:
-        message = message or _MESSAGES.get(status, "error")
+        message = message or MESSAGES.get(status, "error")
         if self.echo_key_in_errors:
             message += f" (request had Authorization: Bearer {self.api_key})"
         body: dict[str, Any] = {"error": {"code": status, "message": message}}
@@ -490,10 +340,10 @@ class FakeOpenRouter:
             return self._error(429, retry_after=86400)
         if fault == "429_date":
             when = email.utils.formatdate(time.time() + ra, usegmt=True)
-            return web.json_response({"error": {"code": 429, "message": _MESSAGES[429]}},
+            return web.json_response({"error": {"code": 429, "message": MESSAGES[429]}},
                                      status=429, headers={"Retry-After": when})
         if fault == "429_ms":
-            return web.json_response({"error": {"code": 429, "message": _MESSAGES[429]}},
+            return web.json_response({"error": {"code": 429, "message": MESSAGES[429]}},
                                      status=429, headers={"retry-after-ms": f"{ra * 1000:g}"})
         if fault == "429_quota":  # OpenAI's shape: string type/code, no integer code
             return web.json_response({"error": {
@@ -588,70 +438,4 @@ class FakeOpenRouter:
         return web.json_response(self.stats.as_dict())
 
 
-def _read_key(path: str | None) -> str:
-    if path:
-        return Path(path).read_text(encoding="utf-8").strip()
-    key = os.environ.get("FAKEAPI_KEY") or os.environ.get("OPENROUTER_API_KEY")
-    if not key:
-        raise SystemExit("fakeapi: give --key-file F or set $FAKEAPI_KEY (never the key in argv)")
-    return key.strip()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m handoff.testing.fakeapi", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--key-file", help="file holding the one key the fake accepts")
-    parser.add_argument("--faults", default="{}", help='FaultPlan JSON: {"rates": {...}, '
-                        '"schedule": {...}, "seed": 1, "retry_after_s": 0.2}')
-    parser.add_argument("--fault-mix", type=float, default=0.0,
-                        help="fail this fraction of requests, spread over retryable faults")
-    parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--cost", type=float, default=0.0001)
-    parser.add_argument("--credit-limit", type=float, default=None)
-    parser.add_argument("--no-endpoints", action="store_true", help="answer 404 to /endpoints")
-    parser.add_argument("--capacity", type=int, help="serve at most K at once; refuse the rest")
-    parser.add_argument("--capacity-status", type=int, default=429, choices=(429, 402))
-    parser.add_argument("--capacity-retry-after", type=float, default=1.0,
-                        help="Retry-After of a refusal (s); negative: none")
-    parser.add_argument("--outage-at", type=float, help="seconds after the first request")
-    parser.add_argument("--outage-for", type=float, default=0.0)
-    parser.add_argument("--outage-kind", default="503", choices=("503", "reset", "refuse"))
-    parser.add_argument("--fast-faults", action="store_true",
-                        help="draw faults at the door, before the latency")
-    parser.add_argument("--no-cost", action="store_true", help="no usage.cost in answers")
-    parser.add_argument("--timeline", action="store_true",
-                        help="record a per-100 ms timeline (in the stats printed at exit)")
-    args = parser.parse_args(argv)
-    plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
-        args.faults)
-    fake = FakeOpenRouter(api_key=_read_key(args.key_file), host=args.host, port=args.port,
-                          faults=plan, latency_s=args.latency, cost_per_request=args.cost,
-                          credit_limit=args.credit_limit, serve_endpoints=not args.no_endpoints,
-                          capacity=args.capacity, capacity_status=args.capacity_status,
-                          capacity_retry_after=(None if args.capacity_retry_after < 0
-                                                else args.capacity_retry_after),
-                          outage_at_s=args.outage_at, outage_for_s=args.outage_for,
-                          outage_kind=args.outage_kind, fast_faults=args.fast_faults,
-                          report_cost=not args.no_cost, timeline=args.timeline)
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        url = await fake.start()
-        print(f"base_url={url}", flush=True)
-        await stop.wait()
-        await fake.stop()
-        print(json.dumps({k: v for k, v in fake.stats.as_dict().items()
-                          if k not in ("successes_by_prompt", "bodies")}), flush=True)
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["FakeOpenRouter"]
