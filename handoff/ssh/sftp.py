@@ -84,7 +84,7 @@ class _Chunks:
 class ChunkPipe(BufferedPipe):
     """paramiko's BufferedPipe (a channel's receive buffer: locking, waiting, events, close
     as before) storing the data in `_Chunks`, through the two methods paramiko provides for
-    that. paramiko is pinned (pyproject), and tests/unit/test_sftpio.py checks it still
+    that. paramiko is pinned (pyproject), and tests/handoff/ssh/test_sftp.py checks it still
     behaves as a BufferedPipe. Install it on a channel before any data can arrive."""
 
     def __init__(self) -> None:

@@ -7,5 +7,5 @@
   tests of per-host logic without sshd.
 
 Nothing in the control plane imports this package except `handoff.cli.demo` (the demo is a run
-against the sandbox); tests/unit/test_layers.py checks it.
+against the sandbox); tests/test_layers.py checks it.
 """

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import REPO, clean_env, explain, key_file
-from tests.listener import Listener, write_relay
+from tests.support.listener import Listener, write_relay
 
 AUTH_EVIDENCE = re.compile(r"publickey|Accepted|authenticating user|Failed|Postponed", re.I)
 

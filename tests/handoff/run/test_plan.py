@@ -9,7 +9,7 @@ from typing import Any
 from handoff.errors import ConnectError, HandoffError
 from handoff.run import plan
 from handoff.run.plan import HostContext, HostPlan, Plan, Skipped, Step
-from tests.unit.conftest import Workstation
+from tests.support.workstation import Workstation
 
 
 class Host:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from handoff.ops import releases
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_build_is_reproducible_and_sha_named() -> None:

@@ -21,13 +21,13 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_seed_inventory_loads() -> None:
-    inv = load_inventory(Path(__file__).resolve().parents[2] / "inventory" / "hosts.yml")
+    inv = load_inventory(Path(__file__).resolve().parents[3] / "inventory" / "hosts.yml")
     gen = inv.host("gen-1")  # read only: nothing in the tests ever connects to it
     assert gen.address and gen.user == "root" and gen.roles == ("generator",)
 
 
 def test_sandbox_inventory_loads() -> None:
-    inv = load_inventory(Path(__file__).resolve().parents[2] / "inventory" / "sandbox.yml")
+    inv = load_inventory(Path(__file__).resolve().parents[3] / "inventory" / "sandbox.yml")
     assert all(h.address.startswith("127.") for h in inv.hosts.values())
 
 

@@ -1,10 +1,11 @@
-"""A workstation and fake hosts for unit tests of per-host logic, without sshd.
+"""A workstation and fake hosts for unit tests of per-host logic, without sshd (the fixtures
+that set them up, `ws`, `keyed_api` and `memory`, are in tests/handoff/conftest.py).
 
 `ws` (a `Workstation`) isolates HOME, the state dir, the inventory and the project dir in
 a temp dir, and points `handoff.cli.commands.CONNECT` at `LocalSession`s: each inventory host
 is a folder standing for its login user's home, where commands run with the local sh and
 remote modules with this python. The project's `roles/` adds two test roles whose job is
-tests/unit/sleeper.py (runs until SIGTERM, crashes, finishes at once, or answers its shard
+tests/support/sleeper.py (runs until SIGTERM, crashes, finishes at once, or answers its shard
 of the input): `sleeper` (one job, named by its `job` var) and `batch` (one job per dataset).
 """
 
@@ -13,19 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import keyring
 import keyring.backend
-import pytest
 
-from handoff import console
-from handoff.cli import commands
-from handoff.config import paths
 from handoff.config.inventory import load_inventory
 from handoff.host.targets import Target, resolve
 from handoff.testing.local import LocalSession
@@ -84,37 +79,6 @@ class Workstation:
         return resolve(spec, load_inventory(), role, flags)
 
 
-@pytest.fixture
-def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANDOFF_STATE_DIR", str(tmp_path / "state"))
-    project = tmp_path / "project"
-    (project / "roles").mkdir(parents=True)
-    (project / "roles" / "sleeper.yml").write_text(SLEEPER_ROLE)
-    (project / "roles" / "batch.yml").write_text(BATCH_ROLE)
-    inventory = project / "inventory" / "hosts.yml"
-    inventory.parent.mkdir()
-    inventory.write_text(
-        f"defaults: {{python: {sys.executable}, base_url: '{DEAD_API}'}}\n"
-        "hosts:\n"
-        "  a: {address: 127.0.0.2, port: 2201, user: u1, roles: [generator]}\n"
-        "  b: {address: 127.0.0.3, port: 2202, user: u2, roles: [generator]}\n"
-        "  s: {address: 127.0.0.4, port: 2203, user: u3, roles: [sleeper]}\n"
-        "  t: {address: 127.0.0.5, port: 2204, user: u4, roles: [sleeper]}\n"
-    )
-    monkeypatch.delenv("HANDOFF_INVENTORY", raising=False)
-    monkeypatch.setattr(paths, "_project", project)
-    station = Workstation(tmp_path)
-    monkeypatch.setattr(commands, "CONNECT", station.connect)
-    console._console = None  # fresh consoles bound to the captured stdout/stderr
-    console._err_console = None
-    monkeypatch.setenv("COLUMNS", "300")  # one line per table row: nothing wrapped mid-phrase
-    yield station
-    console._console = None
-    console._err_console = None
-    station.kill_jobs()
-
-
 @dataclass
 class KeyedAPI:
     """The fake OpenRouter on loopback with its management API on."""
@@ -130,23 +94,6 @@ class KeyedAPI:
     @property
     def keys(self) -> Any:  # handoff.testing.fakekeys.KeyStore
         return self.fake.keys
-
-
-@pytest.fixture
-def keyed_api() -> Iterator[KeyedAPI]:
-    import secrets as pysecrets
-
-    from handoff.testing.fakeapi import FakeOpenRouter
-
-    api_key = "sk-or-v1-" + pysecrets.token_hex(32)
-    management = "sk-or-v1-" + pysecrets.token_hex(32)
-    fake = FakeOpenRouter(api_key=api_key)
-    fake.keys.enable(management)
-    fake.start_in_thread()
-    try:
-        yield KeyedAPI(fake, api_key, management)
-    finally:
-        fake.stop_thread()
 
 
 class MemoryKeyring(keyring.backend.KeyringBackend):
@@ -169,10 +116,3 @@ class MemoryKeyring(keyring.backend.KeyringBackend):
         self.store.pop((service, username), None)
 
 
-@pytest.fixture
-def memory() -> Iterator[MemoryKeyring]:
-    previous = keyring.get_keyring()
-    backend = MemoryKeyring()
-    keyring.set_keyring(backend)
-    yield backend
-    keyring.set_keyring(previous)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import fabfile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FAB = REPO / ".venv" / "bin" / "fab"
 TASKS = ["deploy", "verify", "push-script", "push-key", "trust-host", "set-key", "smoke-test",
          "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo"]

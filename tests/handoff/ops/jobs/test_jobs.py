@@ -19,7 +19,7 @@ from handoff.ops import deploy
 from handoff.ops.jobs import launch, smoke, status, stop
 from handoff.ops.jobs.state import OK_STATES, JobState, job_name
 from handoff.run import plan
-from tests.unit.conftest import SLEEPER_ROLE, Workstation
+from tests.support.workstation import SLEEPER_ROLE, Workstation
 
 KEY = "sk-or-v1-" + "ab" * 32
 
@@ -358,7 +358,7 @@ def test_sleeper_stops_on_sigterm_directly(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.unit.conftest import SLEEPER
+    from tests.support.workstation import SLEEPER
 
     proc = subprocess.Popen([sys.executable, str(SLEEPER), str(tmp_path), "in", "run"],
                             stdout=subprocess.DEVNULL)

@@ -16,7 +16,7 @@ from handoff.host.targets import resolve
 from handoff.ops import deploy
 from handoff.run import plan
 from payload.redact import REDACTOR
-from tests.unit.conftest import Workstation
+from tests.support.workstation import Workstation
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from handoff.ops import deploy
 from handoff.ops.secrets import cleanup
 from handoff.ops.secrets import place as placing
 from handoff.run import plan
-from tests.unit.conftest import Workstation
+from tests.support.workstation import Workstation
 
 KEY = "sk-or-v1-" + "cd" * 32
 

@@ -15,7 +15,7 @@ import pytest
 from handoff.config import os_keyring
 from handoff.errors import KeyringEntryMissing, NoKeyringBackend
 from payload.redact import REDACTOR
-from tests.unit.conftest import MemoryKeyring
+from tests.support.workstation import MemoryKeyring
 
 
 def test_missing_entry_names_the_commands(memory: MemoryKeyring) -> None:

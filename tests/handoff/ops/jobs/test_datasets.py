@@ -14,7 +14,7 @@ from handoff.config import state
 from handoff.errors import UsageError
 from handoff.ops.jobs import datasets, estimate, launch, smoke
 from handoff.ops.jobs.datasets import check_file, expand
-from tests.unit.conftest import Workstation
+from tests.support.workstation import Workstation
 
 
 def write(path: Path, *records: object, raw: bytes = b"") -> Path:

@@ -26,7 +26,7 @@ from handoff.run import plan
 from handoff.run.plan import Skipped
 from handoff.testing.fakekeys import ROOT, MgmtFault
 from handoff.testing.local import LocalSession
-from tests.unit.conftest import KeyedAPI, MemoryKeyring, Workstation
+from tests.support.workstation import KeyedAPI, MemoryKeyring, Workstation
 
 LIMIT = 2.0
 

@@ -23,8 +23,8 @@ from handoff.errors import ConnectError
 from handoff.ssh import connect, endpoint, hostkeys
 from handoff.ssh.connect import open_connection
 from handoff.ssh.endpoint import Endpoint
-from tests.listener import Listener, write_relay
-from tests.unit.test_hostkeys import FakeSSH, _ed25519
+from tests.handoff.ssh.test_hostkeys import FakeSSH, _ed25519
+from tests.support.listener import Listener, write_relay
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from handoff.host import keyrecord
 from handoff.ops import keyapi
 from handoff.testing.fakekeys import MgmtFault
 from handoff.testing.local import LocalSession
-from tests.unit.conftest import KeyedAPI, Workstation
+from tests.support.workstation import KeyedAPI, Workstation
 
 ENTRY = "openrouter/management-key"
 

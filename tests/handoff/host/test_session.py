@@ -15,7 +15,7 @@ from handoff.errors import RemoteError
 from handoff.host import remote_code
 from handoff.host.session import sh_path
 from handoff.testing.local import LocalSession
-from tests.unit.conftest import Workstation
+from tests.support.workstation import Workstation
 
 
 def test_sh_path_keeps_home_expandable_and_quotes_the_rest() -> None:

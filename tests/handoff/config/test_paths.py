@@ -64,6 +64,6 @@ def test_shipped_data_is_in_the_package() -> None:
 def test_the_checkout_s_roles_and_examples_are_the_package_data() -> None:
     """In a checkout, `roles/` and `examples/prompts.jsonl` are links to the package data:
     one copy of each file."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     assert (repo / "roles").resolve() == paths.PACKAGE_DATA / "roles"
     assert (repo / "examples" / "prompts.jsonl").resolve() == paths.demo_prompts()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from handoff.testing.fakekeys import KEY_LIMIT_SOURCE, ROOT, MgmtFault
-from tests.unit.conftest import KeyedAPI
+from tests.support.workstation import KeyedAPI
 
 jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")
