@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import report as report_md  # noqa: E402
 from handoff.testing.sandbox import Sandbox  # noqa: E402
 
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 SETTLE_S = 0.2  # for the last sessions' processes to end (and be counted) after a command
 STATUS_JOBS = 6  # finished jobs per host for `fab status` (as benchmarks/deploy.py places them)

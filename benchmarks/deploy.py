@@ -46,7 +46,7 @@ from benchmarks import report as report_md  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 BENCH = REPO / ".bench"
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 PEERS = {
     "ansible": ["ansible-core>=2.16,<2.18"],
     "pyinfra": ["pyinfra>=3,<4", "paramiko<5"],

@@ -49,7 +49,7 @@ from benchmarks import report as report_md  # noqa: E402
 from handoff.ops.fetch import sha256_file  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 TARGET_RATIO = 1.25  # fab fetch / scp, wall
 
 

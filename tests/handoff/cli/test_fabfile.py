@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import fabfile
+from tests.support.fab import FAB, REPO
 
-REPO = Path(__file__).resolve().parents[3]
-FAB = REPO / ".venv" / "bin" / "fab"
 TASKS = ["deploy", "verify", "push-script", "push-key", "trust-host", "set-key", "smoke-test",
          "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo"]
 

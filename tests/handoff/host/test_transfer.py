@@ -4,7 +4,6 @@ on failure, downloads whole or resumed (in place, or from what a cut download le
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from handoff.host.transfer import (
     upload_atomic,
 )
 from handoff.testing.local import LocalFiles
+from tests.support.files import CutFiles
 
 
 class _RecordingFiles:
@@ -78,25 +78,6 @@ def test_upload_is_atomic_and_cleans_up_after_a_failure(tmp_path: Path) -> None:
     (tmp_path / f"{temp_prefix('payload.pyz')}dead01").write_text("half")
     assert remove_leftovers(files, str(tmp_path), temp_prefix("payload.pyz")) is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["payload.pyz"]
-
-
-class CutFiles(LocalFiles):
-    """A host whose connection drops after `cut` bytes of a read; counts bytes sent."""
-
-    def __init__(self, home: Path, cut: int | None = None) -> None:
-        super().__init__(home)
-        self.cut = cut
-        self.sent = 0
-
-    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
-        for chunk in super().read_chunks(path, offset, end):
-            if self.cut is not None and self.sent + len(chunk) > self.cut:
-                keep = self.cut - self.sent
-                self.sent += keep
-                yield chunk[:keep]
-                raise OSError("connection dropped")
-            self.sent += len(chunk)
-            yield chunk
 
 
 def test_download_whole_then_in_place(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -
     only the rest; a part that is no longer a prefix (the file was rewritten) is refetched."""
     from handoff.errors import RemoteError
     from handoff.host.transfer import partial
-    from tests.handoff.host.test_transfer import CutFiles
+    from tests.support.files import CutFiles
 
     jd = make_job(ws, "a")
     big = os.urandom(2_500_000)

@@ -23,7 +23,7 @@ from handoff.errors import ConnectError
 from handoff.ssh import connect, endpoint, hostkeys
 from handoff.ssh.connect import open_connection
 from handoff.ssh.endpoint import Endpoint
-from tests.handoff.ssh.test_hostkeys import FakeSSH, _ed25519
+from tests.support.fakessh import FakeSSH, ed25519_key
 from tests.support.listener import Listener, write_relay
 
 
@@ -78,7 +78,7 @@ def test_refused_port(home: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server_key() -> paramiko.PKey:
-    return _ed25519()
+    return ed25519_key()
 
 
 @pytest.fixture

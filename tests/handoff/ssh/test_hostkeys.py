@@ -15,9 +15,7 @@ import base64
 import hashlib
 import hmac
 import os
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,39 +28,15 @@ from handoff.errors import ChangedHostKey, ConnectError, RevokedHostKey, Unknown
 from handoff.ssh import hostkeys
 from handoff.ssh.connect import open_connection
 from handoff.ssh.endpoint import Endpoint
-
-
-class Server(paramiko.ServerInterface):
-    def __init__(self, log: list[str]) -> None:
-        self.log = log
-
-    def get_allowed_auths(self, username: str) -> str:
-        return "publickey"
-
-    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
-        self.log.append(f"auth {username} {hostkeys.fingerprint(key)}")
-        return paramiko.AUTH_FAILED
-
-    def check_auth_none(self, username: str) -> int:
-        self.log.append(f"auth-none {username}")
-        return paramiko.AUTH_FAILED
+from tests.support.fakessh import FakeSSH, ed25519_key
 
 
 @pytest.fixture(scope="module")
 def keys() -> dict[str, paramiko.PKey]:
     """The server's host keys by type (what `ssh-keygen -A` gives a stock sshd)."""
-    return {"ssh-ed25519": _ed25519(),
+    return {"ssh-ed25519": ed25519_key(),
             "ecdsa-sha2-nistp256": paramiko.ECDSAKey.generate(),
             "ssh-rsa": paramiko.RSAKey.generate(2048)}
-
-
-def _ed25519() -> paramiko.PKey:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
-        return paramiko.Ed25519Key.from_private_key_file(path)
 
 
 @pytest.fixture(scope="module")
@@ -75,44 +49,6 @@ def client_key(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("client") / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return str(path)
-
-
-class FakeSSH:
-    """Accepts connections on loopback and serves SSH with some of `keys` as host keys."""
-
-    def __init__(self, keys: list[paramiko.PKey]) -> None:
-        self.keys = keys
-        self.log: list[str] = []
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(5)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            t = paramiko.Transport(conn)
-            for key in self.keys:
-                t.add_server_key(key)
-            try:
-                t.start_server(server=Server(self.log))
-                t.accept(0.5)
-            except Exception:
-                pass
-            finally:
-                t.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close()
 
 
 @pytest.fixture
