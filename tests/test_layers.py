@@ -33,6 +33,23 @@ HANDOFF_LAYERS: list[tuple[str, set[str]]] = [
      {"ops", "testing"}),
     ("cli: the commands, how fab runs them, the demo", {"cli"}),
 ]
+# Inside a package, its modules (and subpackages) in the same way, lowest first: a module
+# imports from its own row's package-mates only through a lower row (or within its own
+# subpackage). A package without a row list here only has to be free of circles.
+HANDOFF_WITHIN: dict[str, list[set[str]]] = {
+    "config": [{"yamlfile", "os_keyring"}, {"paths", "layout", "flags"}, {"state", "roles"},
+               {"inventory"}],
+    "ssh": [{"ssh_config", "hostkeys", "sftp"}, {"endpoint"}, {"auth"}, {"connect"}],
+    "host": [{"remote_code", "progress"}, {"targets"}, {"session"},
+             {"ssh_session", "facts", "transfer"}, {"keyrecord"}],
+    "run": [{"parallel"}, {"plan"}],
+    # the operations do not import each other: what one needs of another (the management
+    # key for a launch's limits) the command hands it (Plan.private, a callable)
+    "ops": [{"keyapi"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"}, {"fetch"},
+            {"deploy"}],
+    "testing": [{"fakekeys", "local"}, {"fakeapi"}, {"sandbox"}],
+    "cli": [{"commands", "program"}, {"demo"}],
+}
 # The payload: anything not named here is common (errors, atomic, units, records, ...).
 PAYLOAD_LAYERS: list[tuple[str, set[str] | None]] = [
     ("common modules every feature uses", None),
@@ -104,8 +121,17 @@ def layer_index(unit: str, layers: list[tuple[str, set[str] | None]], top: str) 
     raise AssertionError(f"{top}.{unit} has no layer: add it to the layers in {__file__}")
 
 
-def upward(top: str, layers: list[tuple[str, set[str] | None]], root: Path = REPO) -> list[str]:
-    """Every import of a module in the same or a higher layer's other package."""
+def row_of(package: str, name: str, rows: list[set[str]]) -> int:
+    for i, names in enumerate(rows):
+        if name in names:
+            return i
+    raise AssertionError(f"{package}.{name} has no row: add it to the package's rows in {__file__}")
+
+
+def upward(top: str, layers: list[tuple[str, set[str] | None]], root: Path = REPO,
+           within: dict[str, list[set[str]]] | None = None) -> list[str]:
+    """Every import of a module in the same or a higher layer's other package; inside a
+    package with rows (`within`), of a module in the same or a higher row."""
     found = modules(top, root)
     bad = []
     for module, path in found.items():
@@ -114,7 +140,14 @@ def upward(top: str, layers: list[tuple[str, set[str] | None]], root: Path = REP
         for imported, line in imports(path, module, top, found):
             theirs = unit_of(imported)
             if theirs == mine and (mine != "__init__" or module == imported):
-                continue  # inside one package: the circle check covers it
+                rows = (within or {}).get(mine)
+                a, b = module.split(".")[2:3], imported.split(".")[2:3]
+                if rows and a and b and a != b:  # two parts of one package with rows
+                    here, there = row_of(mine, a[0], rows), row_of(mine, b[0], rows)
+                    if there >= here:
+                        bad.append(f"{path.relative_to(root)}:{line}: {module} (row {here + 1} "
+                                   f"of {top}.{mine}) imports {imported} (row {there + 1})")
+                continue  # otherwise inside one package: the circle check covers it
             other = layer_index(theirs, layers, top)
             if other == level and layers[level][1] is None:
                 continue  # the common modules use each other (the circle check covers them)
@@ -177,8 +210,15 @@ def test_handoff_has_a_handful_of_top_level_modules() -> None:
     assert top == ["__init__", "console", "defaults", "errors"]
 
 
+def test_every_part_of_a_package_with_rows_has_a_row() -> None:
+    for module in modules("handoff"):
+        parts = module.split(".")
+        if len(parts) > 2 and parts[1] in HANDOFF_WITHIN:
+            row_of(parts[1], parts[2], HANDOFF_WITHIN[parts[1]])
+
+
 def test_no_handoff_import_runs_upward() -> None:
-    bad = upward("handoff", HANDOFF_LAYERS)
+    bad = upward("handoff", HANDOFF_LAYERS, within=HANDOFF_WITHIN)
     assert bad == [], "\n".join(bad)
 
 
@@ -255,9 +295,23 @@ def test_the_checker_fails_on_a_planted_upward_import(tmp_path: Path) -> None:
                      "handoff/testing/local.py": "from handoff.ops import deploy\n"})
     bad = upward("handoff", HANDOFF_LAYERS, tmp_path)
     assert len(bad) == 2, bad
+    assert upward("handoff", HANDOFF_LAYERS, tmp_path, HANDOFF_WITHIN) == bad
     assert bad[0].startswith("handoff/config/state.py:2: handoff.config.state (config")
     assert "imports handoff.ops.deploy (ops" in bad[0]
     assert bad[1].startswith("handoff/testing/local.py:1:")  # a peer package of the same layer
+
+
+def test_the_checker_fails_on_an_import_up_the_rows_of_a_package(tmp_path: Path) -> None:
+    _tree(tmp_path, {"handoff/__init__.py": "", "handoff/ops/__init__.py": "",
+                     "handoff/ops/jobs/__init__.py": "", "handoff/ops/secrets/__init__.py": "",
+                     "handoff/ops/jobs/status.py": "def f():\n    from handoff.ops.secrets import x\n",
+                     "handoff/ops/jobs/state.py": "from handoff.ops import keyapi\n",
+                     "handoff/ops/keyapi.py": "from handoff.ops.jobs import state\n",
+                     "handoff/ops/deploy.py": "from handoff.ops import secrets\n"})
+    bad = upward("handoff", HANDOFF_LAYERS, tmp_path, HANDOFF_WITHIN)
+    assert [b.split(": ", 1)[0] for b in bad] == ["handoff/ops/jobs/status.py:2",
+                                                  "handoff/ops/keyapi.py:1"], bad
+    assert "(row 2 of handoff.ops) imports handoff.ops.secrets (row 2)" in bad[0]
 
 
 def test_the_checker_fails_on_a_planted_circle(tmp_path: Path) -> None:
