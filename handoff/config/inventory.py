@@ -84,7 +84,7 @@ class Inventory:
     def vars_for(
         self, host: Host | None, role: Role | None, flags: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Merged vars, in DESIGN's precedence order (later wins)."""
+        """Merged vars, in the documented precedence order (docs/configuration.md; later wins)."""
         merged: dict[str, Any] = dict(BUILTIN_VARS)
         merged.update(self.defaults)
         if role is not None:

@@ -44,6 +44,7 @@ def _keyring() -> ModuleType:
 
     return keyring
 
+
 def read_optional(service: str, username: str) -> str | None:
     """A keyring entry, registered for redaction before anything else; None when absent."""
     keyring = _keyring()
@@ -59,12 +60,14 @@ def read_optional(service: str, username: str) -> str | None:
     REDACTOR.add(key)
     return key
 
+
 def read_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> str:
     """The key from the OS keyring, registered for redaction before anything else."""
     key = read_optional(service, username)
     if key is None:
         raise KeyringEntryMissing(service, username)
     return key
+
 
 def soon(work: Callable[[], Any], name: str) -> Future[Any]:
     """`work()` on a thread: keyring's backend discovery and the Secret Service round trip
@@ -86,9 +89,11 @@ def soon(work: Callable[[], Any], name: str) -> Future[Any]:
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
 
+
 def read_key_soon(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> Future[str]:
     """`read_key` on a thread (see `soon`)."""
     return soon(lambda: read_key(service, username), "keyring-read")
+
 
 def store_key(key: str, service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> None:
     keyring = _keyring()
@@ -98,8 +103,10 @@ def store_key(key: str, service: str = SECRET_SERVICE, username: str = API_KEY_U
     except keyring.errors.NoKeyringError as exc:
         raise NoKeyringBackend(service, username, str(exc).split(".")[0]) from None
 
+
 def sha256(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
 
 def fingerprint(key: str) -> str:
     """What the ledger and the output show: 8 hex of sha256, useless for recovering the key."""

@@ -44,6 +44,7 @@ class KeyRecord:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
 
+
 def read_record(session: Session, path: str, size: int | None = None) -> KeyRecord | None:
     """The record at `path` on the host (absolute, or relative to the home); None if absent
     or unreadable as a record."""
@@ -59,6 +60,7 @@ def read_record(session: Session, path: str, size: int | None = None) -> KeyReco
     except (UnicodeDecodeError, ValueError):
         return None  # torn or foreign: not a record
     return KeyRecord.from_json(parsed)
+
 
 def write_record(session: Session, path: str, record: KeyRecord) -> None:
     """Replace the record atomically, 0600 like the key (it says where a key lies)."""

@@ -44,12 +44,14 @@ class Result:
     def ok(self) -> bool:
         return self.rc == 0
 
+
 @dataclass(frozen=True)
 class FileStat:
     size: int
     mode: int  # st_mode, type bits included
     uid: int
     mtime: float
+
 
 def sh_path(path: str) -> str:
     """Quote a remote path for sh, keeping a leading `~/` expandable."""
@@ -58,6 +60,7 @@ def sh_path(path: str) -> str:
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])
     return shlex.quote(path)
+
 
 class RemoteWriter(ABC):
     """A file being written on the host (see RemoteFiles.create)."""
@@ -77,6 +80,7 @@ class RemoteWriter(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
 
 class RemoteFiles(ABC):
     """SFTP-like file operations on the host. Relative paths start in the login user's home,
@@ -115,6 +119,7 @@ class RemoteFiles(ABC):
     def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
         """The bytes of `path` from `offset` up to `end`, in order, in chunks (valid until
         the next one is asked for); OSError if the file ends before `end`."""
+
 
 class Session(ABC):
     """A target and the means to act on it. Use as a context manager (connects, closes)."""

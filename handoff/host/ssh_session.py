@@ -38,6 +38,7 @@ def _stalled(label: str, what: str, seconds: float) -> RemoteError:
                        f"(its SFTP server stalled); the connection was closed. Raise the "
                        f"`io_timeout` var if the host is just slow")
 
+
 class _SFTPWriter(RemoteWriter):
     """Large writes with many in flight (handoff.ssh.sftp); paramiko's file object only opens
     and closes the handle."""
@@ -70,6 +71,7 @@ class _SFTPWriter(RemoteWriter):
                 self._writer.finish()  # every acknowledgement in: a failed write raises here
             finally:
                 self._file.close()
+
 
 class _SFTPFiles(RemoteFiles):
     """SFTP over one channel whose every wait is bounded by `timeout`: a request the server
@@ -146,6 +148,7 @@ class _SFTPFiles(RemoteFiles):
     def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
         with self.guard(f"reading {path}"), self.sftp.open(path, "rb") as fh:
             yield from sftpio.read(self.sftp, fh.handle, offset, end, f"reading {path}")
+
 
 class SSHSession(Session):
     """A target over SSH (handoff.ssh.connect): ssh_config honoured, every hop's host key checked,

@@ -46,9 +46,11 @@ TIMEOUT_S = 20.0
 # keep `find` looping.
 MAX_PAGES = 50
 
+
 def utc_iso(moment: datetime) -> str:
     """ISO 8601 in UTC with an explicit `Z`, to the second: OpenRouter rejects other zones."""
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 def parse_time(text: Any) -> datetime | None:
     """An API timestamp (`...Z` or with an offset) as an aware datetime; None if absent/bad."""
@@ -60,12 +62,15 @@ def parse_time(text: Any) -> datetime | None:
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
+
 def expiry(ttl_hours: float, now: datetime | None = None) -> str:
     """`expires_at` for a key minted now that lives `ttl_hours`."""
     return utc_iso((now or datetime.now(timezone.utc)) + timedelta(hours=float(ttl_hours)))
 
+
 def money(value: float | None) -> str:
     return "none" if value is None else f"${value:.4f}"
+
 
 def until(moment: datetime | None, now: datetime | None = None) -> str:
     """`in 23h 59m` / `EXPIRED 5m ago` / `never`: how long a key has left, for people."""
@@ -75,6 +80,7 @@ def until(moment: datetime | None, now: datetime | None = None) -> str:
     span = abs(left)
     text = f"{int(span // 3600)}h {int(span % 3600 // 60)}m" if span >= 3600 else f"{int(span // 60)}m"
     return f"in {text}" if left > 0 else f"EXPIRED {text} ago"
+
 
 @dataclass(frozen=True)
 class ChildKey:
@@ -115,12 +121,14 @@ class ChildKey:
         return (f"used {money(self.usage)} of {money(self.limit)}, expires "
                 f"{until(self.expires_at, now)}{state}")
 
+
 @dataclass(frozen=True)
 class Minted:
     """A key just created: the secret (for placement, once) and its public facts."""
 
     key: str = field(repr=False)
     info: ChildKey
+
 
 def child_name(label: str, role: str | None, job: str | None, endpoint: str,
                now: datetime | None = None) -> str:
@@ -130,6 +138,7 @@ def child_name(label: str, role: str | None, job: str | None, endpoint: str,
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%MZ")
     work = "/".join(dict.fromkeys(p for p in (role, job) if p)) or "no role"
     return f"handoff {label} {work} {endpoint} {stamp} #{secrets.token_hex(3)}"
+
 
 class Client:
     """The management API at `base_url` (the host's `base_url` var), with `management_key`.
@@ -274,8 +283,10 @@ class Client:
                                 status=status)
         return KeyAPIFailed(f"{where} refused to {what} ({status}: {said}).", status=status)
 
+
 def _quote(key_hash: str) -> str:
     return urllib.parse.quote(key_hash, safe="")
+
 
 def _json(raw: bytes) -> Any:
     try:
@@ -283,8 +294,10 @@ def _json(raw: bytes) -> Any:
     except (UnicodeDecodeError, ValueError):
         return None
 
+
 def _redacted(value: Any) -> str:
     return REDACTOR.redact(str(value))
+
 
 def _message(body: Any) -> str:
     """The server's own words (`error.message`), redacted and kept short."""

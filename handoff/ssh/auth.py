@@ -34,6 +34,7 @@ def _agent(ep: Endpoint) -> paramiko.Agent | None:
         return None  # ssh too goes on without an agent it cannot reach
     return agent
 
+
 def _public_blob(path: str) -> bytes | None:
     """The public key of an identity file (`F.pub`), to find it in the agent."""
     try:
@@ -41,6 +42,7 @@ def _public_blob(path: str) -> bytes | None:
             return base64.b64decode(fh.read().split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
 
 def _candidates(ep: Endpoint, agent: paramiko.Agent | None) -> tuple[list[tuple[str, Any]], list[str]]:
     """Keys to offer, in ssh's order, and encrypted identity files that could not be used
@@ -76,6 +78,7 @@ def _candidates(ep: Endpoint, agent: paramiko.Agent | None) -> tuple[list[tuple[
         offered += [(f"agent key {hostkeys.fingerprint(k.asbytes())}", k)
                     for k in agent_keys if k.asbytes() not in used]
     return offered, encrypted
+
 
 def login(transport: paramiko.Transport, hop: Hop) -> None:
     ep, label = hop.endpoint, hop.label

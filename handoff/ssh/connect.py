@@ -55,14 +55,17 @@ _live_lock = threading.Lock()
 
 _live: set[Any] = set()  # transports, sockets, proxy commands being used or set up
 
+
 def _track(thing: Any) -> Any:
     with _live_lock:
         _live.add(thing)
     return thing
 
+
 def _untrack(thing: Any) -> None:
     with _live_lock:
         _live.discard(thing)
+
 
 def _close_quietly(thing: Any) -> None:
     try:
@@ -70,6 +73,7 @@ def _close_quietly(thing: Any) -> None:
     except Exception:
         pass
     _untrack(thing)
+
 
 def abort_all() -> int:
     """Close every connection and connection attempt of this process (Ctrl-C): threads
@@ -83,6 +87,7 @@ def abort_all() -> int:
         except Exception:
             pass
     return len(things)
+
 
 class _Transport(paramiko.Transport):
     """paramiko's Transport offering host key algorithms in the order handoff chose (known
@@ -98,6 +103,7 @@ class _Transport(paramiko.Transport):
         usable = set(self._key_info)
         disabled = set(self.disabled_algorithms.get("keys", []))
         return tuple(a for a in self.host_key_order if a in usable and a not in disabled)
+
 
 class Link:
     """One authenticated SSH connection and the hops (links) it runs through."""
@@ -128,8 +134,10 @@ class Link:
         """The hops' labels, first to last (this link last)."""
         return ([] if self.through is None else self.through.route) + [self.label]
 
+
 def _where(ep: Endpoint) -> str:
     return f"{ep.hostname}:{ep.port}"
+
 
 def _expand_proxy_command(command: str, ep: Endpoint) -> str:
     """ssh's tokens in a ProxyCommand: %h %p %r %n %u %d %%."""
@@ -149,6 +157,7 @@ def _expand_proxy_command(command: str, ep: Endpoint) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
 
 def _open_socket(hop: Hop, through: Link | None) -> Any:
     """A socket-like object to `hop`: TCP, a channel through the previous link, or a
@@ -195,9 +204,11 @@ def _open_socket(hop: Hop, through: Link | None) -> Any:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return _track(sock)
 
+
 def knowledge_for(ep: Endpoint) -> hostkeys.Knowledge:
     return hostkeys.knowledge(ep.hostname, ep.port, ep.known_hosts, ep.global_known_hosts,
                               ep.host_key_alias)
+
 
 def _handshake(sock: Any, hop: Hop, known: hostkeys.Knowledge) -> paramiko.Transport:
     """Key exchange only (no check, no login): the transport and the server's key."""
@@ -229,6 +240,7 @@ def _handshake(sock: Any, hop: Hop, known: hostkeys.Knowledge) -> paramiko.Trans
     raise ConnectError(_handshake_failure(where, timeout, failure, banner,
                                           time.monotonic() - started, recorder.head))
 
+
 class _Recording:
     """A socket-like object that keeps the first bytes the server sent: what a server that
     is not an SSH server said, for the message (paramiko skips such lines silently)."""
@@ -245,6 +257,7 @@ class _Recording:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
 
 def _handshake_failure(where: str, timeout: float, failure: BaseException | None,
                        banner: str, elapsed: float, head: bytes = b"") -> str:
@@ -277,9 +290,11 @@ def _handshake_failure(where: str, timeout: float, failure: BaseException | None
         return f"{where} closed the connection during the key exchange"
     return f"{where}: SSH key exchange failed: {text or type(failure).__name__}"
 
+
 def hint_for(target_label: str) -> str:
     """The command that pins host keys for a target (and every jump host on its way)."""
     return f"fab trust-host --host {shlex.quote(target_label)}"
+
 
 def _link(hop: Hop, through: Link | None, hint: str) -> Link:
     sock = _open_socket(hop, through)
@@ -299,6 +314,7 @@ def _link(hop: Hop, through: Link | None, hint: str) -> Link:
     link.trusted_by = how
     return link
 
+
 def open_connection(ep: Endpoint, label: str) -> Link:
     """Connect through every hop of the route, checking each host key and logging in to
     each, or raise a ConnectError (HostKeyError for a refused key) that says why."""
@@ -314,6 +330,7 @@ def open_connection(ep: Endpoint, label: str) -> Link:
     assert link is not None
     return link
 
+
 def fetch_host_key(hop: Hop, through: Link | None) -> tuple[paramiko.PKey, hostkeys.Knowledge]:
     """The key `hop` shows (negotiated as for a connection), without checking it or logging
     in: for trust-host, which shows it to the user."""
@@ -328,6 +345,7 @@ def fetch_host_key(hop: Hop, through: Link | None) -> tuple[paramiko.PKey, hostk
     finally:
         _close_quietly(sock)
 
+
 def connect_hop(hop: Hop, through: Link | None, hint: str) -> Link:
     """One checked, authenticated link (trust-host walks a route with it)."""
     try:
@@ -336,6 +354,7 @@ def connect_hop(hop: Hop, through: Link | None, hint: str) -> Link:
         if through is not None:
             through.close()
         raise
+
 
 @contextmanager
 def deadline(link: Link, seconds: float, what: str) -> Iterator[None]:

@@ -16,6 +16,7 @@ CONNECT_TIMEOUT = ssh_config.DEFAULT_CONNECT_TIMEOUT
 
 MAX_HOPS = 10  # a ProxyJump chain longer than this is a loop in ssh_config
 
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where and as whom to log in, after ssh_config and the inventory are merged."""
@@ -50,11 +51,13 @@ class Endpoint:
         """The same host with no proxy of its own (a hop after the first of a chain)."""
         return replace(self, proxy_jump=(), proxy_command=None)
 
+
 def endpoint(address: str, port: int | None = None, user: str | None = None,
              identity: str | None = None) -> Endpoint:
     """ssh's settings for `address`, the inventory's values given as ssh's command-line
     options (`-p`, `-l`, `-i`) so that they override ssh_config as they would for ssh."""
     return from_config(ssh_config.lookup(address, port, user, identity))
+
 
 def from_config(cfg: ssh_config.HostConfig) -> Endpoint:
     return Endpoint(
@@ -65,8 +68,10 @@ def from_config(cfg: ssh_config.HostConfig) -> Endpoint:
         host_key_alias=cfg.host_key_alias, connect_timeout=cfg.connect_timeout, name=cfg.name,
     )
 
+
 def is_alias(name: str) -> bool:
     return ssh_config.is_alias(name)
+
 
 def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
     """`[user@]address[:port]` (IPv6 as `[addr]:port`; also ssh's `ssh://` form, as a
@@ -88,6 +93,7 @@ def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
         address = spec
     return user or None, address, port
 
+
 @dataclass(frozen=True)
 class Hop:
     """One host of a route, with what to call it in messages."""
@@ -95,6 +101,7 @@ class Hop:
     endpoint: Endpoint
     label: str  # "sbx-3" for the target, "bast (jump host for sbx-3)" for a hop
     spec: str  # the name it was given by (ProxyJump entry, alias, address)
+
 
 def route(ep: Endpoint, label: str, depth: int = 0) -> list[Hop]:
     """The hosts to connect through, first to last, ending with `ep` itself. The first hop

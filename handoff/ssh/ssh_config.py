@@ -10,7 +10,7 @@ as they would for `ssh`.
 Without the client, paramiko's parser reads `$HOME/.ssh/config` (no Include, limited Match)
 and a warning says so once.
 
-`~` is `$HOME` (DESIGN: every file handoff reads). OpenSSH takes its own config and its
+`~` is `$HOME` for every file handoff reads (docs/configuration.md). OpenSSH takes its own config and its
 default known_hosts from the passwd home, so when `$HOME` is another folder (tests, sudo,
 some containers) handoff points `ssh -G` at `$HOME/.ssh/config` (plus the system file)
 and reads known_hosts paths ssh expanded under the passwd home from `$HOME` instead.
@@ -74,7 +74,7 @@ class HostConfig:
 
 
 def home() -> str:
-    """$HOME, as DESIGN's `~`."""
+    """$HOME: what `~` means in every path handoff reads."""
     return os.path.expanduser("~")
 
 

@@ -51,6 +51,7 @@ def remove(session: Session, path: str, fp: str) -> str:
         return f"removed {path}, verified gone" if removed else Skipped(f"{path} already absent")
     raise RemoteError(f"{session.label}: {path} still exists after removal")
 
+
 def _ledger_target(entry: state.LedgerEntry) -> Target:
     """Reach a host from its ledger entry, even if it left the inventory (its vars then are
     the defaults: `python3` for the job check, the default remote_dir)."""
@@ -64,12 +65,14 @@ def _ledger_target(entry: state.LedgerEntry) -> Target:
     variables = dict(BUILTIN_VARS, key_path=entry.path)
     return Target(entry.host, entry.host, ep, None, None, variables)
 
+
 def _slot_for(target: Target) -> state.LedgerEntry:
     """A key_path to check on `target` that the ledger has no record of."""
     ep = target.endpoint
     path = sftp_path(str(target.vars["key_path"]))  # the home is not known: no probe at cleanup
     return state.LedgerEntry(host=target.label, hostname=ep.hostname, port=ep.port, user=ep.user,
                              identity=list(ep.identity), path=path, fingerprint="", time=time.time())
+
 
 @dataclass
 class CleanupScope:
@@ -80,6 +83,7 @@ class CleanupScope:
     targets: dict[tuple[str, int, str], Target] = field(default_factory=dict)
     minted: list[state.LedgerEntry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # hosts that could not be resolved
+
 
 def cleanup_entries(wanted: set[str] | None, resolve: Callable[[str], list[Target]],
                     everywhere: Iterable[str] = ()) -> CleanupScope:
@@ -118,6 +122,7 @@ def cleanup_entries(wanted: set[str] | None, resolve: Callable[[str], list[Targe
                 scope.entries.append(_slot_for(t))
     return scope
 
+
 def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
     """One host per (address, port, user), one remove-key step per key file placed there."""
     scope = entries if isinstance(entries, CleanupScope) else CleanupScope(entries)
@@ -139,6 +144,7 @@ def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
         plan.hosts.append(HostPlan(target, steps))
     return plan
 
+
 def _running_jobs(session: Session) -> list[str] | None:
     """`job (pid N)` for every job still running on the host; None if it cannot be told."""
     try:
@@ -148,6 +154,7 @@ def _running_jobs(session: Session) -> list[str] | None:
     except HandoffError:
         return None
     return [f"{j.get('job')} (pid {j.get('pid')})" for j in answer.get("running") or []]
+
 
 def _remove_key(ctx: HostContext, step: Step) -> str:
     s = ctx.session

@@ -34,6 +34,7 @@ from handoff.run.plan import Skipped
 def _child_fields(minted: keyapi.ChildKey, api: str, service: str) -> dict[str, str]:
     return {"key_hash": minted.hash, "api": api, "service": service, "name": minted.name}
 
+
 def place_minted(session: Session, facts: Facts, creds: Credentials, settings: KeySettings) -> str:
     """The host's child key: reuse the live one its record names, else mint one, place it
     and its record, and revoke the key it replaces. Nothing half-done: a key minted here
@@ -88,6 +89,7 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     return (f"minted child key {minted.info.hash[:12]} ({minted.info.describe()}; {why}) and "
             f"{placed.replace('placed key', 'placed it as key', 1)}{note}")
 
+
 def _mint(client: keyapi.Client, name: str, settings: KeySettings) -> keyapi.Minted:
     """POST /keys; when the answer is lost (no answer, a 5xx), the key may exist all the
     same: look for it by its unique name and delete it, so a failed deploy leaves no live
@@ -106,6 +108,7 @@ def _mint(client: keyapi.Client, name: str, settings: KeySettings) -> keyapi.Min
         done = (f"a key created anyway ({len(strays)}) was found by name and revoked"
                 if strays else "no key was created (checked by name)")
         raise type(exc)(f"{exc} ({done})", status=exc.status) from None
+
 
 def _undo_mint(session: Session, client: keyapi.Client, minted: keyapi.Minted, path: str,
                child: dict[str, str]) -> str:
@@ -127,6 +130,7 @@ def _undo_mint(session: Session, client: keyapi.Client, minted: keyapi.Minted, p
         pass
     return done + "; nothing is left behind"
 
+
 def _revoke_replaced(session: Session, client: keyapi.Client, old: keyrecord.KeyRecord) -> str:
     """Revoke the child key a new one replaced (no orphan); a failure is a note, not an
     error: the new key is in place, and the ledger keeps the old one for cleanup."""
@@ -140,6 +144,7 @@ def _revoke_replaced(session: Session, client: keyapi.Client, old: keyrecord.Key
                               name=old.name))
     return (f"revoked the child key {old.hash[:12]} it replaces" if deleted else
             f"the child key {old.hash[:12]} it replaces was already revoked")
+
 
 def _remember(session: Session, path: str, record: keyrecord.KeyRecord, info: keyapi.ChildKey) -> None:
     """A reused key the ledger does not know (another clone, a wiped state dir): record it,

@@ -34,8 +34,10 @@ def ledger_entry(session: Session, path: str, fp: str, event: str, **child: str)
         **child,
     )
 
+
 def in_ledger(entry: state.LedgerEntry) -> bool:
     return any(e.slot == entry.slot and e.fingerprint == entry.fingerprint for e in state.placed())
+
 
 def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | None = None) -> str:
     """Place `key` at the host's key_path unless the same key is already there. `child` (a
@@ -74,6 +76,7 @@ def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | N
         # that child key as minted, so `cleanup-secrets` revokes it.
         remove_quietly(session, key_record(path))
     return f"placed key {fp} at {path} (0600, uid {st.uid})"
+
 
 def remove_quietly(session: Session, path: str) -> None:
     try:

@@ -35,6 +35,7 @@ class Revocation:
     path: str
     name: str = ""
 
+
 def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) -> list[Revocation]:
     """The ledger's live minted keys of the cleaned hosts, plus every child key a host's
     record named (found by the remove steps), each once."""
@@ -49,11 +50,13 @@ def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) ->
                                                      report.target.label, path, record.name))
     return list(found.values())
 
+
 @dataclass
 class Revoked:
     revocation: Revocation
     deleted: bool = False  # this run deleted it (False: it was already gone)
     error: str | None = None
+
 
 def revoke_all(todo: list[Revocation], keys: ManagementKeys) -> list[Revoked]:
     """DELETE each child key, then GET it to prove the 404; in parallel, one result each.
@@ -80,6 +83,7 @@ def revoke_all(todo: list[Revocation], keys: ManagementKeys) -> list[Revoked]:
         t.join()
     return results
 
+
 def revocation_table(results: list[Revoked]) -> Any:
     rows = []
     for res in results:
@@ -90,6 +94,7 @@ def revocation_table(results: list[Revoked]) -> Any:
         rows.append([console.r(r.host), r.key_hash[:12], outcome])
     return console.table("child keys revoked", ["host", "key hash", "result"], rows)
 
+
 def revocation_plan(todo: list[Revocation]) -> Any:
     """The dry run's second half: what would be revoked (the ledger's child keys; the ones
     named only in a host's record are found when the host is read)."""
@@ -98,6 +103,7 @@ def revocation_plan(todo: list[Revocation]) -> Any:
     rows.append(["(each host)", "-", "and any child key named in a host's key record "
                                      "(<key_path>.minted.json), the same way"])
     return console.table("then revoke the child keys", ["host", "key hash", "runs"], rows)
+
 
 def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[bool, list[str]]:
     """(all clean?, what to tell): files removed / already absent, child keys revoked, and

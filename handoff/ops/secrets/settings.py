@@ -43,8 +43,10 @@ def keyring_entry(targets: list[Target], required: bool) -> tuple[str, str] | No
         raise UsageError(f"these hosts use different keyring entries {sorted(services)}; deploy them separately")
     return services.pop()
 
+
 def takes_key(target: Target) -> bool:
     return target.role is None or target.role.secret
+
 
 @dataclass(frozen=True)
 class KeySettings:
@@ -53,6 +55,7 @@ class KeySettings:
     mode: str  # plain | minted | auto
     limit: float | None  # USD
     ttl_hours: float
+
 
 def key_settings(target: Target) -> KeySettings:
     """The host's key vars, or a UsageError (exit 2) naming the var and the fix, before any
@@ -85,9 +88,11 @@ def key_settings(target: Target) -> KeySettings:
                          f"host's vars")
     return KeySettings(mode, limit, ttl)
 
+
 def key_modes(targets: list[Target]) -> set[str]:
     """The `key_mode`s of the targets that take a key (each checked: a UsageError first)."""
     return {key_settings(t).mode for t in targets if takes_key(t)}
+
 
 @dataclass(frozen=True)
 class Credentials:
@@ -109,6 +114,7 @@ class Credentials:
             raise ManagementKeyMissing(self.service, MANAGEMENT_KEY_USERNAME, why)
         return keyapi.Client(api, self.management_key, f"{self.service}/{MANAGEMENT_KEY_USERNAME}")
 
+
 def read_credentials(service: str, username: str, modes: Iterable[str]) -> Credentials:
     """The keyring entries the hosts' `key_mode`s need: the management key for minted/auto
     (required for minted), the API key for plain (and auto without a management key)."""
@@ -123,10 +129,12 @@ def read_credentials(service: str, username: str, modes: Iterable[str]) -> Crede
         api_key = read_key(service, username)
     return Credentials(api_key, management, service)
 
+
 def read_credentials_soon(service: str, username: str, modes: Iterable[str]) -> Future[Credentials]:
     """`read_credentials` on a thread (see `soon`)."""
     wanted = set(modes)
     return soon(lambda: read_credentials(service, username, wanted), "keyring-read")
+
 
 def as_credentials(value: Any) -> Credentials:
     """A plan's private "key": Credentials, or a bare API key string (plain everywhere)."""
@@ -135,6 +143,7 @@ def as_credentials(value: Any) -> Credentials:
     if isinstance(value, str) and value:
         return Credentials(api_key=value)
     raise RuntimeError("the plan carries no key")
+
 
 class ManagementKeys:
     """The management key per keyring service, read at most once per command and only when

@@ -21,6 +21,7 @@ def key_folders(target: Target) -> list[str]:
     """The folders placing the key may create (the probe reports which exist)."""
     return parents(str(target.vars["key_path"]).rsplit("/", 1)[0])
 
+
 def place_step(target: Target, key: Any, unavailable: str | None = None) -> Step:
     """Place the host's key at its key_path, 0600 from birth: the plan's API key (plain) or
     a child key minted for this host (minted). `key` is the plan's private value (Credentials,
@@ -51,6 +52,7 @@ def place_step(target: Target, key: Any, unavailable: str | None = None) -> Step
     if key is None:
         what += f"; NOTE: {unavailable}"
     return Step("place-key", what, detail, when, {"settings": settings}, run=_place_key)
+
 
 def _place_key(ctx: HostContext, step: Step) -> str:
     creds = as_credentials(ctx.private("key"))

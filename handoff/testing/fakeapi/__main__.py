@@ -26,6 +26,7 @@ def _read_key(path: str | None) -> str:
         raise SystemExit("fakeapi: give --key-file F or set $FAKEAPI_KEY (never the key in argv)")
     return key.strip()
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m handoff.testing.fakeapi", description=fakeapi.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -33,6 +33,7 @@ MESSAGES = {
     529: "Provider returned error",
 }
 
+
 def answer_digest(messages: list[dict[str, Any]]) -> str:
     """16 hex of sha256 over the last user message's content: what every answer embeds."""
     last: dict[str, Any] = next(
@@ -40,6 +41,7 @@ def answer_digest(messages: list[dict[str, Any]]) -> str:
     content = last.get("content")
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
 
 @dataclass
 class FaultPlan:
@@ -87,6 +89,7 @@ class FaultPlan:
                    schedule={int(k): v for k, v in raw.get("schedule", {}).items()},
                    seed=raw.get("seed"), retry_after_s=raw.get("retry_after_s", 0.2),
                    hang_s=raw.get("hang_s", 3600.0))
+
 
 @dataclass
 class FakeStats:

@@ -27,6 +27,7 @@ from payload.records import derive_id
 _ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
                  "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
 
+
 class FakeOpenRouter:
     """See the module docstring. `endpoints=None` serves DEFAULT_ENDPOINTS; `[]` serves an empty
     list; `serve_endpoints=False` answers 404 there (as a server without the list would)."""

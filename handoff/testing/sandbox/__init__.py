@@ -285,7 +285,7 @@ class Sandbox:
         self.known_hosts.chmod(0o600)
 
     def inventory_data(self) -> dict[str, Any]:
-        """The sandbox inventory (DESIGN's format), as written to `self.inventory`."""
+        """The sandbox inventory (the format of docs/configuration.md), as written to `self.inventory`."""
         hosts: dict[str, Any] = {}
         for c in self.containers:
             hosts[c.name] = {

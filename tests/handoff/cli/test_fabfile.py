@@ -1,4 +1,4 @@
-"""The CLI surface: every task DESIGN names exists, `fab -l` gives one line per task quickly,
+"""The CLI surface: every documented task (docs/commands.md) exists, `fab -l` gives one line per task quickly,
 and `fab --help TASK` explains every flag."""
 
 from __future__ import annotations

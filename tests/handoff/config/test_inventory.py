@@ -1,5 +1,5 @@
 """Inventory loading: validation errors name file:line, unknown names list the known ones,
-and vars merge in DESIGN's precedence order."""
+and vars merge in the documented precedence order (docs/configuration.md)."""
 
 from __future__ import annotations
 
