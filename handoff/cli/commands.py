@@ -244,9 +244,8 @@ def launch(
 
     values = dict(flags)
     job_flag = values.pop("job", None)
-    values["concurrency"] = _flag.whole("--concurrency", values.get("concurrency"), minimum=1)
-    values["max_tokens"] = _flag.whole("--max-tokens", values.get("max_tokens"), minimum=1)
-    values["max_cost"] = _flag.real("--max-cost", values.get("max_cost"), minimum=0)
+    for name in ("concurrency", "max_tokens", "max_cost"):  # each by its one rule
+        values[name] = _flag.var(name, values.get(name), flag="--" + name.replace("_", "-"))
     targets = targets_for(host, role, values)
     inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
     # Every local input is read once, here: checked (an all-bad file stops the launch before

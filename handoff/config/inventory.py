@@ -109,19 +109,15 @@ def _err(path: Path, node: Any, key: Any, message: str) -> InventoryError:
 
 # Standard vars with a type: checked when the inventory loads, so `concurrency: lots` stops
 # the command with file:line before any host is contacted (not as a usage error from the
-# payload on the host, after the launch). Other vars are free-form.
-_NUMBERS: dict[str, dict[str, Any]] = {
-    "concurrency": {"whole": True, "minimum": 1},
-    "max_tokens": {"whole": True, "minimum": 1},
-    "gpus": {"whole": True, "minimum": 1},
-    "max_cost": {"minimum": 0},
-    "io_timeout": {"minimum": 0.1},
-}
+# payload on the host, after the launch). Other vars are free-form. The numbers' rules are
+# handoff.config.flags.VARS.
+_NUMBERS = ("concurrency", "max_tokens", "gpus", "max_cost", "io_timeout", "start_watch_s")
 _STRINGS = ("python", "remote_dir", "key_path", "secret_service", "secret_username", "base_url",
             "model", "job", "input")
 _CHOICES: dict[str, tuple[str, ...]] = {}
-# key_mode, key_limit and key_ttl_hours are checked together by handoff.ops.secrets.settings.key_settings
-# (they depend on each other), also before any host is contacted.
+# key_mode, key_limit and key_ttl_hours are checked together by
+# handoff.ops.secrets.settings.key_settings (they depend on each other; the numbers by the
+# rules of handoff.config.flags.VARS), also before any host is contacted.
 
 
 def check_var(name: str, value: Any, where: str) -> Any:
@@ -131,7 +127,7 @@ def check_var(name: str, value: Any, where: str) -> Any:
         return None
     if name in _NUMBERS:
         try:
-            return flags.number(f"var {name}", value, where=where, **_NUMBERS[name])
+            return flags.var(name, value, where=where)
         except UsageError as exc:
             raise InventoryError(str(exc)) from None
     if name in _STRINGS and (not isinstance(value, (str, int, float)) or isinstance(value, bool)

@@ -35,7 +35,9 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]
     inventory = project / "inventory" / "hosts.yml"
     inventory.parent.mkdir()
     inventory.write_text(
-        f"defaults: {{python: {sys.executable}, base_url: '{DEAD_API}'}}\n"
+        # A short start watch: a launch's check then waits 0.1 s, not 1 s; the tests of what
+        # the watch catches set it back to the default.
+        f"defaults: {{python: {sys.executable}, base_url: '{DEAD_API}', start_watch_s: 0.1}}\n"
         "hosts:\n"
         "  a: {address: 127.0.0.2, port: 2201, user: u1, roles: [generator]}\n"
         "  b: {address: 127.0.0.3, port: 2202, user: u2, roles: [generator]}\n"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from handoff.config import flags
 from handoff.config.layout import key_record
 from handoff.errors import RemoteError, UsageError
 from handoff.host import keyrecord
@@ -30,9 +31,7 @@ def host_share(max_cost: float, hosts: int) -> float:
     """Each host's part of a job's budget: host i of n gets max_cost / n."""
     if hosts < 1:
         raise UsageError("a budget needs at least one host")
-    if max_cost < 0:
-        raise UsageError(f"--max-cost must be >= 0, got {max_cost:g}")
-    return float(max_cost) / hosts
+    return float(flags.var("max_cost", max_cost, flag="--max-cost") or 0.0) / hosts
 
 
 def new_limit(usage: float, share: float, spent: float) -> float:

@@ -38,11 +38,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from handoff.config import flags
 from handoff.config.roles import render_command
+from handoff.defaults import BUILTIN_VARS
 from handoff.errors import HandoffError, RemoteError, UsageError
 from handoff.host import remote_code
 from handoff.host.facts import KEY_FILE, disk_short, gather
-from handoff.host.remote_code.jobs import START_WATCH_S
 from handoff.host.session import Session
 from handoff.host.targets import Target
 from handoff.host.transfer import mkdirs, upload_file
@@ -81,18 +82,16 @@ def budget_text(share: float) -> str:
     return f"{floored:.6f}".rstrip("0").rstrip(".")
 
 
+def start_watch(target: Target) -> float:
+    """How long the check after the starts waits before reading the jobs' states: the
+    `start_watch_s` var (1 s by default)."""
+    return float(flags.var("start_watch_s", target.vars.get("start_watch_s", BUILTIN_VARS["start_watch_s"])) or 0.0)
+
+
 def job_budget(target: Target) -> float | None:
     """The job's budget (`--max-cost` or the `max_cost` var), checked; None without one."""
-    raw = target.vars.get("max_cost")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise UsageError(f"--max-cost must be a number of USD, got {raw!r}") from None
-    if not value > 0:
-        raise UsageError(f"--max-cost must be > 0 (USD for the whole job), got {raw!r}")
-    return value
+    value = flags.var("max_cost", target.vars.get("max_cost"), flag="--max-cost")
+    return None if value is None else float(value)
 
 
 def budget_line(targets: list[Target], jobs: list[str]) -> str | None:
@@ -199,9 +198,10 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
         steps.append(Step(
             "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
                           f"second later (or finished: nothing left to do)",
-            f"python -c <remote_code/jobs.py> check: wait {START_WATCH_S:g} s, then each job's "
-            f"state and, for one that exited, its log's tail", "after the starts",
-            {"jobs": [j.job for j in jobs]}, run=_check, changes=False))
+            f"python -c <remote_code/jobs.py> check: wait {start_watch(target):g} s, then each "
+            f"job's state and, for one that exited, its log's tail", "after the starts",
+            {"jobs": [j.job for j in jobs], "watch_s": start_watch(target)}, run=_check,
+            changes=False))
         result.hosts.append(HostPlan(target, steps))
     return result
 
@@ -340,7 +340,8 @@ def _check(ctx: HostContext, step: Step) -> str:
     s = ctx.session
     names = [str(j) for j in step.params["jobs"]]
     answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "check", "jobs_dir": s.layout.jobs,
-                                                           "jobs": names, "watch_s": START_WATCH_S},
+                                                           "jobs": names,
+                                                           "watch_s": step.params["watch_s"]},
                                         "checking the jobs", timeout=60)
     parts, dead = [], []
     for name in names:

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from handoff.config import flags
 from handoff.config.os_keyring import read_key, read_optional, soon
 from handoff.defaults import (
     BUILTIN_VARS,
@@ -66,22 +67,14 @@ def key_settings(target: Target) -> KeySettings:
         raise UsageError(f"{label}: key_mode {v.get('key_mode')!r} is not one of "
                          f"{', '.join(KEY_MODES)} (an inventory var)")
 
-    def number(name: str, default: Any) -> float | None:
-        raw = v.get(name, default)
-        if raw is None:
-            return None
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            raise UsageError(f"{label}: {name} {raw!r} is not a number (an inventory var)") from None
-        if isinstance(raw, bool) or value != value or value < 0:
-            raise UsageError(f"{label}: {name} must be a number >= 0, got {raw!r}")
-        return value
+    def number(name: str) -> float | None:  # by the var's one rule (handoff.config.flags)
+        value = flags.var(name, v.get(name, BUILTIN_VARS[name]), where=label)
+        return None if value is None else float(value)
 
-    limit = number("key_limit", None)
-    ttl = number("key_ttl_hours", BUILTIN_VARS["key_ttl_hours"])
-    if not ttl:
-        raise UsageError(f"{label}: key_ttl_hours must be more than 0 (hours a minted key lives)")
+    limit = number("key_limit")
+    ttl = number("key_ttl_hours")
+    if ttl is None:
+        raise UsageError(f"{label}: var key_ttl_hours: expected a number > 0, got None")
     if mode == "minted" and limit is None:
         raise UsageError(f"{label}: key_mode minted needs key_limit, the USD its child key may "
                          f"spend: e.g. `key_limit: 5` under the inventory's defaults or the "

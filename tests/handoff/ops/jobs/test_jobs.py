@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from handoff.cli import commands
+from handoff.defaults import BUILTIN_VARS
 from handoff.errors import RoleError, UsageError
 from handoff.ops import deploy
 from handoff.ops.jobs import launch, smoke, status, stop
@@ -22,6 +23,10 @@ from handoff.run import plan
 from tests.support.workstation import SLEEPER_ROLE, Workstation
 
 KEY = "sk-or-v1-" + "ab" * 32
+
+# What the start watch catches (an instant crash, an instant finish) needs its default length;
+# the other tests run with the fixture's short one.
+WATCH_S = BUILTIN_VARS["start_watch_s"]
 
 
 def test_job_state() -> None:
@@ -297,7 +302,7 @@ def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
     rc = commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
-                         flags={"mode": "crash"})
+                         flags={"mode": "crash", "start_watch_s": WATCH_S})
     assert rc == 1
     out = capfd.readouterr().out.replace("\n", " ")
     assert "exited right after start" in out and "simulated failure" in out
@@ -307,7 +312,7 @@ def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
     assert commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
-                           flags={"mode": "finish"}) == 0
+                           flags={"mode": "finish", "start_watch_s": WATCH_S}) == 0
     assert "ran and finished already" in capfd.readouterr().out
     assert commands.status("s", None) == 0
 
