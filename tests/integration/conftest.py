@@ -5,7 +5,8 @@ when the machine cannot host the sandbox (not root, no /usr/sbin/sshd).
 
 - `sandbox`: one 3-container Sandbox for the whole session (do not break it: tests that
   stop a host, rotate a key or edit the inventory use `make_sandbox`).
-- `make_sandbox(hosts=2, **kw)`: a function-scoped, private Sandbox, closed after the test.
+- `make_sandbox(hosts=2, **kw)`: a function-scoped, private Sandbox, closed after the test
+  (its inventory's start watch short: `FAST`).
 - `fab(*args)`: runs `fab` (the one beside this interpreter) against the session sandbox; `fab.on(sbx, *args)`
   against another one. Returns FabResult(rc, out, err) and remembers every result, so
   `artifacts(sbx, fab.results)` can gather everything a run produced for leak checks.
@@ -32,6 +33,10 @@ from tests.support.fab import FAB, REPO
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT_S = 120
+# Private sandboxes watch a launch's fresh jobs 0.1 s, not 1 s: none of their tests depends on
+# the watch catching an instant crash (the session sandbox keeps the default: the extractor
+# role's test does).
+FAST = {"start_watch_s": 0.1}
 
 
 def _skip_reason() -> str | None:
@@ -76,6 +81,7 @@ def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     opened: list[Sandbox] = []
 
     def make(hosts: int = 2, **kwargs: Any) -> Sandbox:
+        kwargs.setdefault("defaults", FAST)
         sbx = Sandbox(tmp_path_factory.mktemp("sbx"), hosts=hosts, **kwargs)
         opened.append(sbx)
         sbx.start()
