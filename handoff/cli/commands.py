@@ -367,7 +367,7 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
     host, or on the --host hosts), revoke the child keys, and verify each is gone."""
     from handoff.config import state
     from handoff.errors import InventoryError
-    from handoff.ops.secrets import cleanup, revoke, settings
+    from handoff.ops.secrets import workflow
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
     everywhere: list[str] = []
@@ -379,25 +379,5 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
         except InventoryError as exc:
             console.warn(f"{exc}; checking only the hosts the ledger and the last deploy name")
         everywhere += state.load_targets()[0]
-    scope = cleanup.cleanup_entries(wanted, lambda spec: targets_for(spec, None, quiet=True),
-                                    everywhere)
-    for skipped in scope.skipped:
-        console.warn(f"not checked: {skipped}")
-    if not scope.entries and not scope.minted:
-        console.say("the ledger lists no placed or minted keys and there is no host to check: "
-                    "nothing to clean (already absent)")
-        return 0
-    p = cleanup.cleanup_plan(scope)
-    if dry_run:
-        run_plan(p, dry_run=True)
-        console.say(revoke.revocation_plan(revoke.revocations(scope)))
-        return 0
-    reports = plan.execute(p, connect=CONNECT) if p.hosts else []
-    todo = revoke.revocations(scope, reports)
-    revoked = revoke.revoke_all(todo, settings.ManagementKeys()) if todo else []
-    if revoked:
-        console.say(revoke.revocation_table(revoked))
-    ok, lines = revoke.cleanup_summary(reports, revoked)
-    for line in lines:
-        (console.say if ok else console.error)(line)
-    return 0 if ok else 1
+    return workflow.cleanup_secrets(wanted, lambda spec: targets_for(spec, None, quiet=True),
+                                    everywhere, connect=CONNECT, dry_run=dry_run)

@@ -33,10 +33,11 @@ This package is the one home of the secret's life cycle, one module per step:
   ledger lists as minted and every one a host's record names, `DELETE /keys/{hash}` then
   `GET` answering 404. An unreachable host's key is revoked all the same: its file may
   remain, dead.
+- `workflow`: cleanup-secrets from start to end, `cleanup` then `revoke` and the summary.
 
 The ledger (handoff.config.state) records host, path, time, the first 8 hex of
 sha256(key) and, for a child key, its public hash and the API that minted it; never a key.
 This package's `__init__` imports nothing.
 """
 
-__all__ = ["cleanup", "minted", "place", "revoke", "settings", "step"]
+__all__ = ["cleanup", "minted", "place", "revoke", "settings", "step", "workflow"]
