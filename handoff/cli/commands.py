@@ -265,12 +265,13 @@ def launch(
     if loaded:
         rows, basis = estimate.rows_for(loaded, targets)
         console.say(estimate.table(rows, basis, len(targets), int(targets[0].vars.get("concurrency") or 1)))
-    budget_line = launch_plan.budget_line(targets, [j.job for j in p.private["jobs"]])
+    private = launch_plan.private_of(p)
+    budget_line = launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
         console.say(budget_line)
     # A budget limits the hosts' child keys too: the management key is read (once, on this
     # workstation) only if a host turns out to hold one.
-    p.private["management"] = settings.ManagementKeys()
+    private.management = settings.ManagementKeys()
     return run_plan(p, dry_run)
 
 

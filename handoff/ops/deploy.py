@@ -9,14 +9,20 @@ step.place_step); this module only puts them in order per host.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
 
 from handoff.host.targets import Target
 from handoff.ops import releases
+from handoff.ops.releases import ReleaseCarrier
 from handoff.ops.secrets import settings, step
+from handoff.ops.secrets.step import KeyCarrier
 from handoff.ops.verify import probe_step
 from handoff.run.plan import HostPlan, Plan
+
+
+@dataclass
+class DeployPrivate(ReleaseCarrier, KeyCarrier):
+    """A deploy's private values: the release to upload and the key material handle."""
 
 
 def build(
@@ -24,7 +30,7 @@ def build(
     *,
     verify: bool = True,
     script: bool = True,
-    key: str | settings.Credentials | Future[Any] | None = None,
+    key: settings.KeyHandle = None,
     key_unavailable: str | None = None,
     install: bool = False,
     title: str = "deploy",
@@ -40,7 +46,7 @@ def build(
     the step, with that note.
     """
     release = releases.build() if script else None
-    plan = Plan(title, [], private={"release": release, "key": key},
+    plan = Plan(title, [], private=DeployPrivate(release=release, key=key),
                 pending={"key": "the API key could not be read from the keyring"})
     for t in targets:  # bad key vars stop the whole command before any host is touched
         if (key is not None or key_unavailable is not None) and settings.takes_key(t):

@@ -121,8 +121,15 @@ def folders(layout: RemoteLayout, release: Release) -> list[str]:
     return parents(layout.release(release.sha12))
 
 
+@dataclass
+class ReleaseCarrier:
+    """What the release steps read of their plan's private values (handoff.ops.deploy)."""
+
+    release: Release | None = None
+
+
 def _release(ctx: HostContext) -> Release:
-    rel = ctx.private("release")
+    rel = ctx.private_as(ReleaseCarrier).release
     if not isinstance(rel, Release):
         raise RuntimeError("the plan carries no release")
     return rel

@@ -278,22 +278,36 @@ def probe_step(target: Target, *, check: bool, install: bool = False, key: bool 
     if install:
         detail += f"; pip-install missing modules into {target.layout.venv}"
     return Step("probe", desc, detail, "always",
-                {"check": check, "install": install, "key": key, "shard": shard,
-                 "preflight": check and preflight, "dirs": list(dirs or []), "show_all": show_all},
+                Probe(check=check, install=install, key=key, shard=shard,
+                      preflight=check and preflight, dirs=list(dirs or []), show_all=show_all),
                 run=_probe, changes=False)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the probe step of deploy/verify reads: check the role's needs (or only room),
+    `--install`, hash the key file, the shard a preflight checks, the folders to report."""
+
+    check: bool
+    install: bool = False
+    key: bool = False
+    shard: str | None = None
+    preflight: bool = False
+    dirs: list[str] = field(default_factory=list)
+    show_all: bool = False
 
 
 def _probe(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    p = step.params
+    p = step.args(Probe)
     key_path = str(s.vars["key_path"])
-    files = {KEY_FILE: key_path, KEY_RECORD: key_record(key_path)} if p.get("key") else {}
+    files = {KEY_FILE: key_path, KEY_RECORD: key_record(key_path)} if p.key else {}
     role = s.target.role
-    check = bool(p.get("check"))
+    check = p.check
 
     def probe() -> Facts:
-        ctx.facts = gather(s, role, files=files, dirs=list(p.get("dirs") or []), deep=check,
-                           shard=p.get("shard"), preflight=bool(p.get("preflight")))
+        ctx.facts = gather(s, role, files=files, dirs=list(p.dirs), deep=check,
+                           shard=p.shard, preflight=p.preflight)
         return ctx.facts
 
     facts = probe()
@@ -304,9 +318,9 @@ def _probe(ctx: HostContext, step: Step) -> str:
             raise HandoffError(f"{s.label}: {short}; nothing was changed")
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
     verdict = evaluate(facts, role, s.vars)
-    if not verdict.ok and p.get("install") and install_missing(ctx, verdict):
+    if not verdict.ok and p.install and install_missing(ctx, verdict):
         verdict = evaluate(probe(), role, s.vars)
-    report_verdict(ctx.report, verdict, show_all=bool(p.get("show_all")))
+    report_verdict(ctx.report, verdict, show_all=p.show_all)
     ctx.report.data["verdict"] = verdict
     if not verdict.ok:
         names = ", ".join(c.name for c in verdict.missing)

@@ -21,11 +21,12 @@ changing step until every host has passed its read-only checks: when one host fa
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from handoff import console
 from handoff.errors import HandoffError
@@ -41,6 +42,14 @@ class Skipped(str):
 
 
 Handler = Callable[["HostContext", "Step"], str]
+T = TypeVar("T")
+
+
+def _as(kind: type[T], value: object, what: str) -> T:
+    """`value` as the dataclass its reader expects (a plan built wrong is a bug, said so)."""
+    if not isinstance(value, kind):
+        raise RuntimeError(f"{what} is {type(value).__name__}, not {kind.__name__}")
+    return value
 
 
 def _unset(ctx: HostContext, step: Step) -> str:
@@ -53,9 +62,14 @@ class Step:
     description: str  # one line for humans
     detail: str = ""  # the commands/transfers it performs, for --dry-run
     when: str = "always"  # the condition under which it acts
-    params: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The step's own inputs: a small dataclass its function reads back with `args()`.
+    params: object = field(default=None, compare=False)
     run: Handler = field(default=_unset, compare=False, repr=False)
     changes: bool = True  # may change the host: waits for the plan's pending private values
+
+    def args(self, kind: type[T]) -> T:
+        """The step's params, typed."""
+        return _as(kind, self.params, f"step {self.action!r}'s params")
 
 
 @dataclass
@@ -68,10 +82,11 @@ class HostPlan:
 class Plan:
     title: str
     hosts: list[HostPlan]
-    # Values the steps need but the plan must never print (the key itself); a Future is
-    # awaited before the first changing step. `pending` says, per name, what failed if it
-    # does not arrive ("the API key could not be read from the keyring").
-    private: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Values the steps need but the plan must never print (the key itself): one dataclass
+    # per kind of plan, whose fields the steps read by `HostContext.private_as`; a field
+    # holding a Future is awaited before the first changing step. `pending` says, per field,
+    # what failed if it does not arrive ("the API key could not be read from the keyring").
+    private: object = field(default=None, repr=False)
     pending: dict[str, str] = field(default_factory=dict)
     # No host changes anything unless every host passed its read-only steps (see Gate).
     all_or_nothing: bool = False
@@ -130,24 +145,30 @@ class HostContext:
             raise RuntimeError(f"{self.session.label}: a step needs the probe's facts first")
         return self.facts
 
-    def private(self, name: str) -> Any:
-        """A private value of the plan, waiting for it if it is still being fetched."""
-        value = self.plan.private.get(name)
-        if isinstance(value, Future):
-            try:
-                return value.result()
-            except HandoffError:
-                # The message (how to fix it) is printed once by the command, not per host.
-                what = self.plan.pending.get(name, f"{name} is unavailable")
-                raise HandoffError(f"{self.session.label}: nothing changed: {what} "
-                                   f"(see below)") from None
-        return value
+    def private_as(self, kind: type[T]) -> T:
+        """The plan's private values, typed (`kind`: the dataclass, or a base of it, that
+        this step's module defines for what it reads)."""
+        return _as(kind, self.plan.private, f"plan {self.plan.title!r}'s private values")
+
+    def arrived(self, name: str, value: Future[T]) -> T:
+        """A private value still being fetched (the private field `name`), once it is there;
+        one that failed to arrive stops this host: nothing changed."""
+        try:
+            return value.result()
+        except HandoffError:
+            # The message (how to fix it) is printed once by the command, not per host.
+            what = self.plan.pending.get(name, f"{name} is unavailable")
+            raise HandoffError(f"{self.session.label}: nothing changed: {what} "
+                               f"(see below)") from None
 
     def ready(self) -> None:
         """Wait for every pending private value: nothing changes on a host before all are
         known to be there."""
-        for name in self.plan.private:
-            self.private(name)
+        if dataclasses.is_dataclass(self.plan.private):
+            for f in dataclasses.fields(self.plan.private):
+                value = getattr(self.plan.private, f.name)
+                if isinstance(value, Future):
+                    self.arrived(f.name, value)
         if self.gate is not None:
             gate, self.gate = self.gate, None
             gate.arrive(self.session.label)

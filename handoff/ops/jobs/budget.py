@@ -15,6 +15,7 @@ has no limit to set: the payload's own `--max-cost` still applies there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from handoff.config import flags
@@ -59,17 +60,36 @@ def limit_step(target: Target, share: float, jobs: list[str]) -> Step:
         f"limit = usage + share - what the job already spent",
         "if the host holds a minted child key (a plain key has no limit: the payload's "
         "--max-cost still applies)",
-        {"share": share, "jobs": list(jobs)}, run=_set_limit)
+        LimitKeys(share, list(jobs)), run=_set_limit)
+
+
+@dataclass(frozen=True)
+class LimitKeys:
+    """The host's share of each job's budget, and the jobs launched now."""
+
+    share: float
+    jobs: list[str]
+
+
+@dataclass
+class ManagementCarrier:
+    """What the limit step reads of the launch plan's private values: where to get a
+    management client (set by the command; the management key never enters a plan)."""
+
+    management: ManagementClients | None = None
 
 
 def _set_limit(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    share, jobs = float(step.params["share"]), [str(j) for j in step.params["jobs"]]
+    p = step.args(LimitKeys)
+    share, jobs = p.share, p.jobs
     record = keyrecord.read_record(s, s.abs(key_record(str(s.vars["key_path"]))))
     if record is None:
         return Skipped("the host holds the plain API key: no key limit to set (the payload's "
                        "--max-cost still caps the job)")
-    clients: ManagementClients = ctx.private("management")
+    clients = ctx.private_as(ManagementCarrier).management
+    if clients is None:
+        raise RuntimeError("the launch plan carries no management keys")
     client = clients.client(record.api, record.service,
                             "limit the child key to the job's budget (launch --max-cost)")
     info = client.get(record.hash)

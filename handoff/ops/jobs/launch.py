@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.config import flags
@@ -80,6 +80,51 @@ def budget_text(share: float) -> str:
     shares never add up to more than the job's budget."""
     floored = math.floor(share * 1e6 + 1e-6) / 1e6
     return f"{floored:.6f}".rstrip("0").rstrip(".")
+
+
+@dataclass
+class LaunchPrivate(budget.ManagementCarrier):
+    """A launch's private values: the jobs it starts (each with its dataset, when local) and,
+    from the command, where the limit step gets a management client."""
+
+    jobs: list[LaunchJob] = field(default_factory=list)
+
+
+def private_of(p: Plan) -> LaunchPrivate:
+    """A launch plan's private values (the command sets its management keys)."""
+    if not isinstance(p.private, LaunchPrivate):
+        raise RuntimeError(f"plan {p.title!r} is not a launch plan")
+    return p.private
+
+
+@dataclass(frozen=True)
+class ProbeJobs:
+    shard: str | None  # the shard this host is given (a resumed job may have had another)
+
+
+@dataclass(frozen=True)
+class PushInput:
+    job: str
+    input: str  # where on the host
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """One job to start on the host: its input there, shard i/n of `hosts`, the job's budget
+    and this host's share of it (as the payload's --max-cost)."""
+
+    job: str
+    input: str
+    shard: str | None
+    hosts: int
+    max_cost: float | None
+    share: str | None
+
+
+@dataclass(frozen=True)
+class CheckJobs:
+    jobs: list[str]
+    watch_s: float  # how long after the starts their states are read
 
 
 def start_watch(target: Target) -> float:
@@ -145,7 +190,7 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
         raise UsageError("no hosts to launch on")
     local = loaded if loaded is not None else (load_datasets(targets, inputs, job_flag) if inputs else None)
     jobs = jobs_of(targets, local, remote_input, job_flag)
-    result = Plan("launch", [], private={"jobs": jobs}, all_or_nothing=True)
+    result = Plan("launch", [], private=LaunchPrivate(jobs=jobs), all_or_nothing=True)
     n = len(targets)
     for i, target in enumerate(targets):
         role = target.role
@@ -162,8 +207,8 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                                f"disk, job{'s' if len(jobs) > 1 else ''} {names} not running and "
                                f"launched with the same input",
                       f"{target.vars['python']} -c <remote_code/probe.py> (sha256 of the inputs); "
-                      f"-c <remote_code/jobs.py> list (reads only)", "always", {"shard": shard_spec},
-                      run=_probe, changes=False)]
+                      f"-c <remote_code/jobs.py> list (reads only)", "always",
+                      ProbeJobs(shard_spec), run=_probe, changes=False)]
         for j in jobs:
             if j.dataset is not None:
                 ds = j.dataset
@@ -172,7 +217,7 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                                   f"prompts, sha256 {ds.sha256[:12]}) to {j.input_path}",
                     f"sftp put {lay.data}/.{ds.name}.tmp-* then rename to {j.input_path}",
                     "unless the host holds the same file (sha256 compared on the host)",
-                    {"job": j.job, "input": j.input_path}, run=_push_input))
+                    PushInput(j.job, j.input_path), run=_push_input))
         if share is not None and role.secret:
             # The key's own limit enforces this host's share too (handoff.ops.jobs.budget).
             steps.append(budget.limit_step(target, share, [j.job for j in jobs]))
@@ -191,17 +236,15 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                              + (f", shard {shard_spec}" if shard_spec else "") + money,
                 f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(j.job)}/pid; "
                 f"~ is the login user's home)",
-                "once every host passed its probe", {"job": j.job, "input": j.input_path,
-                                                     "shard": shard_spec, "hosts": n,
-                                                     "max_cost": total, "share": extra["max_cost"]},
+                "once every host passed its probe",
+                StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"]),
                 run=_start))
         steps.append(Step(
             "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
                           f"second later (or finished: nothing left to do)",
             f"python -c <remote_code/jobs.py> check: wait {start_watch(target):g} s, then each "
             f"job's state and, for one that exited, its log's tail", "after the starts",
-            {"jobs": [j.job for j in jobs], "watch_s": start_watch(target)}, run=_check,
-            changes=False))
+            CheckJobs([j.job for j in jobs], start_watch(target)), run=_check, changes=False))
         result.hosts.append(HostPlan(target, steps))
     return result
 
@@ -211,7 +254,7 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
 
 def _probe(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    jobs: list[LaunchJob] = ctx.private("jobs")
+    jobs = ctx.private_as(LaunchPrivate).jobs
     files = {KEY_FILE: str(s.vars["key_path"])}
     files.update({input_file(j.job): j.input_path for j in jobs})
     ctx.facts = facts = gather(s, None, files=files)
@@ -244,7 +287,7 @@ def _probe(ctx: HostContext, step: Step) -> str:
     states = ", ".join(f"{j.job} {host_jobs.get(j.job).state}" for j in jobs)
     # A job resumed over another set of hosts gets another share of the ids: say so (ids
     # another host already did may be asked again here; the merge keeps each id once).
-    shard = step.params.get("shard")
+    shard = step.args(ProbeJobs).shard
     moved = []
     for j in jobs:
         meta = host_jobs.get(j.job).meta
@@ -292,8 +335,8 @@ def ssh_command(target: Target, command: str) -> str:
 
 def _push_input(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    jobs: list[LaunchJob] = ctx.private("jobs")
-    j = next(j for j in jobs if j.job == step.params["job"])
+    jobs = ctx.private_as(LaunchPrivate).jobs
+    j = next(j for j in jobs if j.job == step.args(PushInput).job)
     assert j.dataset is not None  # push-input steps exist only for local datasets
     ds = j.dataset
     if ctx.need_facts().file(input_file(j.job)).sha256 == ds.sha256:
@@ -311,37 +354,38 @@ def _start(ctx: HostContext, step: Step) -> str:
     s, facts = ctx.session, ctx.need_facts()
     role = s.target.role
     assert role is not None  # plan() refused targets without a launch command
-    p = step.params
-    job, shard = str(p["job"]), p["shard"]
-    jobs: list[LaunchJob] = ctx.private("jobs")
+    p = step.args(StartJob)
+    job, shard = p.job, p.shard
+    jobs = ctx.private_as(LaunchPrivate).jobs
     j = next(j for j in jobs if j.job == job)
     input_path = s.abs(j.input_path)
     command = render_command(role.launch, job_vars(s, facts, job, {"input": input_path, "shard": shard,
-                                                                   "max_cost": p.get("share")}),
+                                                                   "max_cost": p.share}),
                              f"role {role.name} launch")
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
-    meta = {"job": job, "role": role.name, "shard": shard, "hosts": p.get("hosts"),
+    meta = {"job": job, "role": role.name, "shard": shard, "hosts": p.hosts,
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
-            "max_cost": p.get("max_cost"), "host_max_cost": p.get("share"),
+            "max_cost": p.max_cost, "host_max_cost": p.share,
             "started": time.time(), "host": s.label}
     # Started without the watch: check-jobs watches every job of the launch at once.
     answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "start", "job_dir": jd,
                                                            "command": command, "meta": meta,
                                                            "watch_s": 0},
                                         "starting the job", timeout=60)
-    notes = (f", shard {shard}" if shard else "") + (f", budget ${p['share']}" if p.get("share") else "")
+    notes = (f", shard {shard}" if shard else "") + (f", budget ${p.share}" if p.share else "")
     return f"started {job} (pid {answer.get('pid')}) in {jd}{notes}"
 
 
 def _check(ctx: HostContext, step: Step) -> str:
     """Each job started a second ago: still running, finished (nothing to do), or dead."""
     s = ctx.session
-    names = [str(j) for j in step.params["jobs"]]
+    p = step.args(CheckJobs)
+    names = list(p.jobs)
     answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "check", "jobs_dir": s.layout.jobs,
                                                            "jobs": names,
-                                                           "watch_s": step.params["watch_s"]},
+                                                           "watch_s": p.watch_s},
                                         "checking the jobs", timeout=60)
     parts, dead = [], []
     for name in names:

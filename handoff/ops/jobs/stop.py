@@ -8,6 +8,7 @@ relaunch resumes where it stopped. A job that is not running is left alone (skip
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from handoff.errors import RemoteError
@@ -28,21 +29,30 @@ def plan(targets: list[Target], *, job_flag: str | None, timeout: float) -> Plan
             step = Step("stop-jobs", f"stop every running job: SIGTERM each, {wait} (stays resumable)",
                         f"python -c <remote_code/jobs.py> stop_all: kill -TERM the pid of each job "
                         f"alive under {jobs_dir}, poll until they exit",
-                        "for each job that is running", {"job": None, "timeout": wait_s}, run=_stop_all)
+                        "for each job that is running", StopJobs(None, wait_s), run=_stop_all)
         else:
             job = job_name(target, job_flag)
             jd = target.layout.job(job)
             step = Step("stop-job", f"stop job {job}: SIGTERM its process, {wait} (stays resumable)",
                         f"python -c <remote_code/jobs.py> stop: kill -TERM <pid in {jd}/pid>, poll "
-                        f"until it exits", "if the job is running", {"job": job, "timeout": wait_s},
+                        f"until it exits", "if the job is running", StopJobs(job, wait_s),
                         run=_stop)
         result.hosts.append(HostPlan(target, [step]))
     return result
 
 
+@dataclass(frozen=True)
+class StopJobs:
+    """One job to stop (`job`), or every running one (None), waiting `timeout` s for each."""
+
+    job: str | None
+    timeout: float
+
+
 def _stop(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    job, wait_s = str(step.params["job"]), float(step.params["timeout"])
+    p = step.args(StopJobs)
+    job, wait_s = str(p.job), p.timeout
     answer: dict[str, Any] = s.run_code(
         remote_code.JOBS, {"op": "stop", "job_dir": s.target.layout.job(job), "timeout": wait_s},
         "stopping the job", timeout=wait_s + 30)
@@ -57,7 +67,7 @@ def _stop(ctx: HostContext, step: Step) -> str:
 
 def _stop_all(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    wait_s = float(step.params["timeout"])
+    wait_s = step.args(StopJobs).timeout
     answer: dict[str, Any] = s.run_code(
         remote_code.JOBS, {"op": "stop_all", "jobs_dir": s.target.layout.jobs, "timeout": wait_s},
         "stopping the jobs", timeout=wait_s + 30)

@@ -123,6 +123,14 @@ def cleanup_entries(wanted: set[str] | None, resolve: Callable[[str], list[Targe
     return scope
 
 
+@dataclass(frozen=True)
+class RemoveKey:
+    """A key file to remove and the fingerprint the ledger knows it by ("" when unknown)."""
+
+    path: str
+    fingerprint: str
+
+
 def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
     """One host per (address, port, user), one remove-key step per key file placed there."""
     scope = entries if isinstance(entries, CleanupScope) else CleanupScope(entries)
@@ -138,7 +146,7 @@ def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
                       f"read {key_record(e.path)} (the child key to revoke); sftp remove {e.path}, "
                       f"{temp_prefix(e.path.rsplit('/', 1)[-1])}* beside it and the record; stat to "
                       f"prove it gone; ledger: removed",
-                      "if present", {"path": e.path, "fingerprint": e.fingerprint}, run=_remove_key)
+                      "if present", RemoveKey(e.path, e.fingerprint), run=_remove_key)
                  for e in group]
         target = scope.targets.get(host) or _ledger_target(group[0])
         plan.hosts.append(HostPlan(target, steps))
@@ -158,7 +166,8 @@ def _running_jobs(session: Session) -> list[str] | None:
 
 def _remove_key(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    path, fp = str(step.params["path"]), str(step.params["fingerprint"])
+    p = step.args(RemoveKey)
+    path, fp = p.path, p.fingerprint
     record = keyrecord.read_record(s, key_record(path))
     if record is not None:
         ctx.report.data.setdefault("records", []).append((record, path))

@@ -108,6 +108,12 @@ class Credentials:
         return keyapi.Client(api, self.management_key, f"{self.service}/{MANAGEMENT_KEY_USERNAME}")
 
 
+# The key material a plan carries for its hosts: Credentials (or a bare API key: plain
+# everywhere), or the Credentials still on their way from the keyring (a Future, see
+# read_credentials_soon); None: no key.
+KeyHandle = Credentials | str | Future[Credentials] | None
+
+
 def read_credentials(service: str, username: str, modes: Iterable[str]) -> Credentials:
     """The keyring entries the hosts' `key_mode`s need: the management key for minted/auto
     (required for minted), the API key for plain (and auto without a management key)."""

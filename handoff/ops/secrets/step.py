@@ -4,6 +4,8 @@ for the host (minted), placed at the host's key_path (handoff.ops.secrets.place,
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from handoff.config.layout import key_record, parents
@@ -13,7 +15,13 @@ from handoff.host.transfer import temp_prefix
 from handoff.ops import keyapi
 from handoff.ops.secrets.minted import place_minted
 from handoff.ops.secrets.place import place
-from handoff.ops.secrets.settings import Credentials, KeySettings, as_credentials, key_settings
+from handoff.ops.secrets.settings import (
+    Credentials,
+    KeyHandle,
+    KeySettings,
+    as_credentials,
+    key_settings,
+)
 from handoff.run.plan import HostContext, Step
 
 
@@ -51,12 +59,28 @@ def place_step(target: Target, key: Any, unavailable: str | None = None) -> Step
         detail, when = write, "unless the host already holds the same key (sha256 compared on the host)"
     if key is None:
         what += f"; NOTE: {unavailable}"
-    return Step("place-key", what, detail, when, {"settings": settings}, run=_place_key)
+    return Step("place-key", what, detail, when, PlaceKey(settings), run=_place_key)
+
+
+@dataclass(frozen=True)
+class PlaceKey:
+    """The host's key settings, checked when the plan was built."""
+
+    settings: KeySettings
+
+
+@dataclass
+class KeyCarrier:
+    """What the place-key step reads of its plan's private values (handoff.ops.deploy): the
+    key material handle, as the keyring gave it or still on its way."""
+
+    key: KeyHandle = None
 
 
 def _place_key(ctx: HostContext, step: Step) -> str:
-    creds = as_credentials(ctx.private("key"))
-    settings: KeySettings = step.params["settings"]
+    handle = ctx.private_as(KeyCarrier).key
+    creds = as_credentials(ctx.arrived("key", handle) if isinstance(handle, Future) else handle)
+    settings = step.args(PlaceKey).settings
     s, facts = ctx.session, ctx.need_facts()
     if creds.mode_for(settings) == "minted":
         return place_minted(s, facts, creds, settings)

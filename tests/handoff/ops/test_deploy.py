@@ -68,7 +68,7 @@ def test_deploy_plan_is_data_without_a_host(env: Path) -> None:
     assert actions["g"] == ["probe", "upload-release", "switch-current", "prune-releases"]  # no secret role
     place = p.for_host("b")[-1]
     assert "/srv/h/secrets/openrouter.key" in place.description  # key_path follows remote_dir
-    assert key not in repr(p.hosts) and p.private["key"] == key
+    assert key not in repr(p.hosts) and p.private.key == key
 
 
 def test_single_step_plans(env: Path) -> None:
@@ -77,7 +77,7 @@ def test_single_step_plans(env: Path) -> None:
         ["probe", "upload-release", "switch-current", "prune-releases"]
     only_key = deploy.build(targets, verify=False, script=False, key=fake_key())
     assert [s.action for s in only_key.hosts[0].steps] == ["probe", "place-key"]
-    assert only_key.hosts[0].steps[0].params["check"] is False
+    assert only_key.hosts[0].steps[0].params.check is False
 
 
 def test_dry_run_render_shows_fingerprint_never_key(env: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -155,7 +155,7 @@ def test_a_key_still_being_read_holds_back_every_change(ws: Workstation) -> None
     steps = p.hosts[0].steps
     assert [s.action for s in steps] == ["probe", "upload-release", "switch-current",
                                          "prune-releases", "place-key"]
-    assert steps[0].params["key"] is True  # the probe still hashes the remote key file
+    assert steps[0].params.key is True  # the probe still hashes the remote key file
     assert [s.changes for s in steps] == [False, True, True, True, True]
     pending.set_exception(KeyringEntryMissing("openrouter", "api-key"))
     [report] = plan.execute(p, connect=ws.connect)

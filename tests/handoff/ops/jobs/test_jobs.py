@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -105,19 +106,19 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     assert p.all_or_nothing  # no host starts unless every host passed its probe
     start_a = p.for_host("a")[-2]
     # One job per dataset, named after the file's stem.
-    assert start_a.params == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
+    assert asdict(start_a.params) == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
                               "hosts": 2, "max_cost": None, "share": None}
-    assert p.for_host("b")[-2].params["shard"] == "1/2"
+    assert p.for_host("b")[-2].params.shard == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
     assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
     assert [s.changes for s in p.for_host("a")] == [False, True, True, False]
     alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
     assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job", "check-jobs"]
-    assert alone.hosts[0].steps[-2].params["job"] == "b3"
-    assert alone.hosts[0].steps[-2].params["shard"] is None
+    assert alone.hosts[0].steps[-2].params.job == "b3"
+    assert alone.hosts[0].steps[-2].params.shard is None
     stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)
-    assert stem.hosts[0].steps[-2].params["job"] == "B4"
+    assert stem.hosts[0].steps[-2].params.job == "B4"
     provider = launch.plan(ws.targets("a", flags={"provider": {"only": ["x"]}}), local_input=None,
                            remote_input="/d/x.jsonl", job_flag=None)
     assert """--provider '{"only":["x"]}'""" in provider.hosts[0].steps[-2].detail  # set: passed
@@ -149,11 +150,11 @@ def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest
 
 def test_stop_plan(ws: Workstation) -> None:
     p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)  # every running job
-    assert [(hp.steps[0].action, hp.steps[0].params) for hp in p.hosts] == \
+    assert [(hp.steps[0].action, asdict(hp.steps[0].params)) for hp in p.hosts] == \
         [("stop-jobs", {"job": None, "timeout": 0.0})] * 2
     assert "do not wait" in p.hosts[0].steps[0].description
     one = stop.plan(ws.targets("a"), job_flag="B3", timeout=5)
-    assert one.hosts[0].steps[0].params == {"job": "B3", "timeout": 5.0}
+    assert asdict(one.hosts[0].steps[0].params) == {"job": "B3", "timeout": 5.0}
 
 
 # --- on fake hosts -------------------------------------------------------------------------

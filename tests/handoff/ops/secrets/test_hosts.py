@@ -97,6 +97,6 @@ def test_cleanup_plan_groups_keys_by_host() -> None:
                                  path=path, fingerprint="abcd1234", time=1.0)
 
     p = cleanup.cleanup_plan([entry("u1", "/h/k1"), entry("u2", "/h/k"), entry("u1", "/h/k2")])
-    assert [(hp.target.label, [s.params["path"] for s in hp.steps]) for hp in p.hosts] == \
+    assert [(hp.target.label, [s.params.path for s in hp.steps]) for hp in p.hosts] == \
         [("u1", ["/h/k1", "/h/k2"]), ("u2", ["/h/k"])]
     assert all(s.action == "remove-key" and s.changes for hp in p.hosts for s in hp.steps)

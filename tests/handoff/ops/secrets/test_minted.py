@@ -298,7 +298,7 @@ def test_launch_budget_limits_the_child_key_to_the_hosts_share(
                     remote_input=None, job_flag=None)
     assert [s.action for s in p.hosts[0].steps] == ["probe", "push-input", "set-key-limit",
                                                    "start-job", "check-jobs"]
-    p.private["management"] = settings.ManagementKeys()
+    launch.private_of(p).management = settings.ManagementKeys()
     reports = plan.execute(p, connect=ws.connect)
     assert all(r.ok for r in reports), [r.error for r in reports]
     assert sorted(k.limit for k in minted.keys.live()) == [0.25, 0.25]  # $0.50 over 2 hosts
