@@ -218,7 +218,7 @@ def smoke_test(host: str | None, role: str | None, model: str | None = None) -> 
     reports = smoke.run(targets_for(host, role, {"model": model}), CONNECT)
     console.say(smoke.table(reports))
     for rep in reports:  # launch's estimate reads what was measured, per API and model
-        measured = smoke.measured(rep.data) if rep.ok else None
+        measured = smoke.measured(rep.data_as(smoke.Smoked).fields) if rep.ok else None
         if measured is not None:
             v = rep.target.vars
             state.save_smoke(str(v.get("base_url") or ""), str(v.get("model") or ""),

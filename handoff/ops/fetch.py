@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -196,9 +196,17 @@ def fetch_listed(s: Session, listing: dict[str, Any], local_dir: Path, have: dic
     return done
 
 
+@dataclass
+class FetchedTo:
+    """Where a host's jobs were fetched: the folder (one job: its own), each job's folder."""
+
+    dir: str = ""
+    jobs: dict[str, str] = field(default_factory=dict)
+
+
 def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -> None:
     """`fab fetch` on one host: `dest/<host>/<job>/` for the `--job` job or every job;
-    `report.data["jobs"]` maps each job fetched to its local folder (for the merge)."""
+    the report's `FetchedTo` maps each job fetched to its local folder (for the merge)."""
     host_dir = dest / s.target.safe_label
     if job_flag is not None:
         job = job_name(s.target, job_flag)
@@ -214,8 +222,9 @@ def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -
             setattr(total, name, getattr(total, name) + getattr(done, name))
     jobs = ", ".join(results)
     report.summary = f"{total.fetched} fetched, {total.skipped} complete ({jobs}) → {host_dir}"
-    report.data["dir"] = str(host_dir / next(iter(results))) if len(results) == 1 else str(host_dir)
-    report.data["jobs"] = {job: str(host_dir / job) for job in results}
+    to = report.data_as(FetchedTo)
+    to.dir = str(host_dir / next(iter(results))) if len(results) == 1 else str(host_dir)
+    to.jobs = {job: str(host_dir / job) for job in results}
 
 
 def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
@@ -223,6 +232,6 @@ def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
     copies: dict[str, list[merging.ShardCopy]] = {}
     for rep in reports:
         if rep.ok:
-            for job, folder in (rep.data.get("jobs") or {}).items():
+            for job, folder in rep.data_as(FetchedTo).jobs.items():
                 copies.setdefault(job, []).append(merging.ShardCopy(rep.target.label, Path(folder)))
     return [merging.merge(job, found, dest) for job, found in sorted(copies.items())]

@@ -223,7 +223,7 @@ def report_verdict(report: HostReport, verdict: Verdict, show_all: bool = True) 
         rows.append([console.r(c.name), console.r(c.want), console.r(c.have), mark, shown_fix])
     if rows:
         report.log(console.table(None, ["check", "want", "have", "", "fix"], rows))
-    report.data["checks"] = [c.__dict__ for c in verdict.checks]
+    report.data_as(Verified).checks = [c.__dict__ for c in verdict.checks]
 
 
 def install_missing(ctx: HostContext, verdict: Verdict) -> bool:
@@ -283,6 +283,14 @@ def probe_step(target: Target, *, check: bool, install: bool = False, key: bool 
                 run=_probe, changes=False)
 
 
+@dataclass
+class Verified:
+    """A host's verify result: every check as a record, and the verdict."""
+
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Verdict | None = None
+
+
 @dataclass(frozen=True)
 class Probe:
     """What the probe step of deploy/verify reads: check the role's needs (or only room),
@@ -321,7 +329,7 @@ def _probe(ctx: HostContext, step: Step) -> str:
     if not verdict.ok and p.install and install_missing(ctx, verdict):
         verdict = evaluate(probe(), role, s.vars)
     report_verdict(ctx.report, verdict, show_all=p.show_all)
-    ctx.report.data["verdict"] = verdict
+    ctx.report.data_as(Verified).verdict = verdict
     if not verdict.ok:
         names = ", ".join(c.name for c in verdict.missing)
         raise HandoffError(f"{s.label}: missing {names} (fixes above); nothing was changed")

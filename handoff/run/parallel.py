@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from handoff import console
 from handoff.errors import HandoffError
@@ -27,6 +27,7 @@ from handoff.host.targets import Target
 from handoff.ssh import connect
 
 MAX_WORKERS = 32
+T = TypeVar("T")
 
 
 @dataclass
@@ -34,13 +35,23 @@ class HostReport:
     target: Target
     ok: bool = True
     summary: str = ""  # the summary table's cell
-    data: dict[str, Any] = field(default_factory=dict)  # structured results (for --json)
+    # The operation's result for this host, a small dataclass of its module (`data_as`).
+    data: object = None
     lines: list[Any] = field(default_factory=list)  # grouped output: strings or renderables
     error: str | None = None
     seconds: float = 0.0
 
     def log(self, item: Any) -> None:
         self.lines.append(item)
+
+    def data_as(self, kind: type[T]) -> T:
+        """This host's result, typed: an empty `kind()` until a step adds to it."""
+        if self.data is None:
+            self.data = kind()
+        if not isinstance(self.data, kind):
+            raise RuntimeError(f"{self.target.label}: the result is "
+                               f"{type(self.data).__name__}, not {kind.__name__}")
+        return self.data
 
     def fail(self, message: str) -> None:
         self.ok = False

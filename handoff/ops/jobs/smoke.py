@@ -7,6 +7,7 @@ run's cost and time from it."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import console
@@ -69,7 +70,7 @@ def measured(fields: dict[str, str]) -> dict[str, Any] | None:
 
 
 def smoke(s: Session, report: HostReport) -> None:
-    """Run the role's smoke command on one host; its fields go to `report.data`."""
+    """Run the role's smoke command on one host; its fields go to the report's `Smoked`."""
     role = s.target.role
     if role is None or not role.smoke:
         raise UsageError(f"{s.label}: role {role.name if role else None!r} has no smoke command")
@@ -77,13 +78,21 @@ def smoke(s: Session, report: HostReport) -> None:
     require_deployed(s, facts, role)
     res = s.exec(render_command(role.smoke, job_vars(s, facts, "smoke", {}), "smoke"), timeout=300)
     fields = parse(res.out)
-    report.data.update(fields, rc=res.rc)
+    report.data_as(Smoked).fields.update(fields, rc=res.rc)
     for line in (res.out + res.err).strip().splitlines():
         report.log(f"  {console.r(line)}")
     if res.rc != 0:
         tail = (res.err.strip().splitlines() or res.out.strip().splitlines() or ["no output"])[-1]
         raise RemoteError(f"{s.label}: smoke test failed (exit {res.rc}): {tail}")
     report.summary = f"{fields.get('served by', '?')}, {fields.get('latency', '?')}"
+
+
+@dataclass
+class Smoked:
+    """A host's smoke-test result: the fields `payload smoke` printed (`served by`, `latency`,
+    `tokens`, `cost`, `key`, ...) and its exit code as `rc`."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 def run(targets: list[Target], connect: Connector) -> list[HostReport]:
@@ -93,7 +102,7 @@ def run(targets: list[Target], connect: Connector) -> list[HostReport]:
 def table(reports: list[HostReport]) -> Any:
     rows = []
     for rep in reports:
-        d = rep.data
+        d = rep.data_as(Smoked).fields
         rows.append([console.r(rep.target.label), "[green]ok[/]" if rep.ok else "[red]FAILED[/]",
                      console.r(d.get("served by", "-")), console.r(d.get("latency", "-")),
                      console.r(d.get("tokens", "-")), console.r(d.get("cost", "-")),

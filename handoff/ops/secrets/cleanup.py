@@ -123,6 +123,16 @@ def cleanup_entries(wanted: set[str] | None, resolve: Callable[[str], list[Targe
     return scope
 
 
+@dataclass
+class KeysRemoved:
+    """A host's cleanup: the child key records found beside its key files (each with the
+    key file's path: what to revoke), and how many files were removed or already absent."""
+
+    records: list[tuple[keyrecord.KeyRecord, str]] = field(default_factory=list)
+    removed: int = 0
+    absent: int = 0
+
+
 @dataclass(frozen=True)
 class RemoveKey:
     """A key file to remove and the fingerprint the ledger knows it by ("" when unknown)."""
@@ -170,7 +180,7 @@ def _remove_key(ctx: HostContext, step: Step) -> str:
     path, fp = p.path, p.fingerprint
     record = keyrecord.read_record(s, key_record(path))
     if record is not None:
-        ctx.report.data.setdefault("records", []).append((record, path))
+        ctx.report.data_as(KeysRemoved).records.append((record, path))
     try:
         s.files.stat(path)
         present = True
@@ -195,8 +205,11 @@ def _remove_key(ctx: HostContext, step: Step) -> str:
         s.files.remove(key_record(path))
     except OSError:
         pass
-    counts = ctx.report.data.setdefault("files", {"removed": 0, "absent": 0})
-    counts["absent" if isinstance(outcome, Skipped) else "removed"] += 1
+    done = ctx.report.data_as(KeysRemoved)
+    if isinstance(outcome, Skipped):
+        done.absent += 1
+    else:
+        done.removed += 1
     return outcome
 
 

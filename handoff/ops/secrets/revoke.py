@@ -18,7 +18,7 @@ from handoff.defaults import (
 from handoff.errors import (
     HandoffError,
 )
-from handoff.ops.secrets.cleanup import CleanupScope
+from handoff.ops.secrets.cleanup import CleanupScope, KeysRemoved
 from handoff.ops.secrets.settings import ManagementKeys
 from handoff.run.parallel import HostReport
 
@@ -44,7 +44,7 @@ def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) ->
         found.setdefault(e.key_hash, Revocation(e.key_hash, e.api, e.service or SECRET_SERVICE,
                                                 e.host, e.path, e.name))
     for report in reports or []:
-        for record, path in report.data.get("records", []):
+        for record, path in report.data_as(KeysRemoved).records:
             found.setdefault(record.hash, Revocation(record.hash, record.api,
                                                      record.service or SECRET_SERVICE,
                                                      report.target.label, path, record.name))
@@ -108,8 +108,8 @@ def revocation_plan(todo: list[Revocation]) -> Any:
 def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[bool, list[str]]:
     """(all clean?, what to tell): files removed / already absent, child keys revoked, and
     for each host that could not be cleaned whether what may remain there is dead."""
-    removed = sum(r.data.get("files", {}).get("removed", 0) for r in reports)
-    absent = sum(r.data.get("files", {}).get("absent", 0) for r in reports)
+    removed = sum(r.data_as(KeysRemoved).removed for r in reports)
+    absent = sum(r.data_as(KeysRemoved).absent for r in reports)
     down = [r for r in reports if not r.ok]
     failed = [x for x in revoked if x.error]
     head = f"cleanup-secrets: removed {removed} key file(s), {absent} already absent"

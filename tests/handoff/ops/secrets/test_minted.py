@@ -316,7 +316,7 @@ def test_the_job_runs_on_the_child_key(ws: Workstation, minted: KeyedAPI) -> Non
     assert report.ok, report.error
     child = record_of(ws, "a")["hash"]
     assert minted.keys.served_by == {child: 1} and ROOT not in minted.keys.served_by
-    assert "of $2.000000" in smoke.credit(report.data["key"])
+    assert "of $2.000000" in smoke.credit(report.data_as(smoke.Smoked).fields["key"])
 
 
 def test_plans_say_what_minting_does(ws: Workstation, minted: KeyedAPI) -> None:
