@@ -121,8 +121,10 @@ def deploy(
 
     targets = targets_for(host, role)
     entry = settings.keyring_entry(targets, required=title == "push-key") if key else None
-    # Each host's key_mode says which keyring entries are needed (checked before anything).
-    modes = settings.key_modes(targets) if entry is not None else set()
+    # Each host's key_mode says which keyring entries are needed (checked before anything,
+    # once: the plan's place-key steps reuse them).
+    chosen = settings.for_hosts(targets) if entry is not None else {}
+    modes = settings.key_modes(chosen)
     if dry_run:
         unavailable = None
         try:
@@ -131,12 +133,13 @@ def deploy(
             # A dry run still shows the whole plan; the missing key becomes a note in it.
             secret, unavailable = None, str(exc)
         return run_plan(deploy_plan.build(targets, verify=verify, script=script, key=secret,
-                                          install=install, title=title, key_unavailable=unavailable),
+                                          install=install, title=title, key_unavailable=unavailable,
+                                          key_settings=chosen or None),
                         dry_run=True)
     # Read on a thread while the hosts connect and probe; the plan's changing steps wait.
     pending = None if entry is None else settings.read_credentials_soon(*entry, modes)
     p = deploy_plan.build(targets, verify=verify, script=script, key=pending, install=install,
-                          title=title)
+                          title=title, key_settings=chosen or None)
     reports = plan.execute(p, connect=CONNECT)
     failure = None if pending is None else pending.exception()
     if isinstance(failure, SecretError):

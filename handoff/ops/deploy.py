@@ -34,6 +34,7 @@ def build(
     key_unavailable: str | None = None,
     install: bool = False,
     title: str = "deploy",
+    key_settings: dict[str, settings.KeySettings] | None = None,
 ) -> Plan:
     """Plan for deploy (all three) or one checklist step alone.
 
@@ -43,14 +44,16 @@ def build(
     changes a host waits for it first, so a keyring failure still changes nothing anywhere.
     Each host's `key_mode` then decides whether it gets the API key or a child key minted
     for it. `key_unavailable` (dry run only) is why there is no key: the plan still shows
-    the step, with that note.
+    the step, with that note. `key_settings`: each host's, already checked by the command
+    (settings.for_hosts), so they are computed once per host; computed here otherwise.
     """
     release = releases.build() if script else None
     plan = Plan(title, [], private=DeployPrivate(release=release, key=key),
                 pending={"key": "the API key could not be read from the keyring"})
-    for t in targets:  # bad key vars stop the whole command before any host is touched
-        if (key is not None or key_unavailable is not None) and settings.takes_key(t):
-            settings.key_settings(t)
+    # Each host's key settings, checked once (the command's, when it passes them): bad key
+    # vars stop the whole command before any host is touched.
+    chosen = (key_settings if key_settings is not None else settings.for_hosts(targets)
+              if key is not None or key_unavailable is not None else {})
     for i, t in enumerate(targets):
         places_key = (key is not None or key_unavailable is not None) and settings.takes_key(t)
         # The folders later steps may create: the probe reports which exist, so creating
@@ -69,6 +72,6 @@ def build(
         if release is not None:
             steps += releases.steps(t, release)
         if places_key:
-            steps.append(step.place_step(t, key, key_unavailable))
+            steps.append(step.place_step(t, key, key_unavailable, chosen.get(t.label)))
         plan.hosts.append(HostPlan(t, steps))
     return plan

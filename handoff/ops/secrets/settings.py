@@ -82,9 +82,16 @@ def key_settings(target: Target) -> KeySettings:
     return KeySettings(mode, limit, ttl)
 
 
-def key_modes(targets: list[Target]) -> set[str]:
-    """The `key_mode`s of the targets that take a key (each checked: a UsageError first)."""
-    return {key_settings(t).mode for t in targets if takes_key(t)}
+def for_hosts(targets: list[Target]) -> dict[str, KeySettings]:
+    """Each key-taking target's settings by label, checked once for the whole command (a
+    UsageError first, before any host is touched); the plan's place-key steps reuse them."""
+    return {t.label: key_settings(t) for t in targets if takes_key(t)}
+
+
+def key_modes(targets: list[Target] | dict[str, KeySettings]) -> set[str]:
+    """The `key_mode`s of the targets that take a key (or of settings already checked)."""
+    chosen = targets if isinstance(targets, dict) else for_hosts(targets)
+    return {s.mode for s in chosen.values()}
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,14 @@ def key_folders(target: Target) -> list[str]:
     return parents(str(target.vars["key_path"]).rsplit("/", 1)[0])
 
 
-def place_step(target: Target, key: Any, unavailable: str | None = None) -> Step:
+def place_step(target: Target, key: Any, unavailable: str | None = None,
+               settings: KeySettings | None = None) -> Step:
     """Place the host's key at its key_path, 0600 from birth: the plan's API key (plain) or
     a child key minted for this host (minted). `key` is the plan's private value (Credentials,
     an API key, or a Future of either) or None for a dry run whose key is `unavailable`."""
     path = str(target.vars["key_path"])
     folder, name = path.rsplit("/", 1)
-    settings = key_settings(target)
+    settings = settings or key_settings(target)  # checked once per command when given
     known = key if isinstance(key, (str, Credentials)) else None
     mode = as_credentials(known).mode_for(settings) if known is not None else settings.mode
     write = (f"sftp mkdir {folder} (0700); create {folder}/{temp_prefix(name)}* O_EXCL mode "

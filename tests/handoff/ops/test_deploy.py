@@ -12,7 +12,7 @@ import pytest
 from handoff import console
 from handoff.config import state
 from handoff.config.inventory import load_inventory
-from handoff.host.targets import resolve
+from handoff.host.targets import Target, resolve
 from handoff.ops import deploy
 from handoff.run import plan
 from payload.redact import REDACTOR
@@ -168,3 +168,27 @@ def test_a_key_still_being_read_holds_back_every_change(ws: Workstation) -> None
     ready.set_result(key := fake_key())
     [report] = plan.execute(deploy.build(targets, key=ready), connect=ws.connect)
     assert report.ok and (rd / "secrets" / "openrouter.key").read_text() == key
+
+
+def test_key_settings_are_computed_once_per_host(ws: Workstation,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command checks each host's key vars once; the plan's place-key steps reuse them."""
+    from handoff.ops.secrets import settings
+    from handoff.ops.secrets import step as key_step
+
+    calls: list[str] = []
+    real = settings.key_settings
+
+    def counted(target: Target) -> settings.KeySettings:
+        calls.append(target.label)
+        return real(target)
+
+    monkeypatch.setattr(settings, "key_settings", counted)
+    monkeypatch.setattr(key_step, "key_settings", counted)
+    targets = ws.targets("a,b")
+    chosen = settings.for_hosts(targets)
+    p = deploy.build(targets, key="sk-or-v1-x", key_settings=chosen)
+    assert calls == ["a", "b"]
+    placed = [s.args(key_step.PlaceKey).settings for hp in p.hosts for s in hp.steps
+              if s.action == "place-key"]
+    assert placed == [chosen["a"], chosen["b"]]
