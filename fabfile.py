@@ -1,10 +1,10 @@
-"""handoff's checklist as Fabric tasks (thin: parse flags, call handoff.commands).
+"""handoff's checklist as Fabric tasks (thin: parse flags, call handoff.cli.commands).
 
 Every task takes `--host` (inventory name, ssh_config alias or [user@]address[:port],
-comma-separated; Fabric's `-H/--hosts` means the same, see handoff.cli and fabric.yaml) and
+comma-separated; Fabric's `-H/--hosts` means the same, see handoff.cli.program and fabric.yaml) and
 `--role`. Without `--host`: the hosts of the last successful deploy, else the inventory's
 hosts. Heavy modules are imported inside the tasks so `fab -l` is quick. Numeric flags are
-taken as strings and checked by the commands (handoff.flags): invoke would raise a
+taken as strings and checked by the commands (handoff.config.flags): invoke would raise a
 traceback on `--lines ten`.
 
 This file's folder is the project directory: `inventory/hosts.yml`, `roles/` and the
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from invoke import Context, Exit, task
 
-from handoff import defaults, paths
+from handoff import defaults
+from handoff.config import paths
 
 paths.use_project(Path(__file__).resolve().parent)
 
@@ -55,7 +56,7 @@ def _done(code: int) -> None:
 def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False,
            install: bool = False) -> None:
     """verify → push-script → push-key; remembers the hosts."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -67,7 +68,7 @@ def deploy(c: Context, host: str | None = None, role: str | None = None, dry_run
 def verify(c: Context, host: str | None = None, role: str | None = None, install: bool = False,
            dry_run: bool = False) -> None:
     """Check each host has what its role needs, with fixes."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -77,7 +78,7 @@ def verify(c: Context, host: str | None = None, role: str | None = None, install
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_script(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
     """Upload the payload release and switch `current` to it."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -87,7 +88,7 @@ def push_script(c: Context, host: str | None = None, role: str | None = None, dr
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE, "dry_run": DRY})
 def push_key(c: Context, host: str | None = None, role: str | None = None, dry_run: bool = False) -> None:
     """Place each host's key, 0600 (minted child key or API key)."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -98,7 +99,7 @@ def push_key(c: Context, host: str | None = None, role: str | None = None, dry_r
                                    "yes": "pin without asking (only after checking the fingerprint on the host)"})
 def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False) -> None:
     """Show a host's SSH key fingerprint; pin it once confirmed."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -112,7 +113,7 @@ def trust_host(c: Context, host: str | None = None, role: str | None = None, yes
 def set_key(c: Context, service: str = defaults.SECRET_SERVICE,
             username: str = defaults.API_KEY_USERNAME) -> None:
     """Store the API key (or a management key) in the OS keyring."""
-    from handoff import commands
+    from handoff.cli import commands
 
     _done(commands.set_key(service, username))
 
@@ -121,7 +122,7 @@ def set_key(c: Context, service: str = defaults.SECRET_SERVICE,
                                    "model": "model slug to test (default: the model var)"})
 def smoke_test(c: Context, host: str | None = None, role: str | None = None, model: str | None = None) -> None:
     """One real request per host: provider, latency, cost, credit."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -148,7 +149,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
            base_url: str | None = None, concurrency: str | None = None, max_cost: str | None = None,
            max_tokens: str | None = None, no_shard: bool = False, dry_run: bool = False) -> None:
     """Start one job per dataset on each host, sharded i/n."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -167,7 +168,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
 def status(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
            json: bool = False, wait: bool = False, interval: str | None = None) -> None:
     """Every job on every host: state, progress, cost, ETA, keys."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -181,7 +182,7 @@ def status(c: Context, host: str | None = None, role: str | None = None, job: st
 def logs(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          follow: bool = False, lines: str | None = None) -> None:
     """Print the jobs' logs; --follow streams until Ctrl-C."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -196,7 +197,7 @@ def logs(c: Context, host: str | None = None, role: str | None = None, job: str 
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          timeout: str | None = None, dry_run: bool = False) -> None:
     """SIGTERM the jobs: graceful drain, stays resumable."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -211,7 +212,7 @@ def stop(c: Context, host: str | None = None, role: str | None = None, job: str 
 def fetch(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
           dest: str = "results") -> None:
     """Pull every job's outputs back; merge each job's shards."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -223,7 +224,7 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
                                    "dry_run": DRY})
 def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) -> None:
     """Remove placed keys, revoke child keys, verify all gone."""
-    from handoff import commands
+    from handoff.cli import commands
 
     host = _host(c, host)
 
@@ -237,8 +238,8 @@ def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) 
 })
 def demo(c: Context, hosts: str = "2", results: str = "demo-results", keep: bool = False) -> None:
     """The whole checklist against a throwaway local sandbox."""
-    from handoff import demo as demo_mod
-    from handoff import flags
+    from handoff.cli import demo as demo_mod
+    from handoff.config import flags
     from handoff.errors import UsageError
 
     try:

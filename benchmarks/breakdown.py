@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import report as report_md  # noqa: E402
 from handoff.testing.sandbox import Sandbox  # noqa: E402
 
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 SETTLE_S = 0.2  # for the last sessions' processes to end (and be counted) after a command
 STATUS_JOBS = 6  # finished jobs per host for `fab status` (as benchmarks/deploy.py places them)
@@ -130,7 +130,7 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool)
         (f"fab status ({STATUS_JOBS} jobs per host)", jobs, fab("status")),
         ("fab -l (startup alone)", nothing, fab("-l"))]
     if peer:  # pyinfra doing deploy.py's work, for the same accounting
-        from handoff.releases import build
+        from handoff.ops.releases import build
 
         payload, keyfile = work / "payload.pyz", work / "openrouter.key"
         payload.write_bytes(build().data)
@@ -157,9 +157,9 @@ def commands(sbx: Sandbox, server: ServerCPU, reps: int, work: Path, peer: bool)
 
 
 def phases(sbx: Sandbox, server: ServerCPU, reps: int) -> list[Row]:
-    from handoff import commands as handoff_commands
-    from handoff.facts import KEY_FILE, gather
-    from handoff.session import SSHSession
+    from handoff.cli import commands as handoff_commands
+    from handoff.host.facts import KEY_FILE, gather
+    from handoff.host.ssh_session import SSHSession
 
     os.environ.update(sbx.env())
     targets = handoff_commands.targets_for(",".join(c.name for c in sbx.containers), None)

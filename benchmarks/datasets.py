@@ -5,9 +5,9 @@ each against the bare floor of the same work.
 
 Writes an EAGLE-3-shaped corpus in a temp dir (ShareGPT records with an old answer, ~3.8 KB
 a line), two hosts' shards of its answers, then alternates, --reps times:
-  check   handoff.jobs.datasets.check_file: sha256, the payload's parser, ids, lengths;
+  check   handoff.ops.jobs.datasets.check_file: sha256, the payload's parser, ids, lengths;
   parse   the floor: one `json.loads` per line, nothing else;
-  merge   handoff.merge.merge of the two shards (ids read in place, each once, atomic
+  merge   handoff.ops.merge.merge of the two shards (ids read in place, each once, atomic
           writes), the manifest removed first so it really merges;
   copy    the floor: the two shards' bytes concatenated into one file.
 Prints medians, MB/s and the ratios check/parse and merge/copy. Wall-clock figures swing
@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from handoff.jobs.datasets import check_file  # noqa: E402
-from handoff.merge import MANIFEST, ShardCopy, merge  # noqa: E402
+from handoff.ops.jobs.datasets import check_file  # noqa: E402
+from handoff.ops.merge import MANIFEST, ShardCopy, merge  # noqa: E402
 from payload.generate.journal import encode_record  # noqa: E402
 from payload.records import parse_shard  # noqa: E402
 

@@ -46,7 +46,7 @@ from benchmarks import report as report_md  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 BENCH = REPO / ".bench"
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 PEERS = {
     "ansible": ["ansible-core>=2.16,<2.18"],
     "pyinfra": ["pyinfra>=3,<4", "paramiko<5"],
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(n) for n in str(args.hosts).split(",")]
     command = "sudo .venv/bin/python benchmarks/deploy.py " + " ".join(argv or sys.argv[1:])
 
-    from handoff.releases import build
+    from handoff.ops.releases import build
 
     payload = build().data
     LOAD.append(os.getloadavg()[0])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 
 
 def fab(env: dict[str, str], *args: str) -> float:

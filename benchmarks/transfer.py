@@ -46,10 +46,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import report as report_md  # noqa: E402
-from handoff.fetch import sha256_file  # noqa: E402
+from handoff.ops.fetch import sha256_file  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
-FAB = REPO / ".venv" / "bin" / "fab"
+FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark
 TARGET_RATIO = 1.25  # fab fetch / scp, wall
 
 
@@ -164,23 +164,24 @@ class Bench:
     def session(self, stock: bool = False):  # type: ignore[no-untyped-def]
         import paramiko
 
-        from handoff import commands, ssh
-        from handoff.session import SSHSession
+        from handoff.cli import commands
+        from handoff.host.ssh_session import SSHSession
+        from handoff.ssh import connect
 
         os.environ.update(self.sbx.env())
         [target] = commands.targets_for(self.c.name, None)
-        saved = ssh._Transport._preferred_ciphers
+        saved = connect._Transport._preferred_ciphers
         if stock:  # paramiko's own order: aes128-ctr first
-            ssh._Transport._preferred_ciphers = paramiko.Transport._preferred_ciphers
+            connect._Transport._preferred_ciphers = paramiko.Transport._preferred_ciphers
         try:
             s = SSHSession(target)
             s.connect()
         finally:
-            ssh._Transport._preferred_ciphers = saved
+            connect._Transport._preferred_ciphers = saved
         return s
 
     def handoff_put(self) -> None:
-        from handoff.transfer import upload_file
+        from handoff.host.transfer import upload_file
 
         with self.session() as s:
             upload_file(s.files, self.upload_src, str(self.uploaded), label=s.label)

@@ -60,4 +60,8 @@ BUILTIN_VARS: dict[str, Any] = {
     "key_mode": "auto",
     "key_limit": None,  # USD; required with key_mode minted
     "key_ttl_hours": 24,
+    # Seconds a fresh job is watched for an instant crash (a bad flag, a missing file); the
+    # same as handoff.host.remote_code.jobs.START_WATCH_S, which the host uses when none is
+    # given. Tests that do not depend on it set it short.
+    "start_watch_s": 1.0,
 }

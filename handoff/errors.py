@@ -149,7 +149,7 @@ class ManagementKeyMissing(SecretError):
         )
 
 
-# --- the management API (handoff.keyapi) ------------------------------------------------------
+# --- the management API (handoff.ops.keyapi) ------------------------------------------------------
 
 
 class KeyAPIError(SecretError):

@@ -6,6 +6,6 @@
 - `local`: `LocalSession`, a Session whose "host" is a temp dir on this machine, for unit
   tests of per-host logic without sshd.
 
-Nothing in the control plane imports this package except `handoff.demo` (the demo is a run
-against the sandbox); tests/unit/test_layers.py checks it.
+Nothing in the control plane imports this package except `handoff.cli.demo` (the demo is a run
+against the sandbox); tests/test_layers.py checks it.
 """

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from handoff.errors import RemoteError
-from handoff.session import FileStat, RemoteFiles, RemoteWriter, Result, Session
-from handoff.targets import Target
+from handoff.host.session import FileStat, RemoteFiles, RemoteWriter, Result, Session
+from handoff.host.targets import Target
 
 
 class _LocalWriter(RemoteWriter):

@@ -5,8 +5,9 @@ when the machine cannot host the sandbox (not root, no /usr/sbin/sshd).
 
 - `sandbox`: one 3-container Sandbox for the whole session (do not break it: tests that
   stop a host, rotate a key or edit the inventory use `make_sandbox`).
-- `make_sandbox(hosts=2, **kw)`: a function-scoped, private Sandbox, closed after the test.
-- `fab(*args)`: runs `.venv/bin/fab` against the session sandbox; `fab.on(sbx, *args)`
+- `make_sandbox(hosts=2, **kw)`: a function-scoped, private Sandbox, closed after the test
+  (its inventory's start watch short: `FAST`).
+- `fab(*args)`: runs `fab` (the one beside this interpreter) against the session sandbox; `fab.on(sbx, *args)`
   against another one. Returns FabResult(rc, out, err) and remembers every result, so
   `artifacts(sbx, fab.results)` can gather everything a run produced for leak checks.
 - `KeyLeakWatch`: samples every process's argv and environment at a high rate (as `ps`
@@ -28,10 +29,14 @@ from typing import Any, NamedTuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-FAB = REPO / ".venv" / "bin" / "fab"
+from tests.support.fab import FAB, REPO
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT_S = 120
+# Private sandboxes watch a launch's fresh jobs 0.1 s, not 1 s: none of their tests depends on
+# the watch catching an instant crash (the session sandbox keeps the default: the extractor
+# role's test does).
+FAST = {"start_watch_s": 0.1}
 
 
 def _skip_reason() -> str | None:
@@ -52,6 +57,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+    # The traceback check reads what every other test's fab runs printed: it runs last,
+    # whatever the file order, the selection or the plugins that reorder tests.
+    last = [item for item in items if item.get_closest_marker("after_every_fab_run")]
+    items[:] = [item for item in items if item not in last] + last
 
 
 # -- sandboxes -------------------------------------------------------------------------------------
@@ -72,6 +81,7 @@ def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     opened: list[Sandbox] = []
 
     def make(hosts: int = 2, **kwargs: Any) -> Sandbox:
+        kwargs.setdefault("defaults", FAST)
         sbx = Sandbox(tmp_path_factory.mktemp("sbx"), hosts=hosts, **kwargs)
         opened.append(sbx)
         sbx.start()
@@ -85,7 +95,7 @@ def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 # -- running fab -----------------------------------------------------------------------------------
 
 # Every fab run of the session, for the check that no user error ever shows a Python
-# traceback (tests/integration/test_zz_no_tracebacks.py, collected last).
+# traceback (tests/integration/test_no_tracebacks.py, run last: see the hook above).
 ALL_RESULTS: list[FabResult] = []
 
 

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from tests.integration.conftest import explain, key_file, remote_dir, wipe_remote_state
+from tests.support.fab import FAB
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts.jsonl"
@@ -226,7 +227,7 @@ def test_demo_end_to_end_leaves_home_untouched(tmp_path: Path) -> None:
     results = tmp_path / "demo-results"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
            "COLUMNS": "160", "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "fab"), "demo", "--results", str(results)],
+    proc = subprocess.run([str(FAB), "demo", "--results", str(results)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "demo done" in proc.stdout and str(results) in proc.stdout.replace("\n", "")

@@ -3,7 +3,7 @@
 The containers' python has aiohttp and no torch, like a CPU box that is not ready to
 extract: verify must say exactly what is missing and how to fix it, and the disk
 preflight must say what it waits for (the payload, the input, the role's modules).
-(The preflight actually running is covered by tests/unit/test_verify_extractor.py, which
+(The preflight actually running is covered by tests/handoff/ops/test_verify_extractor.py, which
 runs the real probe and payload locally, where torch is installed.)
 Launch must push the input, give host i of n `--shard i/n`, and report the torchrun
 command's instant failure with its log.

@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from tests.integration.conftest import REPO, clean_env, explain, key_file
-from tests.listener import Listener, write_relay
+from tests.support.fab import FAB
+from tests.support.listener import Listener, write_relay
 
 AUTH_EVIDENCE = re.compile(r"publickey|Accepted|authenticating user|Failed|Postponed", re.I)
 
@@ -285,7 +286,7 @@ def test_a_host_that_is_not_a_working_sshd_gets_one_clear_line(sandbox, fab, lis
 def test_ctrl_c_answers_within_a_second(sandbox, tmp_path: Path) -> None:
     server = Listener("silent")
     try:
-        proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "fab"), "deploy", "--host",
+        proc = subprocess.Popen([str(FAB), "deploy", "--host",
                                  f"tester@127.0.0.1:{server.port},sbx-1"], cwd=REPO,
                                 env=clean_env(sandbox), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -151,7 +151,7 @@ def _partial_uploads(releases: Path, old: str) -> list[tuple[Path, int]]:
 
 
 def test_connection_dropped_mid_upload_leaves_current_intact(make_sandbox, fab) -> None:
-    from handoff.releases import build
+    from handoff.ops.releases import build
 
     sbx = make_sandbox(hosts=1, api=False, keyring="file")
     c = sbx.container("sbx-1")
@@ -174,7 +174,7 @@ def test_connection_dropped_mid_upload_leaves_current_intact(make_sandbox, fab) 
         proc = fab.popen(sbx, "push-script", "--host", "sbx-1")
         caught = wait_until(lambda: bool(_partial_uploads(rd / "releases", old)), 60, 0.01)
         # The temp file exists; its bytes are on their way through the paced link (2.5 s for
-        # all of them). They may land as one SFTP write (handoff.sftpio sends up to 255 KiB
+        # all of them). They may land as one SFTP write (handoff.ssh.sftp sends up to 255 KiB
         # per request), so the file can still be empty when the link drops.
         time.sleep(0.8)
         partial = _partial_uploads(rd / "releases", old)

@@ -75,8 +75,8 @@ def test_a_cut_fetch_resumes_moving_only_the_rest(make_sandbox, fab, tmp_path: P
 @pytest.fixture
 def session(make_sandbox) -> Any:
     """An SSHSession to a fresh one-host sandbox, as `fab` would open it."""
-    from handoff import commands
-    from handoff.session import SSHSession
+    from handoff.cli import commands
+    from handoff.host.ssh_session import SSHSession
 
     sbx = make_sandbox(hosts=1, api=False, keyring="file")
     saved = dict(os.environ)
@@ -91,7 +91,7 @@ def session(make_sandbox) -> Any:
 
 
 def test_bulk_sftp_against_openssh(session: Any) -> None:
-    from handoff import sftpio
+    from handoff.ssh import sftp as sftpio
 
     sbx, s = session
     c = sbx.containers[0]
@@ -118,7 +118,7 @@ def test_bulk_sftp_against_openssh(session: Any) -> None:
             for _ in sftpio.read(sftp, f.handle, 0, len(data) + 10, "t"):
                 pass
     assert s.files.stat(path).size == len(data)
-    # The bulk cipher: AES-GCM, as handoff.ssh prefers, on both directions; and no Nagle
+    # The bulk cipher: AES-GCM, as handoff.ssh.connect prefers, on both directions; and no Nagle
     # delay on the socket (every round trip would wait for a delayed ACK).
     assert s.transport.remote_cipher == s.transport.local_cipher == "aes128-gcm@openssh.com"
     assert s.link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

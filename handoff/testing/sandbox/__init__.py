@@ -82,12 +82,13 @@ class Sandbox:
                  key_limit: float | None = None, key_mode: str | None = None,
                  key_ttl_hours: float | None = None,
                  host_key_types: tuple[str, ...] = ("ed25519",), host_ca: bool = False,
-                 sftp_log: bool = False) -> None:
+                 sftp_log: bool = False, defaults: dict[str, Any] | None = None) -> None:
         """`host_key_types`: the host keys each sshd offers, the first one written to
         known_hosts (("ed25519", "ecdsa", "rsa") is a stock sshd); `host_ca`: a sandbox CA
         signs every host key into a host certificate (see `host_ca_line`); `sftp_log`: each
         container's SFTP server logs the files it serves and the bytes it moved
-        (`sftp_log()`)."""
+        (`sftp_log()`); `defaults`: more vars for the inventory's `defaults` (a test's short
+        `start_watch_s`)."""
         if hosts < 1:
             raise ValueError("hosts must be at least 1")
         if not 2 <= first_address <= 254 - hosts + 1:
@@ -99,6 +100,7 @@ class Sandbox:
         self.name_prefix = name_prefix
         self.first_address = first_address
         self.api_latency_s = api_latency_s
+        self.extra_defaults = dict(defaults or {})
         self.key_vars = {k: v for k, v in (("key_mode", key_mode), ("key_limit", key_limit),
                                            ("key_ttl_hours", key_ttl_hours)) if v is not None}
         self.host_key_types = host_key_types
@@ -285,7 +287,7 @@ class Sandbox:
         self.known_hosts.chmod(0o600)
 
     def inventory_data(self) -> dict[str, Any]:
-        """The sandbox inventory (DESIGN's format), as written to `self.inventory`."""
+        """The sandbox inventory (the format of docs/configuration.md), as written to `self.inventory`."""
         hosts: dict[str, Any] = {}
         for c in self.containers:
             hosts[c.name] = {
@@ -294,8 +296,8 @@ class Sandbox:
                 "vars": {"python": c.python, "base_url": self.api_url, "concurrency": 50},
             }
         data: dict[str, Any] = {"hosts": hosts}
-        if self.key_vars:
-            data = {"defaults": dict(self.key_vars), **data}
+        if self.key_vars or self.extra_defaults:
+            data = {"defaults": {**self.key_vars, **self.extra_defaults}, **data}
         return data
 
     # -- breaking and repairing hosts ------------------------------------------------------------

@@ -1,0 +1,404 @@
+"""Roles: one YAML file per kind of container (`roles/<name>.yml`).
+
+The defaults ship with the package (`handoff/data/roles/`); a `roles/` folder in the
+project directory overrides them file by file and may add more (handoff.config.paths).
+
+A role says declaratively what the container needs (python version, importable
+modules, commands, CUDA GPUs, free disk), whether it gets the API key, what
+`launch` runs and with which default vars. Adding a kind of container is adding a
+file; nothing here knows about "generator" or "extractor".
+
+The launch command is a list of argv tokens with `{var}` placeholders. Every token
+is shell-quoted when rendered, except `{python}` alone (it may be a command such as
+`conda run -n x python`). A nested list is an optional group, dropped when any of
+its vars is unset: `[--max-cost, "{max_cost}"]`. A `{?var}` token in a group is a
+switch: the group is kept only when the var is set and true, and the token itself
+renders nothing: `["{?trust_remote_code}", --trust-remote-code]`.
+
+A var's value may itself name other vars (`ranks: "{gpus}"` as a role default), so a
+default can follow another var the inventory sets.
+
+Beyond modules, commands and GPUs a role can ask verify for more, still declaratively:
+`requires.modules` entries may be `{module, when, fix}` (needed only when a condition
+such as `"{ranks} < {gpus}"` holds; `fix` says how to install it by hand),
+`requires.cuda_torch` (torch must see CUDA and enough devices, checked by importing
+torch on the host), `requires.files` (paths that must exist, each with its fix) and a
+`preflight` command whose JSON verdict verify reports (see `Preflight`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import string
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from handoff.config import paths
+from handoff.config.yamlfile import YamlError, line_of, load
+from handoff.errors import RoleError
+
+_ROLE_KEYS = {"description", "requires", "install", "secret", "vars", "launch", "smoke", "preflight"}
+_REQ_KEYS = {"python", "modules", "commands", "gpus", "disk_gb", "cuda_torch", "files"}
+_MODULE_KEYS = {"module", "when", "fix"}
+_PREFLIGHT_KEYS = {"name", "needs", "run", "timeout_s"}
+_CONDITION = re.compile(r"^\s*(\S+)\s*(<=|>=|==|!=|<|>)\s*(\S+)\s*$")
+
+Token = str | list[str]
+
+
+@dataclass(frozen=True)
+class Module:
+    """An importable module the role needs; `when` makes it conditional on the vars."""
+
+    name: str
+    when: str | None = None  # e.g. "{ranks} < {gpus}": needed only when it holds
+    fix: str = ""  # how to install it by hand, when pip-installing it is not the answer
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """A read-only command verify runs on the host (under the probe's own python).
+
+    It prints one JSON line and exits 0 when the job fits (e.g. the extractor's disk
+    estimate), non-zero when it does not. `needs` maps paths that must exist first to
+    the fix when they do not (a payload not pushed yet, an input not placed yet): then
+    verify says so instead of running it.
+    """
+
+    run: tuple[Token, ...]
+    needs: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    name: str = "preflight"  # the check's name in verify's table
+
+
+def condition_holds(expr: str, variables: dict[str, Any]) -> bool:
+    """`"{a} < {b}"` with both sides rendered; numbers compare as numbers. Unset: False."""
+    text = render_value(expr, variables)
+    if text is None:
+        return False
+    m = _CONDITION.match(text)
+    if not m:
+        raise RoleError(f"bad condition {expr!r} (want e.g. '{{ranks}} < {{gpus}}')")
+    left, op, right = m.groups()
+    try:
+        a: float | str = float(left)
+        b: float | str = float(right)
+    except ValueError:
+        a, b = left, right
+        if op not in ("==", "!="):
+            raise RoleError(f"condition {expr!r}: {left!r} {op} {right!r} needs numbers") from None
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,  # type: ignore[operator]
+            "==": a == b, "!=": a != b}[op]
+
+
+@dataclass(frozen=True)
+class Requirements:
+    python: tuple[int, ...] = (3, 10)
+    modules: tuple[str, ...] = ()  # always needed
+    commands: tuple[str, ...] = ()
+    gpus: int | str = 0  # a count, or "{var}" resolved from the host's vars (e.g. "{gpus}")
+    disk_gb: float = 0.0
+    conditional: tuple[Module, ...] = ()  # needed only when their `when` holds
+    fixes: dict[str, str] = field(default_factory=dict)  # module -> how to install it by hand
+    cuda_torch: bool = False  # torch must report CUDA available and >= gpus devices
+    files: dict[str, str] = field(default_factory=dict)  # path template -> fix when missing
+
+    def modules_needed(self, variables: dict[str, Any]) -> list[str]:
+        return list(self.modules) + [m.name for m in self.conditional
+                                     if m.when and condition_holds(m.when, variables)]
+
+    def gpus_needed(self, variables: dict[str, Any]) -> int:
+        if isinstance(self.gpus, int):
+            return self.gpus
+        value = render_value(self.gpus, variables)
+        if value in (None, "", "None"):
+            return 1  # the role needs GPUs but the host did not say how many: at least one
+        try:
+            return int(value)
+        except ValueError:
+            raise RoleError(f"gpus must be a number, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    path: Path
+    description: str = ""
+    requires: Requirements = field(default_factory=Requirements)
+    install: dict[str, str] = field(default_factory=dict)  # module -> pip requirement
+    secret: bool = False
+    vars: dict[str, Any] = field(default_factory=dict)
+    launch: tuple[Token, ...] = ()
+    smoke: tuple[Token, ...] = ()
+    preflight: Preflight | None = None
+
+
+def _fail(path: Path, node: Any, key: Any, message: str) -> RoleError:
+    line = line_of(node, key)
+    return RoleError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+
+def _reject_unknown(path: Path, node: dict[Any, Any], known: frozenset[str] | set[str],
+                    what: str) -> None:
+    """A misspelt key would otherwise be ignored silently; name it and list the known ones."""
+    for key in node:
+        if key not in known:
+            raise _fail(path, node, key, f"unknown {what} {key!r} (known: {', '.join(sorted(known))})")
+
+
+def _modules(path: Path, req: dict[str, Any]) -> tuple[list[str], list[Module], dict[str, str]]:
+    plain: list[str] = []
+    conditional: list[Module] = []
+    fixes: dict[str, str] = {}
+    for entry in req.get("modules", []):
+        if isinstance(entry, str):
+            plain.append(entry)
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("module"), str):
+            raise _fail(path, req, "modules", f"modules: bad entry {entry!r} (a name or {{module, when, fix}})")
+        unknown = set(entry) - _MODULE_KEYS
+        if unknown:
+            raise _fail(path, req, "modules", f"modules: unknown key(s) {', '.join(sorted(unknown))} "
+                                              f"(known: {', '.join(sorted(_MODULE_KEYS))})")
+        when = entry.get("when")
+        if when is not None and not _CONDITION.match(str(when)):
+            raise _fail(path, req, "modules", f"modules: bad condition {when!r} (want e.g. '{{ranks}} < {{gpus}}')")
+        mod = Module(entry["module"], str(when) if when is not None else None, str(entry.get("fix") or ""))
+        if mod.fix:
+            fixes[mod.name] = mod.fix
+        if mod.when:
+            conditional.append(mod)
+        else:
+            plain.append(mod.name)
+    return plain, conditional, fixes
+
+
+def _preflight(path: Path, data: dict[str, Any]) -> Preflight | None:
+    raw = data.get("preflight")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _fail(path, data, "preflight", "preflight must be a mapping with `run` (argv tokens) and `needs`")
+    _reject_unknown(path, raw, _PREFLIGHT_KEYS, "preflight key")
+    needs = raw.get("needs") or {}
+    if not isinstance(needs, dict):
+        raise _fail(path, raw, "needs", "preflight.needs must map paths to the fix when they are missing")
+    run = _tokens(path, raw, "run")
+    if not run:
+        raise _fail(path, raw, "run", "preflight.run must be a non-empty list of argv tokens")
+    return Preflight(run, {str(k): str(v) for k, v in needs.items()}, float(raw.get("timeout_s", 600)),
+                     str(raw.get("name") or "preflight"))
+
+
+def _tokens(path: Path, data: Any, key: str) -> tuple[Token, ...]:
+    raw = data.get(key) or []
+    if not isinstance(raw, list):
+        raise _fail(path, data, key, f"{key} must be a list of argv tokens")
+    out: list[Token] = []
+    for tok in raw:
+        if isinstance(tok, list) and all(isinstance(t, (str, int, float)) for t in tok):
+            out.append([str(t) for t in tok])
+        elif isinstance(tok, (str, int, float)):
+            out.append(str(tok))
+        else:
+            raise _fail(path, data, key, f"{key}: bad token {tok!r} (a string or a list)")
+    return tuple(out)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    text = text.strip().lstrip(">=").strip()
+    try:
+        return tuple(int(p) for p in text.split("."))
+    except ValueError:
+        raise RoleError(f"bad python version requirement {text!r} (want e.g. '>=3.10')") from None
+
+
+def load_role(path: Path) -> Role:
+    try:
+        data = load(path)
+    except YamlError as exc:
+        raise RoleError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise RoleError(f"{path}: a role file must be a mapping")
+    _reject_unknown(path, data, _ROLE_KEYS, "key")
+    req = data.get("requires") or {}
+    if not isinstance(req, dict):
+        raise _fail(path, data, "requires", "requires must be a mapping")
+    _reject_unknown(path, req, _REQ_KEYS, "requirement")
+    for key in ("modules", "commands"):
+        if not isinstance(req.get(key, []), list):
+            raise _fail(path, req, key, f"{key} must be a list")
+    gpus = req.get("gpus", 0)
+    if not isinstance(gpus, (int, str)) or isinstance(gpus, bool):
+        raise _fail(path, req, "gpus", "gpus must be a number or a '{var}'")
+    if not isinstance(req.get("files") or {}, dict):
+        raise _fail(path, req, "files", "files must map paths to the fix when they are missing")
+    if not isinstance(req.get("cuda_torch", False), bool):
+        raise _fail(path, req, "cuda_torch", "cuda_torch must be true or false")
+    plain, conditional, fixes = _modules(path, req)
+    requires = Requirements(
+        python=parse_version(str(req.get("python", ">=3.10"))),
+        modules=tuple(plain),
+        commands=tuple(str(c) for c in req.get("commands", [])),
+        gpus=gpus,
+        disk_gb=float(req.get("disk_gb", 0) or 0),
+        conditional=tuple(conditional),
+        fixes=fixes,
+        cuda_torch=bool(req.get("cuda_torch", False)),
+        files={str(k): str(v) for k, v in (req.get("files") or {}).items()},
+    )
+    for key in ("install", "vars"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise _fail(path, data, key, f"{key} must be a mapping")
+    secret = data.get("secret")
+    if secret not in (None, False, "none", "openrouter", True):
+        raise _fail(path, data, "secret", "secret must be `openrouter` or `none`")
+    return Role(
+        name=path.stem,
+        path=path,
+        description=str(data.get("description", "")).strip(),
+        requires=requires,
+        install={str(k): str(v) for k, v in (data.get("install") or {}).items()},
+        secret=secret in ("openrouter", True),
+        vars=dict(data.get("vars") or {}),
+        launch=_tokens(path, data, "launch"),
+        smoke=_tokens(path, data, "smoke"),
+        preflight=_preflight(path, data),
+    )
+
+
+def _dirs(directory: Path | None) -> list[Path]:
+    return [directory] if directory is not None else paths.roles_dirs()
+
+
+def known_roles(directory: Path | None = None) -> list[str]:
+    """Role names in `directory`, else in the project's roles/ and the shipped defaults."""
+    return sorted({p.stem for d in _dirs(directory) for p in d.glob("*.yml")})
+
+
+def role_path(name: str, directory: Path | None = None) -> Path:
+    """The file that defines role `name`: the first of the role folders that has it."""
+    folders = _dirs(directory)
+    for folder in folders:
+        path = folder / f"{name}.yml"
+        if path.is_file():
+            return path
+    known = ", ".join(known_roles(directory)) or "none"
+    raise RoleError(f"unknown role {name!r}; known roles: {known} (a role is a file in "
+                    f"{folders[0]}/)")
+
+
+def get_role(name: str, directory: Path | None = None) -> Role:
+    path = role_path(name, directory)
+    st = path.stat()
+    return _load_role_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=32)
+def _load_role_cached(path: Path, mtime_ns: int, size: int) -> Role:
+    """Each host's target resolves its role: parse a file once per run, not once per host.
+    Keyed by mtime and size so an edited role file is read again (Role is frozen: sharing
+    one instance among targets is safe)."""
+    return load_role(path)
+
+
+# --- rendering ------------------------------------------------------------------------
+
+
+def _fields(template: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f]
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+_MAX_DEPTH = 8  # vars naming vars: enough for defaults, and a cycle cannot loop forever
+
+
+def _switch(token: str) -> str | None:
+    """The var of a `{?var}` switch token, else None."""
+    if token.startswith("{?") and token.endswith("}") and token.count("{") == 1:
+        return token[2:-1]
+    return None
+
+
+def _lookup(name: str, variables: dict[str, Any], depth: int) -> str | None:
+    value = variables.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and _fields(value):
+        if depth >= _MAX_DEPTH:
+            raise RoleError(f"var {name!r} refers to itself through other vars ({value!r})")
+        return _render(value, variables, depth + 1)
+    return _as_text(value)
+
+
+def _render(template: str, variables: dict[str, Any], depth: int) -> str | None:
+    values = {}
+    for name in _fields(template):
+        value = _lookup(name, variables, depth)
+        if value is None:
+            return None
+        values[name] = value
+    return template.format(**values)
+
+
+def render_value(template: str, variables: dict[str, Any]) -> str | None:
+    """Fill `{var}`s (a var's value may name other vars); None when a var is unset."""
+    return _render(template, variables, 0)
+
+
+def unset_vars(template: str, variables: dict[str, Any], depth: int = 0) -> list[str]:
+    """The unset vars a template needs, followed through vars naming vars: for `{ranks}`
+    with `ranks: "{gpus}"` and no gpus, that is `gpus` (the one to set)."""
+    missing: list[str] = []
+    for name in _fields(template):
+        value = variables.get(name)
+        if value is None:
+            missing.append(name)
+        elif isinstance(value, str) and _fields(value) and depth < _MAX_DEPTH:
+            missing += [m for m in unset_vars(value, variables, depth + 1) if m not in missing]
+    return missing
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in ("", "false", "0", "no", "none", "null")
+
+
+def render_argv(tokens: tuple[Token, ...], variables: dict[str, Any], what: str) -> list[tuple[str, str]]:
+    """(template, value) pairs: optional groups with an unset var or a false switch dropped."""
+    out: list[tuple[str, str]] = []
+    for tok in tokens:
+        group = tok if isinstance(tok, list) else [tok]
+        switches = [name for name in map(_switch, group) if name]
+        if switches and not all(_truthy(_lookup(name, variables, 0)) for name in switches):
+            continue  # a switch that is off drops its group
+        plain = [t for t in group if not _switch(t)]
+        rendered = [render_value(t, variables) for t in plain]
+        if any(r is None for r in rendered):
+            if isinstance(tok, list):
+                continue  # optional group with an unset var
+            missing = unset_vars(tok, variables)
+            raise RoleError(
+                f"{what} needs var {', '.join(missing)}; set it in the inventory "
+                f"(vars: {{{missing[0]}: ...}}) or pass it as a flag"
+            )
+        for template, value in zip(plain, rendered, strict=True):
+            assert value is not None
+            out.append((template, value))
+    return out
+
+
+def render_command(tokens: tuple[Token, ...], variables: dict[str, Any], what: str) -> str:
+    """A shell command line from role tokens; every value quoted except `{python}`."""
+    return " ".join(value if template == "{python}" else shlex.quote(value)
+                    for template, value in render_argv(tokens, variables, what))

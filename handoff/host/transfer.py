@@ -1,0 +1,216 @@
+"""Moving bytes to and from a host, safely: folders, atomic uploads, resumable downloads.
+
+Everything goes through a Session's files (SFTP for real hosts, at wire speed: see
+handoff.ssh.sftp), never through a command line, and every transfer of a few MB or more
+shows its progress (handoff.host.progress).
+
+An upload goes to a temp name in the destination folder and is renamed into place, so a
+reader (a job, a later deploy) sees the old file or the new one, never a torn one, and a
+dropped connection leaves at most a temp file that the next upload clears.
+
+A download is written under a stable partial name (`partial`) and renamed into place
+when complete, so a reader never sees half a file under the final name and a cut
+download leaves what it got for the next one to resume (after the host proves, by hash,
+that it is a prefix of the file). That is why downloads do not use payload.atomic, whose
+temp files are private to one write and removed on failure. An append-only file that
+grew since it was fetched is appended to in place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets as pysecrets
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO
+
+from handoff.host import progress
+from handoff.host.session import RemoteFiles
+from payload import atomic
+
+UPLOAD_CHUNK = 1 << 20  # bytes handed to the writer at once (it splits them into requests)
+
+
+def temp_name(final: str) -> str:
+    """A fresh temp name next to `final` (`.NAME.tmp-<random>`)."""
+    folder, name = final.rsplit("/", 1)
+    return f"{folder}/{temp_prefix(name)}{pysecrets.token_hex(6)}"
+
+
+def temp_prefix(name: str) -> str:
+    """The start of every temp name `temp_name` makes for a file called `name`."""
+    return f".{name}.tmp-"
+
+
+def mkdirs(files: RemoteFiles, path: str, mode: int = 0o755,
+           known: Mapping[str, bool] | None = None) -> bool:
+    """mkdir -p; True when it created `path` itself.
+
+    `known` (absolute path -> is a directory, from the probe) saves the stat of each level
+    it covers; other levels cost one stat. A level created meanwhile by a concurrent run
+    is fine (its mkdir fails, a stat confirms it).
+    """
+    known = known or {}
+    missing = []
+    p = path
+    while p not in ("", "/"):
+        if known.get(p) is True:
+            break
+        if known.get(p) is None:
+            try:
+                files.stat(p)
+                break
+            except FileNotFoundError:
+                pass
+        missing.append(p)
+        p = p.rsplit("/", 1)[0]
+    for d in reversed(missing):
+        try:
+            files.mkdir(d, mode)
+        except OSError:
+            files.stat(d)  # created meanwhile by a concurrent run: fine; else this raises
+    return bool(missing)
+
+
+def upload_atomic(files: RemoteFiles, data: bytes, final: str, mode: int = 0o644, *,
+                  durable: bool = False, label: str = "") -> None:
+    """Write to a temp name in the same folder, created exclusively with `mode` from its
+    first instant, then rename: readers never see a partial file, and a failure leaves no
+    temp file behind. `durable` fsyncs before the rename (the key: a power cut must not
+    leave an empty file under the final name); bulk uploads skip that and are pipelined.
+    `label` names the host on the progress display."""
+    view = memoryview(data)
+    chunks = (view[i : i + UPLOAD_CHUNK] for i in range(0, len(view), UPLOAD_CHUNK))
+    _upload(files, chunks, len(data), final, mode, durable=durable, label=label)
+
+
+def upload_file(files: RemoteFiles, local: Path, final: str, mode: int = 0o644, *,
+                label: str = "") -> None:
+    """`upload_atomic` of a local file, read as it is sent (never whole in memory)."""
+    size = local.stat().st_size
+    with local.open("rb") as src:
+        chunks = iter(lambda: src.read(UPLOAD_CHUNK), b"")
+        _upload(files, chunks, size, final, mode, durable=False, label=label)
+
+
+def _upload(files: RemoteFiles, chunks: Iterable[bytes | memoryview], size: int, final: str,
+            mode: int, *, durable: bool, label: str) -> None:
+    tmp = temp_name(final)
+    try:
+        with progress.meter(label, final.rsplit("/", 1)[-1], size, "upload") as meter:
+            with files.create(tmp, mode, pipelined=not durable) as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+                    meter.advance(len(chunk))
+                if durable:
+                    fh.fsync()
+        files.rename(tmp, final)
+    except BaseException:
+        try:
+            files.remove(tmp)
+        except Exception:
+            pass
+        raise
+
+
+def remove_leftovers(files: RemoteFiles, folder: str, prefix: str) -> bool:
+    """Remove temp names left by an earlier run whose connection dropped mid-step; True if
+    any was found."""
+    found = False
+    for name in files.listdir(folder):
+        if name.startswith(prefix):
+            found = True
+            try:
+                files.remove(f"{folder}/{name}")
+            except OSError:
+                pass
+    return found
+
+
+PART_SUFFIX = f"{atomic.TMP_MARK}part"
+
+
+def partial(local: Path) -> Path:
+    """Where `download` writes `local` until it is complete: a stable name (so a cut
+    download resumes from it) that every reader skips as a temp file (`atomic.TMP_MARK`)."""
+    return local.with_name(f".{local.name}{PART_SUFFIX}")
+
+
+def completes(part: Path) -> Path | None:
+    """The file that `part` is the partial download of (None: not a `partial` name)."""
+    name = part.name
+    if name.startswith(".") and name.endswith(PART_SUFFIX) and len(name) > 1 + len(PART_SUFFIX):
+        return part.with_name(name[1 : -len(PART_SUFFIX)])
+    return None
+
+
+def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: int,
+             mtime: float, *, in_place: bool = False, label: str = "",
+             name: str | None = None) -> None:
+    """Bring `remote` (`size` bytes) to `local`, the bytes before `offset` being already
+    there and proven (by hash, on the host) to match.
+
+    `in_place`: they are `local`'s own first bytes (an append-only file that grew): the
+    rest is appended to it. Otherwise they are in `partial(local)`, which is written to
+    the end and then renamed to `local`: a reader never sees half a file under the final
+    name, and a cut download leaves a partial file the next one resumes. The local file
+    gets the remote mtime (so a later fetch can tell it is complete). `label` and `name`
+    (default: the file name) are what the progress display shows."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if in_place and local.exists() and local.stat().st_nlink > 1:
+        # `local` is also a merged dataset (handoff.ops.merge links a single host's copy kept
+        # whole): grow a private copy of it, so the merged file never holds lines it has
+        # not checked.
+        with local.open("rb") as src, partial(local).open("wb") as seeded:
+            copy_range(src, seeded, 0, offset)
+        in_place = False
+    target = local if in_place else partial(local)
+    with progress.meter(label, name or remote.rsplit("/", 1)[-1], size - offset, "fetch") as meter:
+        fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+        with os.fdopen(fd, "r+b") as out:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise OSError(f"{target} is being written by another fetch") from None
+            if os.fstat(fd).st_size < offset:
+                raise OSError(f"{target} holds fewer than the {offset} bytes proven (changed "
+                              f"meanwhile?); fetch again")
+            # Not fsync'ed: a fetch that dies resumes from what reached the disk, proven by
+            # hash again before a byte is appended.
+            out.truncate(offset)  # what was proven, nothing after it
+            out.seek(offset)
+            for chunk in files.read_chunks(remote, offset, size):
+                out.write(chunk)
+                meter.advance(len(chunk))
+            out.flush()
+            os.utime(fd, (mtime, mtime))
+            if target != local:
+                os.replace(target, local)  # still locked: no other fetch touches it midway
+
+
+def copy_range(src: IO[bytes], out: IO[bytes], start: int, end: int) -> None:
+    """Bytes [start, end) of `src` appended to `out`: by the kernel (copy_file_range, 4x
+    faster than through Python) where it can, else read and written in 8 MB pieces."""
+    out.flush()
+    if hasattr(os, "copy_file_range"):
+        try:
+            while start < end:
+                done = os.copy_file_range(src.fileno(), out.fileno(), end - start, start)
+                if done == 0:
+                    break
+                start += done
+        except OSError:  # a filesystem or kernel without it
+            pass
+    src.seek(start)
+    while start < end:
+        chunk = src.read(min(end - start, 8 << 20))
+        if not chunk:
+            raise OSError(f"{src.name} ended at byte {start} of the {end} expected")
+        out.write(chunk)
+        start += len(chunk)
+
+
+def is_partial(name: str) -> bool:
+    """A local file that `download` is still writing (or a killed download left)."""
+    return atomic.TMP_MARK in name

@@ -1,0 +1,152 @@
+"""Before a launch: what it will ask, cost and take, per dataset (`fab launch` prints it;
+`fab launch --dry-run` prints it with the plan and starts nothing).
+
+- prompts: the distinct valid records of each local input (handoff.ops.jobs.datasets);
+- tokens: the prompts' text at ~4 characters per token; the answers' length from the old
+  answers the records carry (a trailing assistant turn is what gets regenerated), else
+  `--max-tokens` as an upper bound, else unknown;
+- cost: those tokens at the endpoint's prices, or at the cost per token the last
+  `fab smoke-test` measured for this API and model (state.load_smoke), else unknown;
+- time: each host runs `concurrency` requests of each job at once; one request takes about
+  its answer's tokens at the speed the smoke test measured (completion tokens / latency),
+  so the job takes about max(1, prompts / (hosts x concurrency)) requests' time. It is a
+  floor: throttling and outages only add to it.
+
+Everything here is local: no host and no API is contacted (the smoke test did that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from handoff import console
+from handoff.config import state
+from handoff.host.targets import Target
+from handoff.ops.jobs.datasets import Dataset
+from payload import units
+
+CHARS_PER_TOKEN = 4.0  # a common rule of thumb for English text and code; "~" in the output
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the estimate's cost and time rest on."""
+
+    prices: tuple[float, float, float] | None = None  # USD per prompt/completion token, per request
+    per_token: float | None = None  # USD per token (prompt and answer alike), measured
+    speed: float | None = None  # answer tokens per second of one request, measured
+    smoke_at: float | None = None  # when the smoke test ran
+    model: str = ""
+
+    @classmethod
+    def of(cls, base_url: str, model: str) -> Basis:
+        found = state.load_smoke(base_url, model)
+        if not found:
+            return cls(model=model)
+        prices = found.get("prices")
+        tokens = (found.get("prompt_tokens") or 0) + (found.get("completion_tokens") or 0)
+        cost = found.get("cost")
+        latency = found.get("latency_s")
+        completion = found.get("completion_tokens") or 0
+        return cls(
+            prices=(float(prices["prompt"]), float(prices["completion"]), float(prices.get("request", 0.0)))
+            if isinstance(prices, dict) else None,
+            per_token=float(cost) / tokens if isinstance(cost, (int, float)) and tokens else None,
+            speed=completion / float(latency) if latency and completion else None,
+            smoke_at=found.get("time"), model=model)
+
+    def describe(self) -> str:
+        if self.smoke_at is None:
+            return ("cost and time unknown: run `fab smoke-test` first (it records the measured "
+                    "cost per token, the endpoint's prices and the answer speed)")
+        parts = []
+        if self.prices:
+            p, c, r = self.prices
+            parts.append(f"endpoint prices ${p * 1e6:.2f}/M prompt, ${c * 1e6:.2f}/M answer tokens"
+                         + (f", ${r:.6f}/request" if r else ""))
+        elif self.per_token is not None:
+            parts.append(f"${self.per_token * 1e6:.2f}/M tokens as measured")
+        if self.speed:
+            parts.append(f"{self.speed:.0f} answer tok/s per request")
+        return f"from the smoke test of {self.model}: {', '.join(parts) or 'no usable figure'}"
+
+
+@dataclass(frozen=True)
+class Row:
+    job: str
+    prompts: int
+    bad: int
+    prompt_tokens: float
+    answer_tokens: float | None
+    answer_source: str  # "old answers", "at most --max-tokens", "unknown"
+    cost: float | None
+    seconds: float | None
+
+
+def estimate(ds: Dataset, basis: Basis, hosts: int, concurrency: int,
+             max_tokens: int | None) -> Row:
+    c = ds.check
+    prompt_tokens = c.prompt_chars / CHARS_PER_TOKEN
+    per_answer: float | None
+    if c.answers:
+        per_answer, source = c.answer_chars / c.answers / CHARS_PER_TOKEN, "old answers"
+        if max_tokens:
+            per_answer = min(per_answer, float(max_tokens))
+    elif max_tokens:
+        per_answer, source = float(max_tokens), "at most --max-tokens"
+    else:
+        per_answer, source = None, "unknown"
+    answer_tokens = None if per_answer is None else per_answer * c.prompts
+    cost = None
+    if basis.prices is not None and answer_tokens is not None:
+        p, a, r = basis.prices
+        cost = prompt_tokens * p + answer_tokens * a + c.prompts * r
+    elif basis.per_token is not None and answer_tokens is not None:
+        cost = (prompt_tokens + answer_tokens) * basis.per_token
+    seconds = None
+    if basis.speed and per_answer is not None and concurrency > 0:
+        waves = max(1.0, c.prompts / (max(1, hosts) * concurrency))
+        seconds = waves * per_answer / basis.speed
+    return Row(ds.job, c.prompts, c.bad, prompt_tokens, answer_tokens, source, cost, seconds)
+
+
+def _tokens(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"~{n / scale:.1f}{unit}"
+    return f"~{n:.0f}"
+
+
+def rows_for(datasets: list[Dataset], targets: list[Target]) -> tuple[list[Row], Basis]:
+    """One row per dataset, at the first target's API, model, concurrency and max_tokens
+    (a launch gives every host the same flags; inventory vars may differ, the first speaks)."""
+    v = targets[0].vars
+    basis = Basis.of(str(v.get("base_url") or ""), str(v.get("model") or ""))
+    concurrency = int(v.get("concurrency") or 1)
+    max_tokens = int(v["max_tokens"]) if v.get("max_tokens") else None
+    return [estimate(ds, basis, len(targets), concurrency, max_tokens) for ds in datasets], basis
+
+
+def table(rows: list[Row], basis: Basis, hosts: int, concurrency: int) -> Any:
+    def money(x: float | None) -> str:
+        return f"~${x:,.2f}" if x is not None else "?"
+
+    out = [[console.r(r.job), str(r.prompts), str(r.bad) if r.bad else "-", _tokens(r.prompt_tokens),
+            f"{_tokens(r.answer_tokens)} ({r.answer_source})", money(r.cost),
+            f"~{units.duration(r.seconds)}" if r.seconds is not None else "?"] for r in rows]
+    if len(rows) > 1:
+        known = [r.cost for r in rows if r.cost is not None]
+        out.append(["[bold]all[/]", str(sum(r.prompts for r in rows)), str(sum(r.bad for r in rows)),
+                    _tokens(sum(r.prompt_tokens for r in rows)),
+                    _tokens(sum(r.answer_tokens for r in rows if r.answer_tokens is not None)),
+                    money(sum(known)) if len(known) == len(rows) else "?",
+                    "jobs run side by side"])
+    t = console.table(f"estimate: {len(rows)} dataset(s) over {hosts} host(s), {concurrency} "
+                      f"requests in flight per host and job",
+                      ["job", "prompts", "bad lines", "prompt tokens", "answer tokens", "cost",
+                       "time (floor)"], out)
+    t.caption = console.r(basis.describe() + f"; tokens at ~{CHARS_PER_TOKEN:g} characters each")
+    return t

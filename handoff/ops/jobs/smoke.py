@@ -1,0 +1,111 @@
+"""`fab smoke-test`: one real request from each host with the placed key (the role's
+`smoke` command, `payload smoke`), and a table of provider, latency, tokens, cost and the
+key's credit left. What it measured (latency, tokens, cost, the endpoint prices) is kept in
+the state dir per API and model (`measured`, state.save_smoke): `fab launch` estimates a
+run's cost and time from it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from handoff import console
+from handoff.config.roles import render_command
+from handoff.errors import RemoteError, UsageError
+from handoff.host.facts import KEY_FILE, gather
+from handoff.host.session import Connector, Session
+from handoff.host.targets import Target
+from handoff.ops.jobs.state import job_vars, require_deployed
+from handoff.run.parallel import HostReport, run_on_hosts
+
+FIELDS = ("model", "served by", "latency", "tokens", "cost", "prices", "key", "smoke")
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+
+
+def parse(text: str) -> dict[str, str]:
+    """`payload smoke` prints `label: value` lines; keep the ones the table shows."""
+    fields = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in FIELDS:
+            fields[name.strip()] = value.strip()
+    return fields
+
+
+def credit(key_line: str) -> str:
+    """`usage $x, limit $y, left $z, expires T` -> `$z left of $y (used $x), expires T`: what
+    the key placed on the host may still spend (a minted child key: its own limit)."""
+    parts = dict(p.strip().split(" ", 1) for p in key_line.split(",") if " " in p.strip())
+    if "left" not in parts:
+        return key_line
+    limit = f" of {parts['limit']}" if parts.get("limit", "none") != "none" else ""
+    expires = f", expires {parts['expires']}" if parts.get("expires", "never") != "never" else ""
+    return f"{parts['left']} left{limit} (used {parts.get('usage', '?')}){expires}"
+
+
+def _number(pattern: str, text: str | None) -> float | None:
+    m = re.search(pattern.replace("N", _NUMBER), text or "")
+    return float(m.group(1)) if m else None
+
+
+def measured(fields: dict[str, str]) -> dict[str, Any] | None:
+    """The figures launch's estimate needs, from `payload smoke`'s lines: latency (s),
+    prompt and completion tokens, cost (USD) and the endpoint prices (USD per token, per
+    request); None when the answer carried no token counts."""
+    latency = _number(r"^N s", fields.get("latency"))
+    prompt = _number(r"prompt N", fields.get("tokens"))
+    completion = _number(r"completion N", fields.get("tokens"))
+    if latency is None or prompt is None or completion is None:
+        return None
+    out: dict[str, Any] = {"latency_s": latency, "prompt_tokens": int(prompt),
+                           "completion_tokens": int(completion),
+                           "cost": _number(r"^\$N", fields.get("cost"))}
+    price_text = fields.get("prices")
+    per_m = [_number(rf"{part} \$N/M", price_text) for part in ("prompt", "completion")]
+    if per_m[0] is not None and per_m[1] is not None:
+        out["prices"] = {"prompt": per_m[0] / 1e6, "completion": per_m[1] / 1e6,
+                         "request": _number(r"request \$N", price_text) or 0.0}
+    return out
+
+
+def smoke(s: Session, report: HostReport) -> None:
+    """Run the role's smoke command on one host; its fields go to the report's `Smoked`."""
+    role = s.target.role
+    if role is None or not role.smoke:
+        raise UsageError(f"{s.label}: role {role.name if role else None!r} has no smoke command")
+    facts = gather(s, None, files={KEY_FILE: str(s.vars["key_path"])}, hash_files=False)
+    require_deployed(s, facts, role)
+    res = s.exec(render_command(role.smoke, job_vars(s, facts, "smoke", {}), "smoke"), timeout=300)
+    fields = parse(res.out)
+    report.data_as(Smoked).fields.update(fields, rc=res.rc)
+    for line in (res.out + res.err).strip().splitlines():
+        report.log(f"  {console.r(line)}")
+    if res.rc != 0:
+        tail = (res.err.strip().splitlines() or res.out.strip().splitlines() or ["no output"])[-1]
+        raise RemoteError(f"{s.label}: smoke test failed (exit {res.rc}): {tail}")
+    report.summary = f"{fields.get('served by', '?')}, {fields.get('latency', '?')}"
+
+
+@dataclass
+class Smoked:
+    """A host's smoke-test result: the fields `payload smoke` printed (`served by`, `latency`,
+    `tokens`, `cost`, `key`, ...) and its exit code as `rc`."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def run(targets: list[Target], connect: Connector) -> list[HostReport]:
+    return run_on_hosts(targets, smoke, connect=connect, title="smoke-test", summary=False)
+
+
+def table(reports: list[HostReport]) -> Any:
+    rows = []
+    for rep in reports:
+        d = rep.data_as(Smoked).fields
+        rows.append([console.r(rep.target.label), "[green]ok[/]" if rep.ok else "[red]FAILED[/]",
+                     console.r(d.get("served by", "-")), console.r(d.get("latency", "-")),
+                     console.r(d.get("tokens", "-")), console.r(d.get("cost", "-")),
+                     console.r(credit(d.get("key", "-"))) if rep.ok else console.r(rep.error or "")])
+    return console.table("smoke-test", ["host", "result", "provider (model)", "latency",
+                                        "tokens", "cost", "key credit / error"], rows)

@@ -1,0 +1,193 @@
+"""A job as read from its host: name, folder, process, status file, and the state derived
+from them (running, stopping, finished, stopped, aborted, dead, none); every job of a host
+in one round trip (`read_all`); how a job is named.
+
+A job's name: `--job NAME`, else the `job` var (a role may name its one job, e.g. the
+extractor's `extractor`), else the stem of its input file (`data/B3.jsonl` -> `B3`: one job
+per dataset), else the role's name."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from handoff.config import state
+from handoff.config.layout import RemoteLayout, key_record
+from handoff.config.roles import Role
+from handoff.errors import NotDeployed, UsageError
+from handoff.host import keyrecord, remote_code
+from handoff.host.facts import KEY_FILE, Facts
+from handoff.host.session import Session
+from handoff.host.targets import Target
+
+# `fab status` exits 0 only when every job is in one of these.
+OK_STATES = frozenset({"running", "starting", "finished"})
+# States in which the job's process still runs (`status --wait` keeps watching).
+ACTIVE_STATES = frozenset({"running", "starting", "stopping"})
+
+
+def job_name(target: Target, flag: str | None, input_path: str | None = None) -> str:
+    """`--job`, else the `job` var, else the input file's stem, else the role's name; a
+    plain folder name."""
+    stem = PurePosixPath(input_path).name.rsplit(".", 1)[0] if input_path else None
+    name = flag or target.vars.get("job") or stem or (target.role.name if target.role else None)
+    if not name:
+        raise UsageError(f"{target.label}: no job name; pass --job NAME or --role ROLE")
+    check_job_name(str(name))
+    return str(name)
+
+
+def check_job_name(name: str) -> None:
+    """A job is a folder under jobs/: one plain name, nothing that climbs out or hides."""
+    if not name or "/" in name or name.startswith(".") or any(ord(c) < 32 for c in name):
+        raise UsageError(f"job name {name!r} must be a plain folder name (no '/', no leading "
+                         f"'.'); pass --job NAME, or rename the input file")
+
+
+@dataclass(frozen=True)
+class JobState:
+    """handoff.host.remote_code.jobs' answer, typed."""
+
+    job_dir: str
+    status: dict[str, Any] | None = None  # status.json as the payload wrote it
+    meta: dict[str, Any] | None = None  # job.json as launch wrote it
+    pid: int | None = None
+    alive: bool = False
+    keys: dict[str, bool] = field(default_factory=dict)  # key file -> still present
+    records: dict[str, Any] = field(default_factory=dict)  # minted key record path -> JSON
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> JobState:
+        status, meta = raw.get("status"), raw.get("meta")
+        return cls(str(raw.get("job_dir") or ""), status if isinstance(status, dict) else None,
+                   meta if isinstance(meta, dict) else None,
+                   int(raw["pid"]) if raw.get("pid") else None, bool(raw.get("alive")),
+                   {str(k): bool(v) for k, v in (raw.get("keys") or {}).items()},
+                   {str(k): v for k, v in (raw.get("records") or {}).items()})
+
+    @property
+    def name(self) -> str:
+        """The job's name: its folder's."""
+        return PurePosixPath(self.job_dir).name if self.job_dir else ""
+
+    @property
+    def input_sha256(self) -> str | None:
+        """The sha256 of the input this job was launched with (job.json), if recorded."""
+        value = (self.meta or {}).get("input_sha256")
+        return str(value) if value else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The payload's exit code, from its final status (None while it runs)."""
+        code = (self.status or {}).get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+    @property
+    def with_failures(self) -> bool:
+        """Finished, but with more permanent failures than --max-failed (payload exit 1)."""
+        return self.state == "finished" and self.exit_code == 1
+
+    @property
+    def state(self) -> str:
+        file_state = (self.status or {}).get("state")
+        if self.alive:
+            # Alive after writing stopped/aborted: draining in-flight requests after SIGTERM/402.
+            return "stopping" if file_state in ("stopped", "aborted") else "running"
+        if file_state == "running":
+            return "dead"  # the status says running but no process: killed or crashed
+        if file_state:
+            return str(file_state)
+        return "dead" if self.pid else "none"
+
+    @property
+    def keys_placed(self) -> list[str]:
+        return [path for path, present in self.keys.items() if present]
+
+    @property
+    def key_record(self) -> keyrecord.KeyRecord | None:
+        """The record of the minted child key the host's key file holds, if it is one."""
+        for raw in self.records.values():
+            record = keyrecord.KeyRecord.from_json(raw)
+            if record is not None:
+                return record
+        return None
+
+
+def placed_keys(target: Target) -> list[str]:
+    """The key files to look for on this host: its own key_path (what the host holds, even
+    if the ledger was lost) and any other the ledger says was placed there."""
+    ep = target.endpoint
+    own = [str(target.vars["key_path"])] if target.vars.get("key_path") else []
+    return list(dict.fromkeys([*own, *(e.path for e in state.placed()
+                                       if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user))]))
+
+
+def _key_args(target: Target) -> dict[str, Any]:
+    records = [key_record(str(target.vars["key_path"]))] if target.vars.get("key_path") else []
+    return {"keys": placed_keys(target), "records": records}
+
+
+def read(session: Session, job: str) -> JobState:
+    """The job's state on the host (one round trip), with the key files' presence read on
+    the host itself and the record of a minted key."""
+    target = session.target
+    args = {"op": "state", "job_dir": target.layout.job(job), **_key_args(target)}
+    return JobState.from_json(session.run_code(remote_code.JOBS, args, "reading the job state"))
+
+
+@dataclass(frozen=True)
+class HostJobs:
+    """Every job on one host, and the host's key files, from one round trip."""
+
+    jobs: dict[str, JobState]  # name -> state, sorted by name
+    keys: JobState  # no job: only the key files' presence and the minted key's record
+
+    def get(self, name: str) -> JobState:
+        """The named job, or an empty state (`none`: never launched) with the host's keys."""
+        return self.jobs.get(name) or JobState(f"{self.keys.job_dir}/{name}", keys=self.keys.keys,
+                                               records=self.keys.records)
+
+
+def read_all(session: Session) -> HostJobs:
+    """Every job under the host's jobs/ folder (one round trip), each with the host's keys."""
+    target = session.target
+    raw = session.run_code(remote_code.JOBS, {"op": "list", "jobs_dir": target.layout.jobs,
+                                              **_key_args(target)}, "listing the jobs")
+    common = {"keys": raw.get("keys") or {}, "records": raw.get("records") or {}}
+    jobs = {str(name): JobState.from_json({**(state or {}), **common})
+            for name, state in sorted((raw.get("jobs") or {}).items())}
+    return HostJobs(jobs, JobState.from_json({"job_dir": str(raw.get("jobs_dir") or ""), **common}))
+
+
+def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:
+    """The host has a release and, when the role takes it, the key."""
+    if not facts.current:
+        raise NotDeployed(f"{session.label}: no release on the host; run "
+                          f"`fab deploy {session.target.flags()}` first")
+    if role is not None and role.secret and not facts.file(KEY_FILE).exists:
+        raise NotDeployed(f"{session.label}: no API key at {session.vars['key_path']}; run "
+                          f"`fab push-key {session.target.flags()}` (or deploy) first")
+
+
+def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The vars a role's launch/smoke command renders with on this host: absolute paths, the
+    venv's python when `verify --install` made one, and the command's own values."""
+    return command_vars(session.target, session.layout.root, effective_python(session, facts),
+                        session.abs(str(session.vars["key_path"])), job, extra)
+
+
+def command_vars(target: Target, remote_dir: str, python: str, key_path: str, job: str,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    v = dict(target.vars)
+    v.update(python=python, remote_dir=remote_dir, key_path=key_path,
+             job_dir=RemoteLayout(remote_dir).job(job))
+    v.update({k: val for k, val in extra.items() if val is not None})
+    return v
+
+
+def effective_python(session: Session, facts: Facts) -> str:
+    """The venv's python when the probe ran under it, else the `python` var as written."""
+    venv = session.layout.venv_python
+    return shlex.quote(facts.executable) if facts.executable == venv else str(session.vars["python"])

@@ -1,0 +1,216 @@
+"""cleanup-secrets, the files: every key the ledger lists as placed, and the `key_path` of
+every inventory and remembered host (or of the hosts named with --host), temp leftovers
+included, removed and then proven gone by a stat.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from handoff import console
+from handoff.config import state
+from handoff.config.layout import key_record, sftp_path
+from handoff.defaults import (
+    BUILTIN_VARS,
+)
+from handoff.errors import (
+    HandoffError,
+    RemoteError,
+)
+from handoff.host import keyrecord, remote_code
+from handoff.host.session import Session
+from handoff.host.targets import Target
+from handoff.host.transfer import remove_leftovers, temp_prefix
+from handoff.ops.secrets.place import ledger_entry
+from handoff.run.plan import HostContext, HostPlan, Plan, Skipped, Step
+from handoff.ssh.endpoint import endpoint, is_alias
+
+
+def remove(session: Session, path: str, fp: str) -> str:
+    """Delete the key file (and any temp leftovers), then prove it is gone."""
+    files = session.files
+    folder, name = path.rsplit("/", 1)
+    removed = False
+    try:
+        files.remove(path)
+        removed = True
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise RemoteError(f"{session.label}: cannot remove {path}: {exc}") from None
+    try:
+        removed = remove_leftovers(files, folder, temp_prefix(name)) or removed
+    except FileNotFoundError:
+        pass
+    try:
+        files.stat(path)
+    except FileNotFoundError:
+        state.record(ledger_entry(session, path, fp, "removed"))
+        return f"removed {path}, verified gone" if removed else Skipped(f"{path} already absent")
+    raise RemoteError(f"{session.label}: {path} still exists after removal")
+
+
+def _ledger_target(entry: state.LedgerEntry) -> Target:
+    """Reach a host from its ledger entry, even if it left the inventory (its vars then are
+    the defaults: `python3` for the job check, the default remote_dir)."""
+    ep = None
+    if is_alias(entry.host):
+        ep = endpoint(entry.host)
+        if (ep.hostname, ep.port, ep.user) != (entry.hostname, entry.port, entry.user):
+            ep = None
+    if ep is None:
+        ep = endpoint(entry.hostname, entry.port, entry.user, entry.identity[0] if entry.identity else None)
+    variables = dict(BUILTIN_VARS, key_path=entry.path)
+    return Target(entry.host, entry.host, ep, None, None, variables)
+
+
+def _slot_for(target: Target) -> state.LedgerEntry:
+    """A key_path to check on `target` that the ledger has no record of."""
+    ep = target.endpoint
+    path = sftp_path(str(target.vars["key_path"]))  # the home is not known: no probe at cleanup
+    return state.LedgerEntry(host=target.label, hostname=ep.hostname, port=ep.port, user=ep.user,
+                             identity=list(ep.identity), path=path, fingerprint="", time=time.time())
+
+
+@dataclass
+class CleanupScope:
+    """What cleanup-secrets acts on: key files to remove (per host), the targets they are
+    reached through, and the child keys the ledger lists as minted."""
+
+    entries: list[state.LedgerEntry]
+    targets: dict[tuple[str, int, str], Target] = field(default_factory=dict)
+    minted: list[state.LedgerEntry] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # hosts that could not be resolved
+
+
+def cleanup_entries(wanted: set[str] | None, resolve: Callable[[str], list[Target]],
+                    everywhere: Iterable[str] = ()) -> CleanupScope:
+    """What cleanup removes: the ledger's placed keys (only those of the `wanted` hosts, by
+    name or address, when given), plus the key_path of each host it should check that the
+    ledger has no record of (a wiped state dir, another clone's deploy): the `wanted` hosts,
+    or without them every host in `everywhere` (the inventory's and the remembered ones),
+    found through `resolve`. Child keys: the ledger's live minted ones of those hosts."""
+    entries = state.placed()
+    minted = state.live_minted()
+    if wanted is not None:
+        def mine(e: state.LedgerEntry) -> bool:
+            return e.host in wanted or e.hostname in wanted
+
+        entries = [e for e in entries if mine(e)]
+        minted = [e for e in minted if mine(e)]
+        specs = sorted(h for h in wanted if not any(h in (e.host, e.hostname) for e in entries))
+    else:
+        specs = list(dict.fromkeys(everywhere))
+    scope = CleanupScope(entries, minted=minted)
+    for spec in specs:
+        try:
+            found = resolve(spec)
+        except HandoffError as exc:
+            if wanted is not None:
+                raise
+            scope.skipped.append(f"{spec} ({exc})")
+            continue
+        for t in found:
+            ep = t.endpoint
+            host = (ep.hostname, ep.port, ep.user)
+            scope.targets.setdefault(host, t)
+            path = sftp_path(str(t.vars["key_path"]))
+            if not any((e.hostname, e.port, e.user) == host and (e.path == path or e.path.endswith("/" + path))
+                       for e in scope.entries):
+                scope.entries.append(_slot_for(t))
+    return scope
+
+
+@dataclass
+class KeysRemoved:
+    """A host's cleanup: the child key records found beside its key files (each with the
+    key file's path: what to revoke), and how many files were removed or already absent."""
+
+    records: list[tuple[keyrecord.KeyRecord, str]] = field(default_factory=list)
+    removed: int = 0
+    absent: int = 0
+
+
+@dataclass(frozen=True)
+class RemoveKey:
+    """A key file to remove and the fingerprint the ledger knows it by ("" when unknown)."""
+
+    path: str
+    fingerprint: str
+
+
+def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
+    """One host per (address, port, user), one remove-key step per key file placed there."""
+    scope = entries if isinstance(entries, CleanupScope) else CleanupScope(entries)
+    by_host: dict[tuple[str, int, str], list[state.LedgerEntry]] = {}
+    for e in scope.entries:
+        by_host.setdefault((e.hostname, e.port, e.user), []).append(e)
+    plan = Plan("cleanup-secrets", [])
+    for host, group in by_host.items():
+        steps = [Step("remove-key",
+                      f"remove the key file {e.path}" + (f" (key {e.fingerprint})" if e.fingerprint else "")
+                      + " and the child key record beside it",
+                      f"warn if a job still runs (python -c <remote_code/jobs.py> running); sftp "
+                      f"read {key_record(e.path)} (the child key to revoke); sftp remove {e.path}, "
+                      f"{temp_prefix(e.path.rsplit('/', 1)[-1])}* beside it and the record; stat to "
+                      f"prove it gone; ledger: removed",
+                      "if present", RemoveKey(e.path, e.fingerprint), run=_remove_key)
+                 for e in group]
+        target = scope.targets.get(host) or _ledger_target(group[0])
+        plan.hosts.append(HostPlan(target, steps))
+    return plan
+
+
+def _running_jobs(session: Session) -> list[str] | None:
+    """`job (pid N)` for every job still running on the host; None if it cannot be told."""
+    try:
+        answer = session.run_code(remote_code.JOBS, {"op": "running",
+                                                     "jobs_dir": session.target.layout.jobs},
+                                  "looking for running jobs", timeout=60)
+    except HandoffError:
+        return None
+    return [f"{j.get('job')} (pid {j.get('pid')})" for j in answer.get("running") or []]
+
+
+def _remove_key(ctx: HostContext, step: Step) -> str:
+    s = ctx.session
+    p = step.args(RemoveKey)
+    path, fp = p.path, p.fingerprint
+    record = keyrecord.read_record(s, key_record(path))
+    if record is not None:
+        ctx.report.data_as(KeysRemoved).records.append((record, path))
+    try:
+        s.files.stat(path)
+        present = True
+    except OSError:
+        present = False
+    if present:
+        running = _running_jobs(s)
+        if running:
+            fate = ("its child key is revoked below, so its next requests fail (401) and it "
+                    "stops, resumable (exit 3)" if record is not None else
+                    "the key in it is your API key, not revoked: the job goes on until it ends")
+            ctx.report.log(
+                f"  [yellow]warning:[/] {console.r(', '.join(running))} still running on "
+                f"{console.r(s.label)}: it read the key at start, so removing the file does not "
+                f"stop it; {fate}. A relaunch (or resume) needs a key again: `fab push-key "
+                f"--host {console.r(s.label)}` first.")
+        elif running is None:
+            ctx.report.log("  [yellow]warning:[/] could not check for running jobs (no python "
+                           "for handoff's remote code on the host?)")
+    outcome = remove(s, path, fp)
+    try:
+        s.files.remove(key_record(path))
+    except OSError:
+        pass
+    done = ctx.report.data_as(KeysRemoved)
+    if isinstance(outcome, Skipped):
+        done.absent += 1
+    else:
+        done.removed += 1
+    return outcome
+
+
+__all__ = ["CleanupScope", "cleanup_entries", "cleanup_plan", "remove"]

@@ -1,0 +1,88 @@
+"""Placing a key file on a host, 0600 from birth, and the ledger entries that record it.
+
+Over SFTP, never through a command line or `env=`: the key's folder is created / forced to
+0700; a temp name in it is created exclusively with mode 0600 given IN the create request,
+so the file is 0600 from the instant it exists; the key is written and fsync'ed; the temp
+name is renamed over the final path; `stat` checks mode 0600 and owner = the login user
+(anything else is removed and reported). Idempotence is checked on the host: the probe
+returns the sha256 of the remote file, compared with the local key's; the key itself never
+travels for that.
+"""
+
+from __future__ import annotations
+
+import stat
+import time
+
+from handoff.config import state
+from handoff.config.layout import key_record
+from handoff.config.os_keyring import fingerprint, sha256
+from handoff.errors import (
+    RemoteError,
+)
+from handoff.host.facts import KEY_FILE, KEY_RECORD, Facts
+from handoff.host.session import Session
+from handoff.host.transfer import mkdirs, upload_atomic
+from handoff.run.plan import Skipped
+
+
+def ledger_entry(session: Session, path: str, fp: str, event: str, **child: str) -> state.LedgerEntry:
+    ep = session.target.endpoint
+    return state.LedgerEntry(
+        host=session.label, hostname=ep.hostname, port=ep.port, user=ep.user,
+        identity=list(ep.identity), path=path, fingerprint=fp, time=time.time(), event=event,
+        **child,
+    )
+
+
+def in_ledger(entry: state.LedgerEntry) -> bool:
+    return any(e.slot == entry.slot and e.fingerprint == entry.fingerprint for e in state.placed())
+
+
+def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | None = None) -> str:
+    """Place `key` at the host's key_path unless the same key is already there. `child` (a
+    minted key's hash, api, service, name) goes into the ledger's entry. Placing the API
+    key over a minted one also removes the record that named the minted key."""
+    path = session.abs(str(session.vars["key_path"]))
+    fp = fingerprint(key)
+    remote = facts.file(KEY_FILE)
+    entry = ledger_entry(session, path, fp, "placed", **(child or {}))
+    stale = child is None and facts.file(KEY_RECORD).exists
+    if remote.exists and remote.sha256 == sha256(key) and remote.mode == 0o600 and remote.uid == facts.uid:
+        if stale:
+            remove_quietly(session, key_record(path))
+        if not in_ledger(entry):
+            state.record(entry)
+        return Skipped(f"key {fp} already at {path} (0600), nothing written")
+    folder = path.rsplit("/", 1)[0]
+    files = session.files
+    try:
+        mkdirs(files, folder, 0o700, known=facts.dirs)
+        files.chmod(folder, 0o700)  # also when it existed: the folder is private either way
+        upload_atomic(files, key.encode("utf-8"), path, 0o600, durable=True)
+        st = files.stat(path)
+    except OSError as exc:
+        raise RemoteError(f"{session.label}: placing the key at {path} failed: {exc}") from None
+    mode = stat.S_IMODE(st.mode)
+    if mode != 0o600 or st.uid != facts.uid:
+        remove_quietly(session, path)
+        raise RemoteError(
+            f"{session.label}: {path} came out with mode {mode:o} owner uid {st.uid} "
+            f"(want 600, uid {facts.uid}); removed it. Check the folder's ACLs / filesystem."
+        )
+    state.record(entry)
+    if stale:
+        # The file no longer holds the minted key its record named: the ledger still lists
+        # that child key as minted, so `cleanup-secrets` revokes it.
+        remove_quietly(session, key_record(path))
+    return f"placed key {fp} at {path} (0600, uid {st.uid})"
+
+
+def remove_quietly(session: Session, path: str) -> None:
+    try:
+        session.files.remove(path)
+    except OSError:
+        pass
+
+
+__all__ = ["in_ledger", "ledger_entry", "place", "remove_quietly"]

@@ -1,0 +1,146 @@
+"""cleanup-secrets, the child keys: every one the ledger lists as minted and every one a
+host's record names, `DELETE /keys/{hash}` then `GET` answering 404. An unreachable host's
+key is revoked all the same: its file may remain, dead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from handoff import console
+from handoff.config import state
+from handoff.defaults import (
+    SECRET_SERVICE,
+)
+from handoff.errors import (
+    HandoffError,
+)
+from handoff.ops.secrets.cleanup import CleanupScope, KeysRemoved
+from handoff.ops.secrets.settings import ManagementKeys
+from handoff.run.parallel import HostReport
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """A child key to revoke: its hash, the API and keyring service of its management key,
+    and where it was placed (for people)."""
+
+    key_hash: str
+    api: str
+    service: str
+    host: str
+    path: str
+    name: str = ""
+
+
+def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) -> list[Revocation]:
+    """The ledger's live minted keys of the cleaned hosts, plus every child key a host's
+    record named (found by the remove steps), each once."""
+    found: dict[str, Revocation] = {}
+    for e in scope.minted:
+        found.setdefault(e.key_hash, Revocation(e.key_hash, e.api, e.service or SECRET_SERVICE,
+                                                e.host, e.path, e.name))
+    for report in reports or []:
+        for record, path in report.data_as(KeysRemoved).records:
+            found.setdefault(record.hash, Revocation(record.hash, record.api,
+                                                     record.service or SECRET_SERVICE,
+                                                     report.target.label, path, record.name))
+    return list(found.values())
+
+
+@dataclass
+class Revoked:
+    revocation: Revocation
+    deleted: bool = False  # this run deleted it (False: it was already gone)
+    error: str | None = None
+
+
+def revoke_all(todo: list[Revocation], keys: ManagementKeys) -> list[Revoked]:
+    """DELETE each child key, then GET it to prove the 404; in parallel, one result each.
+    The ledger gets a `revoked` event for each one gone."""
+    results = [Revoked(r) for r in todo]
+
+    def one(result: Revoked) -> None:
+        r = result.revocation
+        try:
+            result.deleted = keys.client(r.api, r.service, "revoke child keys").revoke(r.key_hash)
+        except HandoffError as exc:
+            result.error = str(exc)
+            return
+        state.record(state.LedgerEntry(host=r.host, hostname="", port=0, user="", identity=[],
+                                       path=r.path, fingerprint="", time=time.time(),
+                                       event="revoked", key_hash=r.key_hash, api=r.api,
+                                       service=r.service, name=r.name))
+
+    threads = [threading.Thread(target=one, args=(res,), name="revoke", daemon=True)
+               for res in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def revocation_table(results: list[Revoked]) -> Any:
+    rows = []
+    for res in results:
+        r = res.revocation
+        outcome = (f"[red]FAILED:[/] {console.r(res.error)}" if res.error else
+                   "[green]revoked[/], GET answers 404" if res.deleted else
+                   "already revoked (404)")
+        rows.append([console.r(r.host), r.key_hash[:12], outcome])
+    return console.table("child keys revoked", ["host", "key hash", "result"], rows)
+
+
+def revocation_plan(todo: list[Revocation]) -> Any:
+    """The dry run's second half: what would be revoked (the ledger's child keys; the ones
+    named only in a host's record are found when the host is read)."""
+    rows = [[console.r(r.host), r.key_hash[:12], console.r(f"DELETE {r.api}/keys/<hash>, then GET "
+                                                             f"answers 404")] for r in todo]
+    rows.append(["(each host)", "-", "and any child key named in a host's key record "
+                                     "(<key_path>.minted.json), the same way"])
+    return console.table("then revoke the child keys", ["host", "key hash", "runs"], rows)
+
+
+def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[bool, list[str]]:
+    """(all clean?, what to tell): files removed / already absent, child keys revoked, and
+    for each host that could not be cleaned whether what may remain there is dead."""
+    removed = sum(r.data_as(KeysRemoved).removed for r in reports)
+    absent = sum(r.data_as(KeysRemoved).absent for r in reports)
+    down = [r for r in reports if not r.ok]
+    failed = [x for x in revoked if x.error]
+    head = f"cleanup-secrets: removed {removed} key file(s), {absent} already absent"
+    if revoked:
+        deleted = sum(1 for x in revoked if x.deleted and not x.error)
+        gone = sum(1 for x in revoked if not x.deleted and not x.error)
+        head += (f"; revoked {deleted} child key(s), each confirmed gone (GET answers 404), "
+                 f"{gone} already revoked")
+        if failed:
+            head += f", {len(failed)} NOT revoked"
+    if down:
+        head += f"; {len(down)} host(s) not cleaned: {', '.join(r.target.label for r in down)}"
+    lines = [head]
+    for r in down:
+        label = r.target.label
+        why = str(r.error or "not reachable")
+        why = why if why.startswith(label) else f"{label}: {why}"
+        why += "" if why.endswith((".", "?", "!")) else "."
+        dead = [x.revocation for x in revoked if x.revocation.host == label and not x.error]
+        if dead:
+            keys = ", ".join(f"{d.key_hash[:12]} ({d.path})" for d in dead)
+            lines.append(f"{why} Its key file may remain there, but the child key it holds is "
+                         f"revoked, so it is dead: {keys}. Rerun `fab cleanup-secrets` when the "
+                         f"host is back to remove the file.")
+        else:
+            lines.append(f"{why} Its key file may remain there and still work; rerun `fab "
+                         f"cleanup-secrets` when the host is reachable (the ledger keeps it).")
+    for x in failed:
+        lines.append(f"child key {x.revocation.key_hash[:12]} ({x.revocation.host}) is NOT "
+                     f"revoked: {x.error}")
+    return not down and not failed, lines
+
+
+__all__ = ["Revocation", "Revoked", "cleanup_summary", "revocation_plan", "revocation_table", "revocations", "revoke_all"]

@@ -1,0 +1,46 @@
+"""cleanup-secrets from start to end: what to clean (`cleanup.cleanup_entries`), the key files
+removed host by host (`cleanup.cleanup_plan`), then the child keys revoked (`revoke`), and
+one summary saying what is dead and what may remain. `handoff.cli.commands` only gathers
+the hosts to check and passes them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from handoff import console
+from handoff.host.session import Connector
+from handoff.host.targets import Target
+from handoff.ops.secrets import cleanup, revoke, settings
+from handoff.run import plan
+
+
+def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Target]],
+                    everywhere: Iterable[str], *, connect: Connector, dry_run: bool) -> int:
+    """Remove the key files and revoke the child keys of the `wanted` hosts (by name or
+    address), or of every host in `everywhere` and the ledger; the exit code (0: all clean,
+    or nothing to clean; 1: something may remain, each said)."""
+    scope = cleanup.cleanup_entries(wanted, resolve, everywhere)
+    for skipped in scope.skipped:
+        console.warn(f"not checked: {skipped}")
+    if not scope.entries and not scope.minted:
+        console.say("the ledger lists no placed or minted keys and there is no host to check: "
+                    "nothing to clean (already absent)")
+        return 0
+    p = cleanup.cleanup_plan(scope)
+    if dry_run:
+        plan.render(p)
+        console.say(revoke.revocation_plan(revoke.revocations(scope)))
+        return 0
+    reports = plan.execute(p, connect=connect) if p.hosts else []
+    todo = revoke.revocations(scope, reports)
+    revoked = revoke.revoke_all(todo, settings.ManagementKeys()) if todo else []
+    if revoked:
+        console.say(revoke.revocation_table(revoked))
+    ok, lines = revoke.cleanup_summary(reports, revoked)
+    for line in lines:
+        (console.say if ok else console.error)(line)
+    return 0 if ok else 1
+
+
+__all__ = ["cleanup_secrets"]

@@ -1,0 +1,83 @@
+"""`fab trust-host`: show each host key on the way to a target, pin it once confirmed.
+
+The route is walked as a connection walks it (handoff.ssh.endpoint.route): every jump host of a
+ProxyJump chain first, then the target. For each, only the key exchange runs, with the
+host key algorithms ordered as for a real connection (the types already known first), so
+the key shown is the one a connection would compare. A key already trusted is said so; a
+revoked one is never pinned; a CHANGED warning appears only when keys of the offered type
+are known and none matches (handoff.ssh.hostkeys). After a hop is trusted, trust-host logs in
+to it to reach the next one. Nothing is pinned (state dir) before the user confirmed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import paramiko
+
+from handoff import console
+from handoff.errors import ChangedHostKey, HostKeyError, RevokedHostKey, UnknownHostKey
+from handoff.host.targets import Target
+from handoff.ssh import connect, hostkeys
+from handoff.ssh.endpoint import Hop, route
+
+
+def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
+            hint: str) -> bool:
+    """Show `key` for `hop` and pin it if the user agrees; True when it is trusted after."""
+    ep = hop.endpoint
+    fp = hostkeys.fingerprint(key)
+    kind = hostkeys.offered_name(key)
+    where = f"{console.r(hop.label)} ({console.r(ep.hostname)}:{ep.port})"
+    try:
+        how = known.check(hop.label, ep.hostname, key, hint)
+    except RevokedHostKey as exc:
+        console.error(str(exc))
+        return False
+    except ChangedHostKey as exc:
+        console.say(f"[bold red]WARNING: the host key of {console.r(hop.label)} CHANGED[/]: "
+                    f"trusted {console.r(', '.join(exc.expected))}, now offered "
+                    f"{console.r(key.get_name())} {fp}")
+    except UnknownHostKey:
+        if known.keys:
+            types = ", ".join(known.known_types)
+            console.say(f"{where}: only {console.r(types)} keys are known for it, and it did not "
+                        f"offer that type")
+    except HostKeyError as exc:
+        console.error(str(exc))
+        return False
+    else:
+        console.say(f"{where}: {console.r(kind)} {fp} is already trusted ({console.r(how)})")
+        return True
+    console.say(f"{where} offers {console.r(kind)} key [bold]{fp}[/]")
+    console.say("compare it with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the host itself")
+    if not yes:
+        if not sys.stdin.isatty():
+            console.error("not pinned: confirm by re-running with --yes (stdin is not a terminal)")
+            return False
+        answer = input(f"Pin this key for {hop.label}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            console.say("not pinned")
+            return False
+    path = hostkeys.pin(ep.hostname, ep.port, key, known.name)
+    console.say(f"pinned {fp} for {console.r(known.name)} in {path}")
+    return True
+
+
+def trust(target: Target, yes: bool) -> bool:
+    """`fab trust-host` for one target (and every jump host on its way); True when all
+    their keys are trusted afterwards."""
+    hint = connect.hint_for(target.label)
+    hops = route(target.endpoint, target.label)
+    through: connect.Link | None = None
+    try:
+        for i, hop in enumerate(hops):
+            key, known = connect.fetch_host_key(hop, through)
+            if not _decide(hop, key, known, yes, hint):
+                return False
+            if i < len(hops) - 1:
+                through = connect.connect_hop(hop, through, hint)
+    finally:
+        if through is not None:
+            through.close()
+    return True

@@ -1,0 +1,194 @@
+"""Run one function per host on a bounded thread pool, with grouped output.
+
+One failing host never stops the others: every exception is caught per host and
+becomes that host's error line. Each host's output is buffered and printed as one
+block when the host finishes, so lines from different hosts never interleave. A
+summary table ends every multi-host run; the caller exits non-zero if any failed.
+
+The hosts run on daemon threads while the main thread only waits: Ctrl-C reaches it at
+once, every SSH connection in flight is closed (handoff.ssh.connect.abort_all) and the command
+ends within a second; no thread blocked on a silent host keeps the process alive.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from handoff import console
+from handoff.errors import HandoffError
+from handoff.host.session import Connector, Session
+from handoff.host.targets import Target
+from handoff.ssh import connect
+
+MAX_WORKERS = 32
+T = TypeVar("T")
+
+
+@dataclass
+class HostReport:
+    target: Target
+    ok: bool = True
+    summary: str = ""  # the summary table's cell
+    # The operation's result for this host, a small dataclass of its module (`data_as`).
+    data: object = None
+    lines: list[Any] = field(default_factory=list)  # grouped output: strings or renderables
+    error: str | None = None
+    seconds: float = 0.0
+
+    def log(self, item: Any) -> None:
+        self.lines.append(item)
+
+    def data_as(self, kind: type[T]) -> T:
+        """This host's result, typed: an empty `kind()` until a step adds to it."""
+        if self.data is None:
+            self.data = kind()
+        if not isinstance(self.data, kind):
+            raise RuntimeError(f"{self.target.label}: the result is "
+                               f"{type(self.data).__name__}, not {kind.__name__}")
+        return self.data
+
+    def fail(self, message: str) -> None:
+        self.ok = False
+        self.error = message
+
+
+HostFn = Callable[[Target, HostReport], None]
+
+_print_lock = threading.Lock()
+
+
+def _print_group(report: HostReport) -> None:
+    if not report.lines and report.ok:
+        return
+    with _print_lock:
+        ep = report.target.endpoint
+        console.say(console.heading(f"[bold]{console.r(report.target.label)}[/] [dim]{console.r(ep)}[/]"))
+        for line in report.lines:
+            console.say(line)
+        if report.error:
+            console.say(f"[bold red]✗ {console.r(report.error)}[/]")
+
+
+def run_parallel(
+    targets: list[Target],
+    fn: HostFn,
+    *,
+    title: str,
+    grouped: bool = True,
+    summary: bool = True,
+    workers: int = MAX_WORKERS,
+) -> list[HostReport]:
+    reports = [HostReport(t) for t in targets]
+    stopping = threading.Event()  # Ctrl-C: hosts still finishing print nothing more
+
+    def one(report: HostReport) -> HostReport:
+        start = time.monotonic()
+        try:
+            fn(report.target, report)
+        except HandoffError as exc:
+            report.fail(str(exc))
+        except Exception as exc:  # one host's bug or library error must not stop the others
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+            report.fail(f"{type(exc).__name__}: {exc}{where}")
+        report.seconds = time.monotonic() - start
+        if grouped and not stopping.is_set():
+            _print_group(report)
+        return report
+
+    _run_all(reports, one, max(1, min(workers, len(reports))), stopping)
+    # One host: its group already ended with its result (or its error); a table would only
+    # say it again.
+    if summary and len(reports) > 1:
+        print_summary(title, reports)
+    return reports
+
+
+def _run_all(reports: list[HostReport], one: Callable[[HostReport], HostReport],
+             workers: int, stopping: threading.Event) -> None:
+    """`one(report)` for every report on at most `workers` daemon threads; the main thread
+    waits in short steps so that Ctrl-C interrupts it at once. On Ctrl-C the hosts not done
+    are marked interrupted and every connection is closed before KeyboardInterrupt goes on."""
+    todo: queue.SimpleQueue[HostReport] = queue.SimpleQueue()
+    for report in reports:
+        todo.put(report)
+    finished = threading.Semaphore(0)
+    done: set[int] = set()
+
+    def worker() -> None:
+        while True:
+            try:
+                report = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                one(report)
+            finally:
+                done.add(id(report))
+                finished.release()
+
+    threads = [threading.Thread(target=worker, name=f"host-{i}", daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in reports:
+            while not finished.acquire(timeout=0.1):
+                pass
+    except KeyboardInterrupt:
+        stopping.set()
+        for report in reports:
+            if id(report) not in done:
+                report.fail("interrupted")
+        connect.abort_all()
+        raise
+
+
+def run_on_hosts(
+    targets: list[Target],
+    fn: Callable[[Session, HostReport], None],
+    *,
+    connect: Connector,
+    title: str,
+    grouped: bool = True,
+    summary: bool = True,
+) -> list[HostReport]:
+    """`run_parallel` with each host's session opened (from `connect`) and closed around `fn`."""
+
+    def one(target: Target, report: HostReport) -> None:
+        with connect(target) as session:
+            fn(session, report)
+
+    return run_parallel(targets, one, title=title, grouped=grouped, summary=summary)
+
+
+def print_summary(title: str, reports: list[HostReport]) -> None:
+    rows = []
+    for rep in reports:
+        status = "[green]ok[/]" if rep.ok else "[bold red]FAILED[/]"
+        # A failure's whole message goes below the table, on its own line: in a column it
+        # would be squeezed (and, on a terminal, folded) next to the others.
+        detail = console.r(rep.summary) if rep.ok else "see below"
+        rows.append([console.r(rep.target.label), status, detail, f"{rep.seconds:.2f}s"])
+    failed = [rep.target.label for rep in reports if not rep.ok]
+    caption = f"{len(reports) - len(failed)}/{len(reports)} hosts ok"
+    if failed:
+        caption += f"; failed: {', '.join(failed)}"
+    table = console.table(f"{title} summary", ["host", "result", "detail", "time"], rows)
+    table.caption = console.r(caption)
+    console.say(table)
+    for rep in reports:
+        if not rep.ok:
+            error = rep.error or "failed"
+            # Messages name their host first by convention; don't say it twice.
+            shown = error if error.startswith(rep.target.label) else f"{rep.target.label}: {error}"
+            console.say(f"[bold red]✗[/] {console.r(shown)}")
+
+
+def failed_hosts(reports: list[HostReport]) -> list[str]:
+    return [rep.target.label for rep in reports if not rep.ok]

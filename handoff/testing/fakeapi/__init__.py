@@ -1,0 +1,55 @@
+"""The project's own fake OpenRouter: a real aiohttp server on loopback.
+
+Tests, the benchmark and the demo point the payload at it instead of the real API.
+It answers in OpenRouter's shapes (`/chat/completions`, `/key`,
+`/models/{author}/{slug}/endpoints`, integer `error.code` bodies), injects the faults a
+hosted API really throws (by probability and/or on a deterministic schedule), charges
+a cost per request, and records what it saw so a test can prove exactly-once delivery:
+peak concurrency, requests, and successes per prompt.
+
+A prompt is identified by `payload.records.derive_id(messages)`: the same stable hash the
+payload uses for records without an id. Every answer embeds a digest of the prompt's last
+user message (`answer_digest`), so a test can check each response is paired with its own
+prompt.
+
+Modes that stand in for real servers and real trouble (all off by default):
+- `capacity=K`: at most K requests served at once; the rest are refused at the door with
+  `capacity_status` (429, or 402 as OpenRouter's in-flight budget does) and Retry-After;
+- `outage_at_s` / `outage_for_s` / `outage_kind` (or `start_outage()`): every request
+  fails for T seconds: "503", "reset" (the connection is cut), or "refuse" (the port is
+  closed: connection refused), then the server is back;
+- `known_models`: any other model is a 400 "Invalid model name" (a misconfigured run);
+- `stream_only`: every answer is an SSE stream, as a streaming-only server sends;
+- `error_null` (`"error": null` beside a valid choice), `content_parts` (content as a list
+  of text parts), `report_cost=False` (no `usage.cost`), `pricing=False` (the endpoint
+  list has no prices);
+- fault kinds for sporadic trouble: `429` (with Retry-After), `429_bare` (without),
+  `429_quota` (OpenAI's insufficient_quota), `429_huge` (Retry-After: 86400), `429_date`
+  (an HTTP-date Retry-After), `429_ms` (retry-after-ms), `409`, `422_detail` (a FastAPI
+  `{"detail": ...}` error), `sse`; `fast_faults=True` draws them at the door, before the
+  latency, as a rate limiter in front of a server answers;
+- `timeline=True` records, per 100 ms, arrivals, successes, refusals and the peak number
+  of requests in the server (the benchmark reads recovery after an outage from it).
+
+Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
+`base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
+`$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
+
+The package: `faults` (fault kinds, `FaultPlan`, `FakeStats`, `answer_digest`), `server`
+(`FakeOpenRouter`), `__main__` (run alone). Its names are re-exported here.
+"""
+
+from handoff.testing.fakeapi.faults import (
+    ALL_FAULTS,
+    DEFAULT_ENDPOINTS,
+    OTHER_FAULTS,
+    PREFIX,
+    RETRYABLE_FAULTS,
+    FakeStats,
+    FaultPlan,
+    answer_digest,
+)
+from handoff.testing.fakeapi.server import FakeOpenRouter
+
+__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS",
+           "FakeOpenRouter", "FakeStats", "FaultPlan", "answer_digest"]

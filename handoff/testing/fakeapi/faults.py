@@ -1,0 +1,129 @@
+"""What the fake OpenRouter throws and counts: the fault kinds, a `FaultPlan` (by probability
+and/or on a deterministic schedule), the counters a test reads (`FakeStats`), and the digest
+that ties each answer to its own prompt (`answer_digest`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+PREFIX = "/api/v1"
+
+# Fault kinds the plan understands. Retryable ones first: `FaultPlan.mix` spreads over them.
+RETRYABLE_FAULTS = ("429", "500", "502", "503", "504", "524", "529", "reset", "malformed",
+                    "choice_error", "finish_error", "empty", "length_empty", "402_inflight")
+
+OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404", "429_bare", "429_quota",
+                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse")
+
+ALL_FAULTS = RETRYABLE_FAULTS + OTHER_FAULTS
+
+MESSAGES = {
+    400: "Invalid request parameters", 401: "No auth credentials found",
+    402: "Insufficient credits. Add more using https://openrouter.ai/credits",
+    403: "Request blocked by moderation", 404: "No endpoints found that can handle the request",
+    408: "Operation timed out", 429: "Rate limit exceeded", 500: "Internal Server Error",
+    502: "Provider returned error", 503: "Service temporarily unavailable",
+    504: "Gateway timeout", 524: "Request timed out. Please try again later.",
+    529: "Provider returned error",
+}
+
+
+def answer_digest(messages: list[dict[str, Any]]) -> str:
+    """16 hex of sha256 over the last user message's content: what every answer embeds."""
+    last: dict[str, Any] = next(
+        (m for m in reversed(messages) if m.get("role") == "user"), {})
+    content = last.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class FaultPlan:
+    """Which faults to inject. `rates`: kind -> probability per request (summing <= 1).
+    `schedule`: 1-based request number -> kind, applied before any random draw.
+    `per_prompt_first`: kind forced on the first attempt of EVERY prompt (to exercise retries)."""
+
+    rates: dict[str, float] = field(default_factory=dict)
+    schedule: dict[int, str] = field(default_factory=dict)
+    seed: int | None = None
+    retry_after_s: float = 0.2
+    hang_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for kind in [*self.rates, *self.schedule.values()]:
+            if kind not in ALL_FAULTS:
+                raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
+        if sum(self.rates.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates sum to more than 1")
+        self._rng = random.Random(self.seed)
+
+    @classmethod
+    def mix(cls, rate: float, *, seed: int | None = None, kinds: tuple[str, ...] = RETRYABLE_FAULTS,
+            retry_after_s: float = 0.2) -> FaultPlan:
+        """`rate` of all requests fail, spread evenly over `kinds` (default: every retryable one)."""
+        return cls(rates={k: rate / len(kinds) for k in kinds}, seed=seed,
+                   retry_after_s=retry_after_s)
+
+    def draw(self, request_no: int) -> str | None:
+        if request_no in self.schedule:
+            return self.schedule[request_no]
+        if not self.rates:
+            return None
+        x = self._rng.random()
+        for kind, p in self.rates.items():
+            if x < p:
+                return kind
+            x -= p
+        return None
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultPlan:
+        raw = json.loads(text)
+        return cls(rates=raw.get("rates", {}),
+                   schedule={int(k): v for k, v in raw.get("schedule", {}).items()},
+                   seed=raw.get("seed"), retry_after_s=raw.get("retry_after_s", 0.2),
+                   hang_s=raw.get("hang_s", 3600.0))
+
+
+@dataclass
+class FakeStats:
+    requests: int = 0
+    in_flight: int = 0
+    peak_concurrency: int = 0
+    successes: int = 0
+    total_cost: float = 0.0
+    capacity_refusals: int = 0
+    outage_refusals: int = 0
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    successes_by_prompt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bodies: list[dict[str, Any]] = field(default_factory=list)  # only when record_bodies
+    endpoint_calls: int = 0
+    key_calls: int = 0
+    # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
+    timeline: dict[int, list[int]] = field(default_factory=dict)
+    outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["faults"] = dict(self.faults)
+        out["successes_by_prompt"] = dict(self.successes_by_prompt)
+        out["bodies"] = list(self.bodies)
+        out["timeline"] = {str(k): v for k, v in self.timeline.items()}
+        out["outage_windows"] = [list(w) for w in self.outage_windows]
+        return out
+
+DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
+    {"provider_name": "DeepInfra", "tag": "deepinfra/int4", "quantization": "int4"},
+    {"provider_name": "Together", "tag": "together/int4", "quantization": "int4"},
+    {"provider_name": "Fireworks", "tag": "fireworks", "quantization": "int4"},
+    {"provider_name": "Moonshot AI", "tag": "moonshotai", "quantization": "fp8"},
+]
+
+
+__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats", "FaultPlan", "answer_digest"]

@@ -1,0 +1,442 @@
+"""The fake OpenRouter itself: an aiohttp server on loopback, in its own thread or in the
+caller's loop (handoff.testing.fakeapi describes what it answers and the modes it has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import threading
+import time
+from typing import Any
+
+from aiohttp import web
+
+from handoff.testing.fakeapi.faults import (
+    DEFAULT_ENDPOINTS,
+    MESSAGES,
+    PREFIX,
+    FakeStats,
+    FaultPlan,
+    answer_digest,
+)
+from handoff.testing.fakekeys import KeyStore
+from payload.records import derive_id
+
+_ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
+                 "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
+
+
+class FakeOpenRouter:
+    """See the module docstring. `endpoints=None` serves DEFAULT_ENDPOINTS; `[]` serves an empty
+    list; `serve_endpoints=False` answers 404 there (as a server without the list would)."""
+
+    def __init__(self, *, api_key: str, host: str = "127.0.0.1", port: int = 0,
+                 faults: FaultPlan | None = None, latency_s: float = 0.0,
+                 cost_per_request: float = 0.0001, credit_limit: float | None = None,
+                 endpoints: list[dict[str, Any]] | None = None, serve_endpoints: bool = True,
+                 record_bodies: bool = False, completion_tokens: int = 32,
+                 echo_key_in_errors: bool = False, capacity: int | None = None,
+                 capacity_status: int = 429, capacity_retry_after: float | None = 1.0,
+                 outage_at_s: float | None = None, outage_for_s: float = 0.0,
+                 outage_kind: str = "503", known_models: set[str] | None = None,
+                 stream_only: bool = False, error_null: bool = False,
+                 content_parts: bool = False, report_cost: bool = True, pricing: bool = True,
+                 fast_faults: bool = False, timeline: bool = False) -> None:
+        if not host.startswith("127.") and host not in ("localhost", "::1"):
+            raise ValueError("the fake API only listens on loopback")
+        self.api_key = api_key
+        self.host = host
+        self.port = port
+        self.faults = faults or FaultPlan()
+        self.latency_s = latency_s
+        self.cost_per_request = cost_per_request
+        self.credit_limit = credit_limit
+        self.endpoints = DEFAULT_ENDPOINTS if endpoints is None else endpoints
+        self.serve_endpoints = serve_endpoints
+        self.record_bodies = record_bodies
+        self.completion_tokens = completion_tokens
+        # Some proxies echo the Authorization header in error texts: lets tests prove that
+        # the payload redacts whatever an API sends back.
+        self.echo_key_in_errors = echo_key_in_errors
+        self.capacity = capacity
+        self.capacity_status = capacity_status
+        self.capacity_retry_after = capacity_retry_after
+        if outage_kind not in ("503", "reset", "refuse"):
+            raise ValueError("outage_kind is one of 503, reset, refuse")
+        self.outage_at_s = outage_at_s
+        self.outage_for_s = outage_for_s
+        self.outage_kind = outage_kind
+        self.known_models = known_models
+        self.stream_only = stream_only
+        self.error_null = error_null
+        self.content_parts = content_parts
+        self.report_cost = report_cost
+        self.pricing = pricing
+        self.fast_faults = fast_faults
+        self.record_timeline = timeline
+        self.serving = 0  # requests past the capacity gate
+        self._t0: float | None = None  # first chat request (monotonic)
+        self._outage_until = 0.0
+        self._site: web.TCPSite | None = None
+        self.stats = FakeStats()
+        self.keys = KeyStore(lambda: self.api_key)  # child keys, the management API (handoff.testing.fakekeys)
+        self.base_url = ""
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post(PREFIX + "/chat/completions", self._chat)
+        app.router.add_get(PREFIX + "/key", self._key)
+        app.router.add_get(PREFIX + "/models/{author}/{slug}/endpoints", self._endpoints)
+        app.router.add_get("/_fake/stats", self._stats)
+        self.keys.add_routes(app, PREFIX)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        await self._listen()
+        self.base_url = f"http://{self.host}:{self.port}{PREFIX}"
+        return self.base_url
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096,
+                           reuse_address=True)
+        await site.start()
+        server = site._server
+        assert server is not None and isinstance(server, asyncio.base_events.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        self._site = site
+
+    # -- outages -------------------------------------------------------------------------------
+    def start_outage(self, seconds: float, kind: str | None = None) -> None:
+        """From any thread: every request fails for `seconds` (kind: 503, reset, refuse)."""
+        kind = kind or self.outage_kind
+        if self._loop is not None and threading.current_thread() is not self._thread:
+            self._loop.call_soon_threadsafe(self._begin_outage, seconds, kind)
+        else:
+            self._begin_outage(seconds, kind)
+
+    def _begin_outage(self, seconds: float, kind: str) -> None:
+        now = time.monotonic()
+        self.outage_kind = kind
+        self._outage_until = now + seconds
+        t0 = self._t0 if self._t0 is not None else now
+        self.stats.outage_windows.append((round(now - t0, 3), round(now - t0 + seconds, 3)))
+        if kind == "refuse" and self._site is not None:
+            site, self._site = self._site, None
+            loop = asyncio.get_running_loop()
+            stopping = loop.create_task(site.stop())
+            loop.call_later(seconds, lambda: loop.create_task(self._reopen(stopping)))
+
+    async def _reopen(self, stopping: asyncio.Task[None]) -> None:
+        await stopping
+        await self._listen()
+
+    def _in_outage(self, now: float) -> bool:
+        if self.outage_at_s is not None and self._t0 is not None \
+                and now - self._t0 >= self.outage_at_s:
+            self.outage_at_s = None  # scheduled once
+            self._begin_outage(self.outage_for_s, self.outage_kind)
+        return now < self._outage_until
+
+    def _tick(self, now: float, column: int, peak: int | None = None) -> None:
+        assert self._t0 is not None
+        row = self.stats.timeline.setdefault(int((now - self._t0) * 10), [0, 0, 0, 0])
+        row[column] += 1
+        if peak is not None and peak > row[3]:
+            row[3] = peak
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start_in_thread(self) -> str:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:  # reported to the caller below
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            pending = asyncio.all_tasks(loop)  # e.g. handlers of a scripted hang
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="fake-openrouter", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if failure:
+            raise failure[0]
+        return self.base_url
+
+    def stop_thread(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._thread = None
+            self._loop = None
+
+    # -- handlers ------------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> bool:
+        return self.keys.authorize(request)  # the account's key, or a live child key
+
+    def _error(self, status: int, message: str | None = None, *,
+               retry_after: float | None = None,
+               metadata: dict[str, Any] | None = None) -> web.Response:
+        message = message or MESSAGES.get(status, "error")
+        if self.echo_key_in_errors:
+            message += f" (request had Authorization: Bearer {self.api_key})"
+        body: dict[str, Any] = {"error": {"code": status, "message": message}}
+        if metadata:
+            body["error"]["metadata"] = metadata
+        headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        stats = self.stats
+        stats.requests += 1
+        request_no = stats.requests
+        stats.in_flight += 1
+        stats.peak_concurrency = max(stats.peak_concurrency, stats.in_flight)
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        if self.record_timeline:
+            self._tick(now, 0, stats.in_flight)
+        try:
+            return await self._chat_inner(request, request_no, now)
+        finally:
+            stats.in_flight -= 1
+
+    def _refuse(self, status: int, retry_after: float | None, now: float) -> web.Response:
+        if self.record_timeline:
+            self._tick(now, 2)
+        if status == 402:
+            return self._error(402, "Too many requests in flight for this key's balance",
+                               retry_after=retry_after)
+        return self._error(status, retry_after=retry_after)
+
+    async def _chat_inner(self, request: web.Request, request_no: int, now: float
+                          ) -> web.StreamResponse:
+        if self._in_outage(now):
+            self.stats.outage_refusals += 1
+            if self.outage_kind == "503" or request.transport is None:
+                return self._refuse(503, None, now)
+            request.transport.abort()  # reset, or a connection kept alive across "refuse"
+            raise ConnectionResetError("fake outage")
+        if not self._authorized(request):
+            return self._error(401, self.keys.refusal(request))
+        try:
+            body = await request.json()
+            messages = body["messages"]
+        except (ValueError, KeyError, TypeError):
+            return self._error(400, "request body is not a chat completion request")
+        if self.record_bodies:
+            self.stats.bodies.append(body)
+        if self.known_models is not None and body.get("model") not in self.known_models:
+            return self._error(400, f"Invalid model name passed in model={body.get('model')}. "
+                               "Call `/v1/models` to view available models for your key.")
+        if self.capacity is not None:
+            if self.serving >= self.capacity:
+                self.stats.capacity_refusals += 1
+                return self._refuse(self.capacity_status, self.capacity_retry_after, now)
+            self.serving += 1
+        try:
+            return await self._serve(request, request_no, body, messages)
+        finally:
+            if self.capacity is not None:
+                self.serving -= 1
+
+    async def _serve(self, request: web.Request, request_no: int, body: dict[str, Any],
+                     messages: list[dict[str, Any]]) -> web.StreamResponse:
+        fault = self.faults.draw(request_no) if self.fast_faults else None
+        if fault is None and self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if not self.fast_faults:
+            fault = self.faults.draw(request_no)
+        if fault is not None:
+            self.stats.faults[fault] += 1
+            response = await self._fault(fault, request)
+            if response is not None:
+                return response
+        if (key_limit := self.keys.over_limit(request, self.cost_per_request)) is not None:
+            return self._error(402, **key_limit)
+        if self.credit_limit is not None and (
+                self.stats.total_cost + self.cost_per_request > self.credit_limit + 1e-12):
+            return self._error(402, "Key limit exceeded: this key's credit limit is reached",
+                               metadata={"limit": self.credit_limit})
+        prompt_id = derive_id(messages)
+        self.stats.successes += 1
+        self.stats.successes_by_prompt[prompt_id] += 1
+        self.stats.total_cost += self.cost_per_request
+        self.keys.charge(request, self.cost_per_request)
+        if self.record_timeline:
+            self._tick(time.monotonic(), 1)
+        content = f"answer {answer_digest(messages)}"
+        if self.stream_only:
+            return self._sse(body, content)
+        return web.json_response(self._result(body, content, "stop"))
+
+    def _sse(self, body: dict[str, Any], content: str) -> web.Response:
+        chunk = {"id": f"gen-{self.stats.requests}", "object": "chat.completion.chunk",
+                 "model": body.get("model"), "choices": [
+                     {"index": 0, "delta": {"role": "assistant", "content": content},
+                      "finish_reason": "stop"}]}
+        text = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+        return web.Response(status=200, text=text, content_type="text/event-stream")
+
+    def _result(self, body: dict[str, Any], content: str | None, finish: str,
+                choice_error: dict[str, Any] | None = None) -> dict[str, Any]:
+        prompt_tokens = sum(len(str(m.get("content", ""))) // 4 + 1 for m in body["messages"])
+        content_field: Any = content
+        if self.content_parts and content:
+            half = len(content) // 2
+            content_field = [{"type": "text", "text": content[:half]},
+                             {"type": "text", "text": content[half:]}]
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "native_finish_reason": finish,
+                                  "message": {"role": "assistant", "content": content_field,
+                                              "reasoning": "thinking" if content else None}}
+        if choice_error is not None:
+            choice["error"] = choice_error
+        completion = self.completion_tokens if content else 0
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                 "total_tokens": prompt_tokens + completion, "is_byok": False}
+        if self.report_cost:
+            usage["cost"] = self.cost_per_request if content else 0.0
+        result: dict[str, Any] = {
+            "id": f"gen-{self.stats.requests}", "object": "chat.completion",
+            "created": int(time.time()), "model": body.get("model", "fake/model"),
+            "provider": "DeepInfra", "system_fingerprint": None, "choices": [choice],
+            "usage": usage}
+        if self.error_null:
+            result["error"] = None
+        return result
+
+    async def _fault(self, fault: str, request: web.Request) -> web.StreamResponse | None:
+        ra = self.faults.retry_after_s
+        if fault == "429_bare":
+            return self._error(429)
+        if fault == "429_huge":
+            return self._error(429, retry_after=86400)
+        if fault == "429_date":
+            when = email.utils.formatdate(time.time() + ra, usegmt=True)
+            return web.json_response({"error": {"code": 429, "message": MESSAGES[429]}},
+                                     status=429, headers={"Retry-After": when})
+        if fault == "429_ms":
+            return web.json_response({"error": {"code": 429, "message": MESSAGES[429]}},
+                                     status=429, headers={"retry-after-ms": f"{ra * 1000:g}"})
+        if fault == "429_quota":  # OpenAI's shape: string type/code, no integer code
+            return web.json_response({"error": {
+                "message": "You exceeded your current quota, please check your plan and "
+                           "billing details.", "type": "insufficient_quota", "param": None,
+                "code": "insufficient_quota"}}, status=429)
+        if fault == "422_detail":  # FastAPI-style servers
+            return web.json_response({"detail": [{"loc": ["body", "messages"],
+                                                  "msg": "field required",
+                                                  "type": "value_error.missing"}]}, status=422)
+        if fault == "sse":
+            body = await request.json()
+            return self._sse(body, "streamed")
+        if fault.isdigit():
+            status = int(fault)
+            if status == 429:
+                return self._error(429, retry_after=ra)
+            if status == 404:
+                return self._error(404, metadata={"reason": "constraint_filtered",
+                                                  "retryable": False})
+            return self._error(status)
+        if fault == "402_inflight":
+            return self._error(402, "Too many requests in flight for this key's balance",
+                               retry_after=ra)
+        if fault == "reset":
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
+            raise ConnectionResetError("fake reset")
+        if fault == "malformed":
+            return web.Response(status=200, text='{"id": "gen-x", "choices": [{"mess',
+                                content_type="application/json")
+        body = await request.json()
+        if fault == "choice_error":
+            return web.json_response(self._result(
+                body, None, "error", {"code": 502, "message": "upstream provider error"}))
+        if fault == "finish_error":
+            return web.json_response(self._result(body, "", "error"))
+        if fault == "empty":
+            return web.json_response(self._result(body, "", "stop"))
+        if fault == "length_empty":
+            return web.json_response(self._result(body, "", "length"))
+        if fault == "hang":
+            await asyncio.sleep(self.faults.hang_s)
+            return self._error(504)
+        raise AssertionError(fault)
+
+    async def _key(self, request: web.Request) -> web.Response:
+        self.stats.key_calls += 1
+        if not self._authorized(request):
+            return self._error(401, self.keys.refusal(request))
+        if (child := self.keys.child_of(request)) is not None:
+            return web.json_response({"data": child.current_key()})
+        limit = self.credit_limit
+        usage = round(self.stats.total_cost, 10)
+        return web.json_response({"data": {
+            "label": "sk-or-v1-fak...e00", "usage": usage, "limit": limit,
+            "limit_remaining": None if limit is None else round(limit - usage, 10),
+            "limit_reset": None, "is_free_tier": False, "is_management_key": False,
+            "is_provisioning_key": False, "include_byok_in_limit": False,
+            "byok_usage": 0, "usage_daily": usage, "usage_weekly": usage,
+            "usage_monthly": usage}})
+
+    async def _endpoints(self, request: web.Request) -> web.Response:
+        self.stats.endpoint_calls += 1
+        if not self.serve_endpoints:
+            return self._error(404, "Resource not found")
+        model = f"{request.match_info['author']}/{request.match_info['slug']}"
+        endpoints = []
+        for ep in self.endpoints:
+            full = {"name": f"{ep['provider_name']}: {model}", "model_id": model,
+                    "model_name": model, "context_length": 262144,
+                    "max_completion_tokens": 65536, "max_prompt_tokens": None,
+                    "pricing": {"prompt": "0", "completion": "0",
+                                "request": f"{self.cost_per_request:.10f}"},
+                    "status": 0, "supported_parameters": ["max_tokens", "temperature",
+                                                          "top_p", "reasoning"],
+                    "uptime_last_30m": 100, "uptime_last_5m": 100, "uptime_last_1d": 100,
+                    "supports_implicit_caching": False,
+                    "latency_last_30m": {"p50": 0.2, "p75": 0.3, "p90": 0.4, "p99": 0.8},
+                    "throughput_last_30m": {"p50": 50, "p75": 40, "p90": 30, "p99": 15}}
+            full.update(ep)
+            if not self.pricing:
+                full.pop("pricing", None)
+            endpoints.append(full)
+        return web.json_response({"data": {"id": model, "name": model, "created": 0,
+                                           "description": "fake",
+                                           "architecture": _ARCHITECTURE,
+                                           "endpoints": endpoints}})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats.as_dict())
+
+
+__all__ = ["FakeOpenRouter"]

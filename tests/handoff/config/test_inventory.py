@@ -1,0 +1,126 @@
+"""Inventory loading: validation errors name file:line, unknown names list the known ones,
+and vars merge in the documented precedence order (docs/configuration.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handoff.config.inventory import BUILTIN_VARS, load_inventory
+from handoff.config.roles import Role
+from handoff.errors import InventoryError
+
+ROLES = ["generator", "extractor"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.yml"
+    path.write_text(text)
+    return path
+
+
+def test_seed_inventory_loads() -> None:
+    inv = load_inventory(Path(__file__).resolve().parents[3] / "inventory" / "hosts.yml")
+    gen = inv.host("gen-1")  # read only: nothing in the tests ever connects to it
+    assert gen.address and gen.user == "root" and gen.roles == ("generator",)
+
+
+def test_sandbox_inventory_loads() -> None:
+    inv = load_inventory(Path(__file__).resolve().parents[3] / "inventory" / "sandbox.yml")
+    assert all(h.address.startswith("127.") for h in inv.hosts.values())
+
+
+def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: 1.2.3.4\n  b: {}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:\d+: invalid YAML"):
+        load_inventory(path, ROLES)
+
+
+def test_unknown_host_key_names_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a:\n    address: 1.2.3.4\n    prot: 22\n")
+    with pytest.raises(InventoryError, match=rf"{path}:4: host 'a': unknown key 'prot'"):
+        load_inventory(path, ROLES)
+
+
+def test_bad_port(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x, port: seventy}\n")
+    with pytest.raises(InventoryError, match="port must be a number"):
+        load_inventory(path, ROLES)
+
+
+def test_duplicate_host_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x}\n  a: {address: y}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:3: duplicate key 'a'"):
+        load_inventory(path, ROLES)
+
+
+def test_unknown_role_lists_known(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x, roles: [genrator]}\n")
+    with pytest.raises(InventoryError, match="unknown role 'genrator'; known roles: generator, extractor"):
+        load_inventory(path, ROLES)
+
+
+def test_unknown_host_lists_known(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "hosts:\n  a: {address: x}\n  b: {address: y}\n"), ROLES)
+    with pytest.raises(InventoryError, match=r"unknown host 'c'.*known hosts: a, b"):
+        inv.host("c")
+
+
+def test_group_with_unknown_member(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: x}\ngroups:\n  g: {hosts: [a, zz]}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:4: group 'g': unknown host 'zz'; known hosts: a"):
+        load_inventory(path, ROLES)
+
+
+def test_var_precedence(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+defaults: {model: m-default, concurrency: 1, python: py-default, max_cost: 1}
+hosts:
+  a: {address: x, roles: [generator], vars: {model: m-host}}
+groups:
+  g: {hosts: [a], vars: {model: m-group, concurrency: 3, python: py-group}}
+""")
+    inv = load_inventory(path, ROLES)
+    role = Role(name="generator", path=tmp_path, vars={"concurrency": 2, "max_cost": 2, "job": "gen"})
+    v = inv.vars_for(inv.host("a"), role, {"model": None, "max_cost": 9})
+    assert v["model"] == "m-host"  # host > group > role > defaults
+    assert v["concurrency"] == 3  # group > role > defaults
+    assert v["python"] == "py-group"
+    assert v["max_cost"] == 9  # task flag wins; a None flag does not override
+    assert v["job"] == "gen"  # role default
+    assert v["base_url"] == BUILTIN_VARS["base_url"]
+    assert v["key_path"] == "~/.handoff/secrets/openrouter.key"
+
+
+def test_key_path_follows_remote_dir(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "defaults: {remote_dir: /srv/h/}\nhosts: {a: {}}\n"), ROLES)
+    v = inv.vars_for(inv.host("a"), None)
+    assert v["key_path"] == "/srv/h/secrets/openrouter.key"
+    assert inv.host("a").address == "a"  # no address: the name (may be an ssh_config alias)
+
+
+@pytest.mark.parametrize("where, value, expected", [
+    ("defaults", "concurrency: lots", "var concurrency: expected a whole number >= 1, got 'lots'"),
+    ("host", "max_cost: ten", "var max_cost: expected a number >= 0, got 'ten'"),
+    ("group", "io_timeout: -1", "var io_timeout: expected a number >= 0.1, got -1"),
+    ("host", "python: [a, b]", "var python: expected a non-empty string"),
+])
+def test_standard_var_types_are_checked_with_file_and_line(tmp_path: Path, where: str, value: str,
+                                                           expected: str) -> None:
+    text = {"defaults": f"defaults:\n  {value}\nhosts:\n  a: {{address: x}}\n",
+            "host": f"hosts:\n  a:\n    address: x\n    vars:\n      {value}\n",
+            "group": f"hosts:\n  a: {{address: x}}\ngroups:\n  g:\n    hosts: [a]\n    vars:\n      {value}\n"}[where]
+    path = tmp_path / "hosts.yml"
+    path.write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if value.split(":")[0] + ":" in t)
+    with pytest.raises(InventoryError) as exc:
+        load_inventory(path, roles=["generator"])
+    assert str(exc.value).startswith(f"{path}:{line}: {expected}"), str(exc.value)
+
+
+def test_numeric_vars_given_as_text_become_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("defaults:\n  concurrency: '300'\n  max_cost: 2\nhosts:\n  a: {address: x}\n")
+    inv = load_inventory(path, roles=["generator"])
+    assert inv.defaults["concurrency"] == 300 and inv.defaults["max_cost"] == 2

@@ -1,0 +1,167 @@
+"""Roles: the shipped files load, validation names file:line, commands render quoted."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from handoff.config.roles import get_role, known_roles, load_role, render_command
+from handoff.errors import RoleError
+
+
+def test_shipped_roles() -> None:
+    assert {"generator", "extractor"} <= set(known_roles())
+    gen = get_role("generator")
+    assert gen.requires.python >= (3, 10) and "aiohttp" in gen.requires.modules and gen.secret
+    ext = get_role("extractor")
+    assert {"torch", "transformers", "safetensors", "tokenizers"} <= set(ext.requires.modules)
+    assert "nvidia-smi" in ext.requires.commands and ext.requires.cuda_torch and not ext.secret
+    assert ext.preflight is not None and "{model_dir}/config.json" in ext.requires.files
+    assert ext.requires.gpus_needed({"gpus": 8}) == 8
+    assert ext.requires.gpus_needed({"gpus": None}) == 1
+
+
+def test_unknown_role_lists_known() -> None:
+    with pytest.raises(RoleError, match=r"unknown role 'nope'; known roles: .*generator"):
+        get_role("nope")
+
+
+def test_bad_role_file_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.yml"
+    path.write_text("requires:\n  python: '>=3.10'\n  modulez: [a]\n")
+    with pytest.raises(RoleError, match=rf"{path}:3: unknown requirement 'modulez'"):
+        load_role(path)
+
+
+def generator_vars(**extra: object) -> dict[str, object]:
+    v: dict[str, object] = {
+        "python": "/opt/py/bin/python3", "remote_dir": "/home/u/.handoff", "input": "/d/in put.jsonl",
+        "job_dir": "/home/u/.handoff/jobs/generator", "key_path": "/home/u/.handoff/secrets/k.key",
+        "model": "moonshotai/kimi-k2.5", "base_url": "http://127.0.0.1:1/api/v1",
+        "provider": {"quantizations": ["int4"], "ignore": ["fireworks", "baseten"]},
+        "concurrency": 2000, "max_cost": None, "shard": None,
+    }
+    v.update(extra)
+    return v
+
+
+def test_generator_launch_renders_and_drops_unset_groups() -> None:
+    cmd = render_command(get_role("generator").launch, generator_vars(), "launch")
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["/opt/py/bin/python3", "/home/u/.handoff/current/payload.pyz", "generate"]
+    assert argv[argv.index("--input") + 1] == "/d/in put.jsonl"  # quoted, one argv item
+    assert argv[argv.index("--api-key-file") + 1] == "/home/u/.handoff/secrets/k.key"
+    assert argv[argv.index("--provider") + 1] == '{"ignore":["fireworks","baseten"],"quantizations":["int4"]}'
+    assert "--max-cost" not in argv and "--shard" not in argv
+
+
+def test_generator_launch_with_shard_and_budget() -> None:
+    argv = shlex.split(render_command(get_role("generator").launch,
+                                      generator_vars(shard="1/3", max_cost=2.5), "launch"))
+    assert argv[argv.index("--shard") + 1] == "1/3"
+    assert argv[argv.index("--max-cost") + 1] == "2.5"
+
+
+def test_missing_required_var_names_it() -> None:
+    with pytest.raises(RoleError, match="needs var input"):
+        render_command(get_role("generator").launch, generator_vars(input=None), "launch")
+
+
+def extractor_vars(**extra: object) -> dict[str, object]:
+    """What launch renders with: the role's defaults under the host's vars (as targets merge)."""
+    v: dict[str, object] = dict(get_role("extractor").vars)
+    v.update(python="/opt/py/bin/python3", remote_dir="/home/u/.handoff", input="/d/gen out.jsonl",
+             job_dir="/home/u/.handoff/jobs/extractor", gpus=8, model_dir="/models/kimi k2.5",
+             shard=None)
+    v.update(extra)
+    return v
+
+
+def extract_argv(**extra: object) -> list[str]:
+    return shlex.split(render_command(get_role("extractor").launch, extractor_vars(**extra), "launch"))
+
+
+def test_extractor_launch_uses_torchrun_over_ranks_defaulting_to_gpus() -> None:
+    argv = extract_argv()
+    assert argv[:4] == ["/opt/py/bin/python3", "-m", "torch.distributed.run", "--standalone"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"  # ranks: "{gpus}"
+    assert argv[6:8] == ["/home/u/.handoff/current/payload.pyz", "extract"]
+    assert argv[argv.index("--input") + 1] == "/d/gen out.jsonl"  # quoted: one argv item
+    assert argv[argv.index("--model") + 1] == "/models/kimi k2.5"
+    assert argv[argv.index("--output-dir") + 1] == "/home/u/.handoff/jobs/extractor/features"
+    assert argv[argv.index("--status-file") + 1] == "/home/u/.handoff/jobs/extractor/status.json"
+    assert argv[argv.index("--progress") + 1] == "plain"
+    # every optional flag is dropped while its var is unset (the payload's defaults apply)
+    for flag in ("--layers", "--max-length", "--batch-tokens", "--dtype", "--shard",
+                 "--reasoning", "--overlong", "--trust-remote-code"):
+        assert flag not in argv, flag
+
+
+def test_extractor_launch_one_rank_over_all_gpus_and_every_option() -> None:
+    argv = extract_argv(ranks=1, layers="2,16,29", max_length=4096, batch_tokens=16384,
+                        dtype="float16", shard="1/3", reasoning="drop", overlong="skip",
+                        trust_remote_code=True)
+    assert argv[argv.index("--nproc-per-node") + 1] == "1"  # Kimi-K2.5: device_map auto
+    pairs = {"--layers": "2,16,29", "--max-length": "4096", "--batch-tokens": "16384",
+             "--dtype": "float16", "--shard": "1/3", "--reasoning": "drop", "--overlong": "skip"}
+    for flag, value in pairs.items():
+        assert argv[argv.index(flag) + 1] == value, flag
+    assert argv[-1] == "--trust-remote-code"  # a switch: the flag alone, no "true" after it
+
+
+def test_extractor_switch_off_and_quoting_of_hostile_values() -> None:
+    argv = extract_argv(trust_remote_code=False, layers="2,16; rm -rf ~", input="/d/$(id).jsonl")
+    assert "--trust-remote-code" not in argv and "false" not in argv
+    assert argv[argv.index("--layers") + 1] == "2,16; rm -rf ~"  # one quoted token, not shell
+    assert argv[argv.index("--input") + 1] == "/d/$(id).jsonl"
+
+
+def test_extractor_launch_without_gpus_names_the_var_to_set() -> None:
+    with pytest.raises(RoleError, match=r"needs var gpus; set it in the inventory \(vars: \{gpus: \.\.\.\}\)"):
+        render_command(get_role("extractor").launch, extractor_vars(gpus=None), "launch")
+    with pytest.raises(RoleError, match="needs var model_dir"):
+        render_command(get_role("extractor").launch, extractor_vars(model_dir=None), "launch")
+
+
+def test_accelerate_only_when_one_process_spans_several_gpus() -> None:
+    req = get_role("extractor").requires
+    assert "accelerate" not in req.modules_needed(extractor_vars())  # ranks = gpus = 8
+    assert "accelerate" in req.modules_needed(extractor_vars(ranks=1))
+    assert "accelerate" not in req.modules_needed(extractor_vars(ranks=1, gpus=1))
+    assert "accelerate" not in req.modules_needed(extractor_vars(gpus=None))  # unknown: not asked
+
+
+def test_extractor_preflight_renders_launch_flags_with_preflight_only() -> None:
+    pf = get_role("extractor").preflight
+    assert pf is not None
+    argv = shlex.split(render_command(pf.run, extractor_vars(shard="0/2", max_length=2048), "preflight"))
+    assert argv[1:4] == ["/home/u/.handoff/current/payload.pyz", "extract", "--preflight-only"]
+    assert argv[argv.index("--shard") + 1] == "0/2" and argv[argv.index("--max-length") + 1] == "2048"
+    assert "torch.distributed.run" not in argv  # one plain process, no GPU needed
+    assert set(pf.needs) == {"{remote_dir}/current/payload.pyz", "{input}"}
+
+
+def test_var_cycle_is_an_error_not_a_hang() -> None:
+    with pytest.raises(RoleError, match="refers to itself"):
+        render_command(("{a}",), {"a": "{b}", "b": "{a}"}, "x")
+
+
+def test_role_file_validation_of_new_fields(tmp_path: Path) -> None:
+    bad_when = tmp_path / "w.yml"
+    bad_when.write_text("requires:\n  modules:\n    - {module: m, when: 'ranks less gpus'}\n")
+    with pytest.raises(RoleError, match=rf"{bad_when}:2: modules: bad condition"):
+        load_role(bad_when)
+    bad_pf = tmp_path / "p.yml"
+    bad_pf.write_text("preflight:\n  run: [x]\n  nedds: {}\n")
+    with pytest.raises(RoleError, match=rf"{bad_pf}:3: unknown preflight key 'nedds'"):
+        load_role(bad_pf)
+    ok = tmp_path / "ok.yml"
+    ok.write_text("requires:\n  cuda_torch: true\n  files: {'{d}/x': fix it}\n"
+                  "  modules: [a, {module: b, when: '{n} >= 2', fix: get b}]\n"
+                  "preflight: {run: ['{python}', check], needs: {'{d}': put d}}\n")
+    role = load_role(ok)
+    assert role.requires.modules_needed({"n": 2}) == ["a", "b"]
+    assert role.requires.modules_needed({"n": 1}) == ["a"]
+    assert role.requires.fixes == {"b": "get b"} and role.preflight is not None

@@ -1,0 +1,547 @@
+"""Jobs without sshd: state derivation, smoke output, the status table; the launch and stop
+plans as data (`--dry-run`); and launch, status, logs and stop run on fake hosts
+(handoff.testing.local) with the `sleeper` test role, whose job is a real detached process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from handoff.cli import commands
+from handoff.defaults import BUILTIN_VARS
+from handoff.errors import RoleError, UsageError
+from handoff.ops import deploy
+from handoff.ops.jobs import launch, smoke, status, stop
+from handoff.ops.jobs.state import OK_STATES, JobState, job_name
+from handoff.run import plan
+from tests.support.workstation import SLEEPER_ROLE, Workstation
+
+KEY = "sk-or-v1-" + "ab" * 32
+
+# What the start watch catches (an instant crash, an instant finish) needs its default length;
+# the other tests run with the fixture's short one.
+WATCH_S = BUILTIN_VARS["start_watch_s"]
+
+
+def test_job_state() -> None:
+    def state(**kw: object) -> str:
+        return JobState.from_json({"job_dir": "/j", **kw}).state
+
+    assert state(alive=True, status={"state": "running"}) == "running"
+    assert state(alive=True, status=None) == "running"
+    assert state(alive=True, status={"state": "stopped"}) == "stopping"
+    assert state(alive=True, status={"state": "finished"}) == "running"  # exiting
+    assert state(alive=False, pid=5, status={"state": "running"}) == "dead"
+    assert state(alive=False, pid=5, status={"state": "finished"}) == "finished"
+    assert state(alive=False, pid=5, status={"state": "stopped"}) == "stopped"
+    assert state(alive=False, pid=5, status=None) == "dead"
+    assert state(alive=False, pid=None, status=None) == "none"
+    assert {"running", "finished"} <= OK_STATES and "stopped" not in OK_STATES
+
+
+def test_job_name(ws: Workstation) -> None:
+    [a] = ws.targets("a")
+    assert job_name(a, None) == "generator" and job_name(a, "b3") == "b3"
+    for bad in ("../x", ".hidden", "a/b"):
+        with pytest.raises(UsageError, match="plain folder name"):
+            job_name(a, bad)
+
+
+def test_parse_smoke_and_credit() -> None:
+    text = (
+        "model:     moonshotai/kimi-k2.5\n"
+        "served by: DeepInfra (moonshotai/kimi-k2.5)\n"
+        "latency:   0.42 s\n"
+        "tokens:    prompt 9, completion 32\n"
+        "cost:      $0.000100\n"
+        "answer:    'ready'\n"
+        "key:       usage $0.000300, limit $10.000000, left $9.999700\n"
+        "smoke: OK\n"
+    )
+    f = smoke.parse(text)
+    assert f["served by"].startswith("DeepInfra") and f["latency"] == "0.42 s" and f["smoke"] == "OK"
+    assert smoke.credit(f["key"]) == "$9.999700 left of $10.000000 (used $0.000300)"
+    child = "usage $0.000100, limit $0.500000, left $0.499900, expires 2026-12-01T10:00:00Z"
+    assert smoke.credit(child) == \
+        "$0.499900 left of $0.500000 (used $0.000100), expires 2026-12-01T10:00:00Z"
+    assert smoke.credit("usage $0.1, limit none, left unlimited, expires never") == \
+        "unlimited left (used $0.1)"
+    assert smoke.credit("usage unknown (GET /key answered 404)") == "usage unknown (GET /key answered 404)"
+
+
+def test_eta_uses_the_one_formatter() -> None:
+    assert status.eta({"total": 100, "done": 40, "failed": 10, "rate_rps": 5}) == "10s"
+    assert status.eta({"total": 100000, "done": 0, "failed": 0, "rate_rps": 10}) == "2h46m"
+    assert status.eta({"total": None, "rate_rps": 5}) == "-"
+    assert status.eta({"total": 10, "done": 10, "rate_rps": 5}) == "0s"
+
+
+def test_status_record_has_the_contract_fields() -> None:
+    view = status.JobView("h", "generator", "running", JobState.from_json({
+        "job_dir": "/j", "alive": True, "pid": 7, "keys": {"/k": True},
+        "status": {"state": "running", "done": 3, "failed": 1, "total": 9, "cost": 0.25}}))
+    rec = view.record()
+    assert {"host", "job", "state", "done", "failed", "total", "cost", "alive"} <= set(rec)
+    assert (rec["done"], rec["failed"], rec["total"], rec["alive"]) == (3, 1, 9, True)
+    assert rec["secrets_placed"] == ["/k"]
+
+
+# --- plans as data ------------------------------------------------------------------------
+
+
+def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    p = launch.plan(ws.targets("a,b", flags={"concurrency": 7}), local_input=str(prompts),
+                    remote_input=None, job_flag=None)
+    assert [[s.action for s in hp.steps] for hp in p.hosts] == \
+        [["probe", "push-input", "start-job", "check-jobs"]] * 2
+    assert p.all_or_nothing  # no host starts unless every host passed its probe
+    start_a = p.for_host("a")[-2]
+    # One job per dataset, named after the file's stem.
+    assert asdict(start_a.params) == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
+                              "hosts": 2, "max_cost": None, "share": None}
+    assert p.for_host("b")[-2].params.shard == "1/2"
+    assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
+    assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
+    assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
+    assert [s.changes for s in p.for_host("a")] == [False, True, True, False]
+    alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
+    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job", "check-jobs"]
+    assert alone.hosts[0].steps[-2].params.job == "b3"
+    assert alone.hosts[0].steps[-2].params.shard is None
+    stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)
+    assert stem.hosts[0].steps[-2].params.job == "B4"
+    provider = launch.plan(ws.targets("a", flags={"provider": {"only": ["x"]}}), local_input=None,
+                           remote_input="/d/x.jsonl", job_flag=None)
+    assert """--provider '{"only":["x"]}'""" in provider.hosts[0].steps[-2].detail  # set: passed
+
+
+def test_launch_plan_refuses_what_no_host_can_fix(ws: Workstation, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not both"):
+        launch.plan(ws.targets("a"), local_input="x", remote_input="y", job_flag=None)
+    with pytest.raises(UsageError, match="no such file"):
+        launch.plan(ws.targets("a"), local_input=str(tmp_path / "none"), remote_input=None, job_flag=None)
+    with pytest.raises(UsageError, match="no input"):
+        launch.plan(ws.targets("a"), local_input=None, remote_input=None, job_flag=None)
+    with pytest.raises(RoleError, match="model_dir"):
+        launch.plan(ws.targets("a", role="extractor", flags={"gpus": 1}), local_input=None,
+                    remote_input="/in.jsonl", job_flag=None)
+
+
+def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
+    touched: list[str] = []
+    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    assert commands.launch("a,b", None, local_input=None, remote_input="/in.jsonl", flags={},
+                           dry_run=True) == 0
+    assert commands.stop("a,b", None, timeout=5, dry_run=True) == 0
+    out = capfd.readouterr().out
+    assert touched == []
+    assert out.count("dry run") == 2 and "start job in detached" in out
+    assert "SIGTERM each, wait up to 5 s" in out
+
+
+def test_stop_plan(ws: Workstation) -> None:
+    p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)  # every running job
+    assert [(hp.steps[0].action, asdict(hp.steps[0].params)) for hp in p.hosts] == \
+        [("stop-jobs", {"job": None, "timeout": 0.0})] * 2
+    assert "do not wait" in p.hosts[0].steps[0].description
+    one = stop.plan(ws.targets("a"), job_flag="B3", timeout=5)
+    assert asdict(one.hosts[0].steps[0].params) == {"job": "B3", "timeout": 5.0}
+
+
+# --- on fake hosts -------------------------------------------------------------------------
+
+
+def deployed(ws: Workstation, spec: str) -> None:
+    reports = plan.execute(deploy.build(ws.targets(spec), key=KEY), connect=ws.connect)
+    assert all(r.ok for r in reports), [r.error for r in reports]
+
+
+def job_dir(ws: Workstation, label: str, job: str = "sleeper") -> Path:
+    return ws.remote_dir(label) / "jobs" / job
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def gone(pid: int) -> bool:
+    """The process exited (a zombie waiting for its reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    pids = {}
+    for i, label in enumerate("st"):
+        jd = job_dir(ws, label)
+        meta = json.loads((jd / "job.json").read_text())
+        assert meta["shard"] == f"{i}/2" and meta["role"] == "sleeper"
+        assert meta["input"] == str(ws.remote_dir(label) / "data" / "in.jsonl")
+        assert (ws.remote_dir(label) / "data" / "in.jsonl").read_bytes() == prompts.read_bytes()
+        pids[label] = int((jd / "pid").read_text())
+        assert wait_for(lambda jd=jd: (jd / "status.json").exists())
+    out = capfd.readouterr().out
+    assert "started sleeper" in out and "shard 1/2" in out
+
+    # A second copy is refused; the input, unchanged, is not pushed again.
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 1
+    assert "already running" in capfd.readouterr().out.replace("\n", " ")
+
+    assert commands.status("s,t", None, as_json=True) == 0
+    records = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    assert [(r["host"], r["state"], r["alive"], r["pid"]) for r in records] == \
+        [("s", "running", True, pids["s"]), ("t", "running", True, pids["t"])]
+    assert all(r["secrets_placed"] for r in records)  # the ledger's key, present on the host
+
+    assert commands.logs("s", None, lines=5) == 0
+    assert "sleeper: running" in capfd.readouterr().out
+
+    assert commands.stop("s,t", None, timeout=20) == 0
+    out = capfd.readouterr().out
+    assert out.count("sent SIGTERM") == 2 and "state now stopped" in out
+    assert all(gone(pids[label]) for label in "st")
+    assert commands.status("s", None, as_json=True) == 1  # stopped: not running or finished
+    assert json.loads(capfd.readouterr().out.splitlines()[-1])["state"] == "stopped"
+    assert commands.stop("s", None, timeout=20) == 0  # nothing to stop: skipped, still fine
+    assert "no job is running (1 job(s) on the host: sleeper)" in capfd.readouterr().out
+    assert commands.stop("s", None, job="sleeper", timeout=20) == 0
+    assert "is not running (state stopped)" in capfd.readouterr().out
+
+    # Relaunch: the job resumes in the same folder; the input is the same, not pushed again.
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    assert "unchanged on the host" in capfd.readouterr().out
+    assert commands.stop("s", None, timeout=20) == 0
+
+
+def test_hints_carry_every_flag_needed_for_the_same_job(ws: Workstation, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Following the launch-twice hint must stop THIS job (its --job), on this host, as this
+    role: a hint without --job would stop the role's default job instead."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "custom"}) == 0
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "custom"}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "`fab stop --host s --job custom`" in out and "`fab status --host s --job custom`" in out
+    # as another role than the host's own, the hint says the role too
+    [target] = ws.targets("s", role="generator")
+    assert target.flags("j") == "--host s --role generator --job j"
+    assert commands.stop("s", None, job="custom", timeout=20) == 0
+
+
+def test_ctrl_c_on_status_wait_says_the_job_keeps_running(ws: Workstation, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    import signal
+    import threading
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    pid = int((job_dir(ws, "s") / "pid").read_text())
+    timer = threading.Timer(0.8, signal.raise_signal, args=(signal.SIGINT,))
+    timer.start()
+    started = time.monotonic()
+    assert commands.status("s", None, wait=True, interval="0.2") == 130
+    assert time.monotonic() - started < 5
+    err = capfd.readouterr().err
+    assert "the jobs keep running" in err and "interrupted" not in err
+    assert not gone(pid)  # still running, as the message says
+    assert commands.stop("s", None, timeout=20) == 0
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag(ws: Workstation,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (lambda: commands.launch("s", None, local_input=None, remote_input="x",
+                                 flags={"concurrency": "abc"}, dry_run=True), "--concurrency"),
+        (lambda: commands.launch("s", None, local_input=None, remote_input="x",
+                                 flags={"max_cost": "ten"}, dry_run=True), "--max-cost"),
+        (lambda: commands.logs("s", None, lines="ten"), "--lines"),
+        (lambda: commands.status("s", None, interval="fast"), "--interval"),
+        (lambda: commands.stop("s", None, timeout="x", dry_run=True), "--timeout"),
+    ]
+    for call, flag in cases:
+        assert call() == 2
+        err = capfd.readouterr().err
+        assert f"{flag}: expected" in err, err
+
+
+def remote_input(ws: Workstation, label: str) -> str:
+    """A prompts file already on the fake host: `--remote-input`'s argument."""
+    (ws.home(label) / "in.jsonl").write_text('{"id": 1, "prompt": "hi"}\n')
+    return "~/in.jsonl"
+
+
+def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    deployed(ws, "s")
+    rc = commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
+                         flags={"mode": "crash", "start_watch_s": WATCH_S})
+    assert rc == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "exited right after start" in out and "simulated failure" in out
+
+
+def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
+                           flags={"mode": "finish", "start_watch_s": WATCH_S}) == 0
+    assert "ran and finished already" in capfd.readouterr().out
+    assert commands.status("s", None) == 0
+
+
+def test_launch_needs_a_release_and_the_key(ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
+    assert commands.launch("s", None, local_input=None, remote_input="/in.jsonl", flags={}) == 1
+    assert "no release on the host; run `fab deploy --host s` first" in capfd.readouterr().out.replace("\n", " ")
+    plan.execute(deploy.build(ws.targets("s"), key=None), connect=ws.connect)  # release, no key
+    assert commands.launch("s", None, local_input=None, remote_input="/in.jsonl", flags={}) == 1
+    assert "fab push-key --host s" in capfd.readouterr().out.replace("\n", " ")
+    assert not job_dir(ws, "s").exists()
+
+
+def test_a_reused_pid_is_not_the_job(ws: Workstation) -> None:
+    """The pid file names a live process that is not the job (the pid was reused): dead."""
+    from handoff.ops.jobs.state import read
+
+    [s_target] = ws.targets("s")
+    jd = job_dir(ws, "s")
+    jd.mkdir(parents=True)
+    (jd / "pid").write_text(f"{os.getpid()}\n")  # this test process: alive, not the job
+    (jd / "status.json").write_text('{"state": "running"}')
+    with ws.connect(s_target) as session:
+        current = read(session, "sleeper")
+    assert current.pid == os.getpid() and not current.alive and current.state == "dead"
+
+
+def test_status_marks_an_unreadable_host_unreachable(ws: Workstation,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    deployed(ws, "s")
+    real = commands.CONNECT
+
+    def flaky(target):  # type: ignore[no-untyped-def]
+        if target.label == "t":
+            from handoff.errors import ConnectError
+
+            raise ConnectError("t: connection refused; is sshd running and is the port right?")
+        return real(target)
+
+    commands.CONNECT = flaky
+    assert commands.status("s,t", None) == 1
+    out = capfd.readouterr().out
+    assert "unreachable" in out and "connection refused" in out and "not running or finished: s, t" in out
+
+
+def test_sleeper_stops_on_sigterm_directly(tmp_path: Path) -> None:
+    """The test role's job itself behaves as the tests assume (SIGTERM -> stopped, exit 3)."""
+    import subprocess
+    import sys
+
+    from tests.support.workstation import SLEEPER
+
+    proc = subprocess.Popen([sys.executable, str(SLEEPER), str(tmp_path), "in", "run"],
+                            stdout=subprocess.DEVNULL)
+    assert wait_for(lambda: (tmp_path / "status.json").exists())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 3
+    assert json.loads((tmp_path / "status.json").read_text())["state"] == "stopped"
+
+
+# --- several datasets: one job each, bound to its input ---------------------------------------
+
+
+def dataset(folder: Path, name: str, n: int, extra: str = "") -> Path:
+    path = folder / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"{name}-{i}", "prompt": f"q{i}"}) + "\n"
+                            for i in range(n)) + extra)
+    return path
+
+
+def records(out: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_two_datasets_over_two_hosts(ws: Workstation, tmp_path: Path,
+                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """Two files, one quoted glob: a job each (named after the stem), each sharded over both
+    hosts with half the budget, listed by status per host and job, merged by fetch."""
+    data = tmp_path / "data"
+    data.mkdir()
+    b3, b4 = dataset(data, "B3", 30), dataset(data, "B4", 20, extra="not json\n")
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", "batch", local_input=[str(data / "B*.jsonl")], remote_input=None,
+                           flags={"max_cost": 1.0}) == 0
+    out = capfd.readouterr()
+    assert "budget: $1 for each of the 2 jobs (--max-cost), split over 2 hosts: $0.5 per host" in out.out
+    assert "B4: " in out.err and "1 bad line (line 21: not JSON" in out.err  # said before launch
+    for i, label in enumerate("st"):
+        for job, path in (("B3", b3), ("B4", b4)):
+            meta = json.loads((job_dir(ws, label, job) / "job.json").read_text())
+            assert meta["shard"] == f"{i}/2" and meta["hosts"] == 2
+            assert meta["input_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+            assert (meta["max_cost"], meta["host_max_cost"]) == (1.0, "0.5")
+    assert wait_for(lambda: all((job_dir(ws, h, j) / "status.json").exists()
+                                and "finished" in (job_dir(ws, h, j) / "status.json").read_text()
+                                for h in "st" for j in ("B3", "B4")))
+
+    assert commands.status("s,t", "batch", as_json=True) == 0
+    got = records(capfd.readouterr().out)
+    assert [(r["host"], r["job"], r["state"], r["shard"]) for r in got] == [
+        ("s", "B3", "finished", "0/2"), ("s", "B4", "finished", "0/2"),
+        ("t", "B3", "finished", "1/2"), ("t", "B4", "finished", "1/2")]
+    assert sum(r["done"] for r in got if r["job"] == "B3") == 30
+    assert {r["bad_lines"] for r in got if r["job"] == "B4"} == {1}
+    assert commands.status("s,t", "batch") == 0
+    out = capfd.readouterr()
+    assert "all (2 hosts)" in out.out and "30/0/30" in out.out and "20/0/20" in out.out
+    assert "B4 on s, t: 1 bad input line skipped (line 21: not JSON" in out.err
+
+    dest = tmp_path / "results"
+    assert commands.fetch("s,t", "batch", dest=str(dest)) == 0
+    out = capfd.readouterr().out
+    assert "merged B3" in out and "complete: all 30 ids of the job" in out
+    for job, n in (("B3", 30), ("B4", 20)):
+        merged = [json.loads(line)["id"] for line in (dest / job / "output.jsonl").read_text().splitlines()]
+        assert sorted(merged) == sorted(f"{job}-{i}" for i in range(n))  # each id exactly once
+        assert (dest / job / "output.errors.jsonl").read_text() == ""
+        assert (dest / "s" / job / "output.jsonl").is_file() and (dest / "t" / job / "output.jsonl").is_file()
+    assert commands.fetch("s,t", "batch", dest=str(dest)) == 0
+    assert capfd.readouterr().out.count("unchanged since the last fetch") == 2
+
+
+def test_a_changed_input_under_the_same_job_is_refused_and_nothing_starts(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    b3 = dataset(tmp_path, "B3", 4)
+    deployed(ws, "s,t")
+    assert commands.launch("s", "batch", local_input=str(b3), remote_input=None, flags={}) == 0
+    meta_before = (job_dir(ws, "s", "B3") / "job.json").read_text()
+    b3.write_text(b3.read_text() + '{"id": "new", "prompt": "changed"}\n')
+    capfd.readouterr()
+    assert commands.launch("s,t", "batch", local_input=str(b3), remote_input=None, flags={}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "job 'B3' was launched with another input (sha256" in out
+    assert "`--job B3-2`" in out and "mv " in out and "/jobs/B3-" in out and "ssh -p 2203" in out
+    # All or nothing: t passed its own probe, yet changed nothing.
+    assert "t: nothing changed: s failed its checks" in out
+    assert not job_dir(ws, "t", "B3").exists() and not (ws.remote_dir("t") / "data" / "B3.jsonl").exists()
+    assert (job_dir(ws, "s", "B3") / "job.json").read_text() == meta_before
+    assert len((ws.remote_dir("s") / "data" / "B3.jsonl").read_text().splitlines()) == 4  # not pushed
+    # The way out: another name.
+    assert commands.launch("s", "batch", local_input=str(b3), remote_input=None,
+                           flags={"job": "B3-2"}) == 0
+    assert wait_for(lambda: (job_dir(ws, "s", "B3-2") / "status.json").exists())
+
+
+def test_an_input_with_no_valid_record_touches_no_host(ws: Workstation, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": 1, "text": "x"}\n\xe9\n')
+    touched: list[str] = []
+    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    assert commands.launch("s,t", "batch", local_input=str(bad), remote_input=None, flags={}) == 2
+    err = capfd.readouterr().err.replace("\n", " ")
+    assert "has no valid record: 2 bad lines" in err and "not valid UTF-8 (byte 0xe9" in err
+    assert touched == []
+
+
+def test_status_shows_failures_full_disks_and_bad_input(ws: Workstation,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """The payload's final states as fab status shows them (status files as the payload
+    writes them; no process)."""
+    def job(name: str, **status: object) -> None:
+        jd = job_dir(ws, "s", name)
+        jd.mkdir(parents=True)
+        (jd / "status.json").write_text(json.dumps(status))
+        (jd / "pid").write_text("999999999\n")
+
+    deployed(ws, "s")
+    job("ok", state="finished", exit_code=0, done=10, failed=0, total=10)
+    job("failures", state="finished", exit_code=1, done=5, failed=5, total=10, max_failed=1)
+    job("full", state="stopped", exit_code=3, stop_reason="disk_full", done=4, failed=0, total=10,
+        last_error="stopping: no space left on device writing /x/output.jsonl; free space")
+    job("allbad", state="aborted", exit_code=2, stop_reason="bad_input", done=0, failed=0, total=0,
+        bad_lines=2, bad_line_samples=[{"line": 1, "reason": "not JSON"}, {"line": 2, "reason": "x"}],
+        last_error="no valid record in the input")
+    assert commands.status("s", "batch") == 1
+    out = capfd.readouterr()
+    text = out.out.replace("\n", " ")
+    assert "finished with failures" in text and "5 ids failed permanently (more than the 1" in text
+    assert "disk_full: stopping: no space left on device" in text
+    assert "not running or finished: s/allbad, s/failures, s/full" in text
+    assert "allbad on s: 2 bad input lines skipped (line 1: not JSON; line 2: x)" in out.err
+    assert commands.status("s", "batch", as_json=True) == 1
+    got = {r["job"]: r for r in records(capfd.readouterr().out)}
+    assert got["failures"]["state"] == "finished" and got["failures"]["finished_with_failures"] is True
+    assert got["failures"]["ok"] is False and got["ok"]["ok"] is True
+    assert (got["full"]["state"], got["full"]["stop_reason"]) == ("stopped", "disk_full")
+    assert got["allbad"]["bad_lines"] == 2 and len(got["allbad"]["bad_line_samples"]) == 2
+    assert commands.status("s", "batch", job="ok") == 0  # one job by name
+
+
+def test_stop_and_logs_act_on_every_job(ws: Workstation, tmp_path: Path,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "d"
+    data.mkdir()
+    dataset(data, "B3", 2)
+    dataset(data, "B4", 2)
+    deployed(ws, "s")
+    assert commands.launch("s", "batch", local_input=[str(data / "B*.jsonl")], remote_input=None,
+                           flags={"mode": "run"}) == 0
+    pids = [int((job_dir(ws, "s", j) / "pid").read_text()) for j in ("B3", "B4")]
+    assert wait_for(lambda: all((job_dir(ws, "s", j) / "status.json").exists() for j in ("B3", "B4")))
+    assert commands.logs("s", "batch", lines=5) == 0
+    out = capfd.readouterr().out
+    assert "== B3" in out and "== B4" in out and out.count("sleeper: running") == 2
+    assert commands.stop("s", "batch", timeout=20) == 0
+    out = capfd.readouterr().out
+    assert "sent SIGTERM to B3" in out and "sent SIGTERM to B4" in out
+    assert all(gone(pid) for pid in pids)
+    assert commands.stop("s", "batch", timeout=20) == 0
+    assert "no job is running (2 job(s) on the host: B3, B4)" in capfd.readouterr().out
+
+
+def test_push_and_launch_check_free_disk_against_the_role(ws: Workstation, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """A role asking for more disk than the host has: push-script, push-key and launch
+    refuse before changing anything (deploy's verify already did)."""
+    (ws.root / "project" / "roles" / "huge.yml").write_text(
+        SLEEPER_ROLE.replace("secret: openrouter", "secret: openrouter\nrequires: {disk_gb: 1.0e+9}"))
+    for command in (commands.push_script, commands.push_key):
+        assert command("s", "huge") == 1
+        out = capfd.readouterr().out.replace("\n", " ")
+        assert "free under" in out and "(role huge needs 1000000.0 TB)" in out
+        assert "set `remote_dir` to a bigger volume; nothing was changed" in out
+    assert not (ws.remote_dir("s") / "releases").exists()
+    deployed(ws, "s")  # the sleeper role asks for no disk: deployed
+    assert commands.launch("s", "huge", local_input=str(dataset(tmp_path, "in", 1)),
+                           remote_input=None, flags={}) == 1
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "role huge needs" in out and "nothing was started" in out
+    assert not (ws.remote_dir("s") / "jobs").exists()

@@ -1,0 +1,135 @@
+"""`fab fetch` on fake hosts: whole files, complete files skipped, append-only files resumed
+from a verified prefix, a changed prefix fetched whole; the fetch policy itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from handoff.cli import commands
+from handoff.ops.fetch import append_only, fetch_job
+from tests.support.workstation import Workstation
+
+
+def test_fetch_resumes_only_append_only_files() -> None:
+    assert append_only("output.jsonl") and append_only("output.errors.jsonl")
+    assert append_only("log") and append_only("features/manifest.jsonl")
+    assert not append_only("status.json") and not append_only("features/x.safetensors")
+
+
+def make_job(ws: Workstation, label: str, job: str = "generator") -> Path:
+    jd = ws.remote_dir(label) / "jobs" / job
+    (jd / "features").mkdir(parents=True)
+    (jd / "output.jsonl").write_bytes(b'{"id": 1}\n{"id": 2}\n')
+    (jd / "status.json").write_text('{"state": "running"}')
+    (jd / "features" / "a.bin").write_bytes(os.urandom(3000))
+    (jd / "pid").write_text("123\n")  # never fetched
+    (jd / ".status.json.tmp-1-2").write_text("half")  # a temp file being written: never fetched
+    return jd
+
+
+def test_fetch_whole_then_skip_then_resume(ws: Workstation, tmp_path: Path,
+                                           capfd: pytest.CaptureFixture[str]) -> None:
+    jd = make_job(ws, "a")
+    dest = tmp_path / "results"
+    assert commands.fetch("a", None, dest=str(dest)) == 0
+    local = dest / "a" / "generator"
+    got = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    assert got == ["features/a.bin", "output.jsonl", "status.json"]
+    for rel in got:
+        assert (local / rel).read_bytes() == (jd / rel).read_bytes()
+    assert "3 file(s) fetched (0 resumed" in capfd.readouterr().out
+
+    assert commands.fetch("a", None, dest=str(dest)) == 0  # all complete: nothing moves
+    assert "0 file(s) fetched" in capfd.readouterr().out
+
+    with (jd / "output.jsonl").open("ab") as fh:  # the job went on: only the rest moves
+        fh.write(b'{"id": 3}\n')
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:
+        done = fetch_job(session, "generator", local)
+        reads = [path for op, path in session.files.calls if op == "read"]  # type: ignore[attr-defined]
+    assert (done.fetched, done.resumed, done.skipped) == (1, 1, 2)
+    assert done.nbytes == len(b'{"id": 3}\n') and reads == [f"{jd}/output.jsonl"]
+    assert (local / "output.jsonl").read_bytes() == (jd / "output.jsonl").read_bytes()
+
+
+def test_a_local_copy_that_is_not_a_prefix_is_fetched_whole(ws: Workstation, tmp_path: Path) -> None:
+    jd = make_job(ws, "a")
+    local = tmp_path / "r" / "a" / "generator"
+    local.mkdir(parents=True)
+    (local / "output.jsonl").write_bytes(b'{"id": 9}\n')  # same length prefix, other bytes
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:
+        done = fetch_job(session, "generator", local)
+    assert done.resumed == 0 and (local / "output.jsonl").read_bytes() == (jd / "output.jsonl").read_bytes()
+    assert not [p for p in local.rglob("*") if ".tmp-" in p.name]  # no temp file left behind
+
+
+def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path: Path,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    assert commands.fetch("a", None, dest=str(tmp_path / "r")) == 1
+    assert "no job under" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+    assert commands.fetch("a", None, job="B3", dest=str(tmp_path / "r")) == 1
+    assert "no job 'B3'" in capfd.readouterr().out and not (tmp_path / "r" / "a").exists()
+
+
+def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -> None:
+    """Cut mid-file, the next fetch asks the host to prove the part is a prefix, then moves
+    only the rest; a part that is no longer a prefix (the file was rewritten) is refetched."""
+    from handoff.errors import RemoteError
+    from handoff.host.transfer import partial
+    from tests.support.files import CutFiles
+
+    jd = make_job(ws, "a")
+    big = os.urandom(2_500_000)
+    (jd / "features" / "a.bin").write_bytes(big)  # not append-only: resumes from its part too
+    local = tmp_path / "r" / "a" / "generator"
+    others = len((jd / "output.jsonl").read_bytes()) + len((jd / "status.json").read_bytes())
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:  # (the small files come first, then a.bin is cut)
+        session._files = CutFiles(ws.home("a"), cut=others + 1_000_000)  # type: ignore[attr-defined]
+        with pytest.raises(RemoteError, match=r"fetching generator/features/a\.bin failed.*run fetch again to resume"):
+            fetch_job(session, "generator", local)
+    part = partial(local / "features" / "a.bin")
+    assert part.stat().st_size == 1_000_000 and not (local / "features" / "a.bin").exists()
+
+    with ws.connect(target) as session:
+        session._files = rest = CutFiles(ws.home("a"))  # type: ignore[attr-defined]
+        done = fetch_job(session, "generator", local)
+    assert (done.resumed, done.fetched, done.skipped) == (1, 1, 2)  # the small ones are complete
+    assert rest.sent == len(big) - 1_000_000 and done.nbytes == rest.sent  # only the rest moved
+    assert (local / "features" / "a.bin").read_bytes() == big and not part.exists()
+
+    part.write_bytes(b"not the host's bytes")  # a part the host cannot prove: fetched whole
+    (local / "features" / "a.bin").unlink()
+    with ws.connect(target) as session:
+        done = fetch_job(session, "generator", local)
+    assert done.resumed == 0 and (local / "features" / "a.bin").read_bytes() == big
+
+
+def test_a_merged_copy_linked_to_the_host_copy_never_changes_under_its_name(
+        ws: Workstation, tmp_path: Path) -> None:
+    """One host's copy kept whole is linked as the merged dataset, not copied; a later fetch
+    that appends to that host's copy grows a private copy, so the merged file keeps exactly
+    what the merge checked until the next merge replaces it."""
+    jd = make_job(ws, "a")
+    dest = tmp_path / "results"
+    assert commands.fetch("a", None, dest=str(dest)) == 0
+    local, merged = dest / "a" / "generator" / "output.jsonl", dest / "generator" / "output.jsonl"
+    first = merged.read_bytes()
+    assert first == (jd / "output.jsonl").read_bytes()
+    assert os.path.samefile(local, merged)  # linked: 1 GB costs no second copy
+
+    with (jd / "output.jsonl").open("ab") as fh:
+        fh.write(b'{"id": 3}\n')
+    [target] = ws.targets("a")
+    with ws.connect(target) as session:  # the download alone, before any merge
+        done = fetch_job(session, "generator", local.parent)
+    assert done.resumed == 1 and local.read_bytes() == (jd / "output.jsonl").read_bytes()
+    assert merged.read_bytes() == first and not os.path.samefile(local, merged)
+
+    assert commands.fetch("a", None, dest=str(dest)) == 0  # the merge catches up
+    assert merged.read_bytes() == (jd / "output.jsonl").read_bytes()

@@ -1,0 +1,125 @@
+"""Merging a job's fetched shards (handoff.ops.merge): every id exactly once, answers winning over
+failures, lines still being written left out, the count checked against the shards' totals
+once all are finished, partial merges named as such, and a rerun with nothing new a no-op."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from handoff.ops.merge import ERRORS, OUTPUT, ShardCopy, merge
+
+
+def shard(root: Path, host: str, spec: str | None, state: str, total: int, answers: list[object],
+          failures: list[object] = (), tail: bytes = b"") -> ShardCopy:  # type: ignore[assignment]
+    folder = root / host / "B3"
+    folder.mkdir(parents=True)
+    with (folder / OUTPUT).open("wb") as fh:
+        for i in answers:
+            fh.write(json.dumps({"id": i, "usage": {"cost": 0.001}, "response": f"answer {i}"}).encode() + b"\n")
+        fh.write(tail)
+    with (folder / ERRORS).open("w") as fh:
+        for i in failures:
+            fh.write(json.dumps({"id": i, "error": {"status": 400}, "attempts": 1}) + "\n")
+    (folder / "status.json").write_text(json.dumps({"state": state, "total": total}))
+    (folder / "job.json").write_text(json.dumps({"job": "B3", "shard": spec}))
+    return ShardCopy(host, folder)
+
+
+def ids(path: Path) -> list[str]:
+    return [str(json.loads(line)["id"]) for line in path.read_text().splitlines()]
+
+
+def test_two_finished_shards_merge_complete_and_each_id_once(tmp_path: Path) -> None:
+    a = shard(tmp_path, "a", "0/2", "finished", 3, [1, 3], failures=[5])
+    b = shard(tmp_path, "b", "1/2", "finished", 2, ["2", 4])
+    m = merge("B3", [b, a], tmp_path)  # any order: written shard 0 first
+    out = tmp_path / "B3"
+    assert ids(out / OUTPUT) == ["1", "3", "2", "4"] and ids(out / ERRORS) == ["5"]
+    assert (m.answers, m.failures, m.expected, m.problem, m.partial) == (4, 1, 5, None, [])
+    assert "complete: all 5 ids of the job" in m.describe()
+    assert json.loads((out / OUTPUT).read_text().splitlines()[0])["response"] == "answer 1"
+    again = merge("B3", [a, b], tmp_path)  # nothing new: files left as they are
+    assert again.unchanged and (again.answers, again.failures) == (4, 1)
+
+
+def test_duplicates_torn_lines_and_answers_over_failures(tmp_path: Path) -> None:
+    # A job relaunched over other hosts: id 2 answered twice, id 3 failed here but answered there.
+    a = shard(tmp_path, "a", "0/2", "running", 10, [1, 2], failures=[3], tail=b'{"id": 9, "usa')
+    b = shard(tmp_path, "b", "1/2", "stopped", 10, [2, 3])
+    m = merge("B3", [a, b], tmp_path)
+    assert ids(tmp_path / "B3" / OUTPUT) == ["1", "2", "3"] and ids(tmp_path / "B3" / ERRORS) == []
+    assert (m.duplicates, m.torn, m.expected) == (2, 1, None)
+    assert m.partial == ["not finished on a running, b stopped"] and m.problem is None
+    assert "lines still being written left out" in m.describe() and "partial:" in m.describe()
+
+
+def test_a_missing_shard_is_partial_and_a_wrong_count_is_an_error(tmp_path: Path) -> None:
+    a = shard(tmp_path, "a", "0/3", "finished", 2, [1, 2])
+    c = shard(tmp_path, "c", "2/3", "finished", 1, [3])
+    m = merge("B3", [a, c], tmp_path)
+    assert m.partial == ["shard 1/3 not fetched"] and m.expected is None and m.problem is None
+    short = shard(tmp_path / "x", "a", None, "finished", 3, [1, 2])  # finished, yet 2 of 3 ids
+    m = merge("B3", [short], tmp_path / "x")
+    assert m.expected == 3 and m.problem is not None and "holds 2 ids but its shards' totals say 3" in m.problem
+
+
+def test_no_shard_runs_count_each_id_once(tmp_path: Path) -> None:
+    """--no-shard: every host did the whole input; the merge holds it once."""
+    a = shard(tmp_path, "a", None, "finished", 2, [1, 2])
+    b = shard(tmp_path, "b", None, "finished", 2, [2, 1])
+    m = merge("B3", [a, b], tmp_path)
+    assert (m.answers, m.duplicates, m.expected, m.problem) == (2, 2, 2, None)
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_lines_of_every_shape_are_kept_or_counted_as_a_line_by_line_reading_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool) -> None:
+    """The merge maps each file and writes runs of kept lines as slices; what it keeps and
+    counts must be what reading line by line gives: long lines with `id` first (read from
+    their head) or later (parsed whole), compact and spaced JSON, integer ids, blank lines,
+    unreadable lines, duplicates across hosts, and a torn last line. Both with the kernel's
+    copy_file_range and without it (not every OS has it)."""
+    if not kernel_copy:
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    long = "x" * 5000
+    lines_a = [
+        json.dumps({"id": "a1", "response": long}, separators=(",", ":")),  # head read
+        json.dumps({"response": long, "id": "a2"}),  # id last: parsed whole
+        "", "   ",  # blank: left out, not counted
+        json.dumps({"id": 7, "response": "int id"}),
+        "not json at all",  # unreadable
+        json.dumps({"id": "a1", "response": "again"}),  # duplicate within the host
+        '{"id":"' + "k" * 600 + '","response":"id longer than the head"}',
+    ]
+    lines_b = [json.dumps({"id": "a2", "response": "dup on b"}),
+               json.dumps({"id": "b1", "response": long}, separators=(",", ":"))]
+    for host, lines, tail in (("a", lines_a, b'{"id":"torn","resp'), ("b", lines_b, b"")):
+        folder = tmp_path / host / "B3"
+        folder.mkdir(parents=True)
+        (folder / OUTPUT).write_bytes("\n".join(lines).encode() + b"\n" + tail)
+        (folder / ERRORS).write_text(json.dumps({"id": "b1", "error": "lost"}) + "\n"
+                                     + json.dumps({"id": "e1", "error": "x"}) + "\n")
+        (folder / "status.json").write_text(json.dumps({"state": "running", "total": 9}))
+        (folder / "job.json").write_text(json.dumps({"job": "B3", "shard": f"{host == 'b':d}/2"}))
+    m = merge("B3", [ShardCopy("a", tmp_path / "a" / "B3"), ShardCopy("b", tmp_path / "b" / "B3")],
+              tmp_path)
+    kept = (tmp_path / "B3" / OUTPUT).read_text().splitlines()
+    assert kept == [lines_a[0], lines_a[1], lines_a[4], lines_a[7], lines_b[1]]
+    assert ids(tmp_path / "B3" / ERRORS) == ["e1"]  # b1 answered; e1 once (both hosts have it)
+    assert (m.answers, m.failures, m.unreadable, m.torn) == (5, 1, 1, 1)
+    assert m.duplicates == 2 + 1 + 2  # a1 and a2 again; e1 again; b1 failed but answered (x2)
+
+
+def test_one_copy_kept_whole_is_linked_and_a_copy_with_lines_left_out_is_written(
+        tmp_path: Path) -> None:
+    whole = shard(tmp_path / "w", "a", "0/1", "finished", 2, [1, 2])
+    merge("B3", [whole], tmp_path / "w")
+    assert os.path.samefile(whole.folder / OUTPUT, tmp_path / "w" / "B3" / OUTPUT)
+    cut = shard(tmp_path / "c", "a", "0/1", "running", 3, [1, 2], tail=b'{"id": 3')
+    m = merge("B3", [cut], tmp_path / "c")
+    assert m.torn == 1 and ids(tmp_path / "c" / "B3" / OUTPUT) == ["1", "2"]
+    assert not os.path.samefile(cut.folder / OUTPUT, tmp_path / "c" / "B3" / OUTPUT)
