@@ -7,6 +7,10 @@ stream-level filter) and on the stream after (for anything that bypasses us).
 `install()` also wraps sys.stdout/sys.stderr, so tracebacks and library prints are
 masked too.
 
+Every value printed is also shown with its control characters visible (`visible`: ESC as
+`\\x1b`): what a host says (a status field, a log line, a file name, a remote stderr)
+can never drive the terminal (OSC 52 clipboard writes, screen clears, titles, links).
+
 Output that is not a terminal (a pipe, a file, a test's capture) is laid out without a
 width limit: rich would otherwise assume 80 columns and cut table cells (`done/fai…`) and
 wrap long messages, losing exactly what a script or a log wants to keep. On a terminal,
@@ -16,6 +20,7 @@ table cells fold onto more lines instead of being cut, so nothing is lost there 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -26,6 +31,34 @@ from rich.markup import escape
 from rich.table import Table
 
 from payload.redact import REDACTOR, RedactingStream
+
+# C0 and C1 controls (ESC, BEL, NUL, CSI 0x9b, ...) and DEL, plus the Unicode bidi
+# controls that reorder what a terminal shows (a name that reads as another).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_OR_NEWLINE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(value: Any, limit: int | None = None, *, newlines: bool = False) -> str:
+    """`value` as text a terminal can show as is: every control character as `\\x1b`
+    (`\\n` too, unless `newlines`), cut to `limit` characters with the rest counted."""
+    text = value if isinstance(value, str) else str(value)
+    cut = ""
+    if limit is not None and len(text) > limit:
+        cut = f"… ({len(text) - limit} more characters)"
+        text = text[:limit]
+    pattern = _CONTROL if newlines else _CONTROL_OR_NEWLINE
+    return pattern.sub(_escape, text) + cut
+
+
+def has_control(text: str) -> bool:
+    return bool(_CONTROL_OR_NEWLINE.search(text))
+
 
 _lock = threading.RLock()
 _console: Console | None = None
@@ -73,15 +106,23 @@ def heading(text: str) -> Any:
 
 
 def r(value: Any) -> str:
-    """Redact and markup-escape a value for display."""
-    return escape(REDACTOR.redact(str(value)))
+    """Redact, show control characters visibly and markup-escape a value for display.
+
+    Every value that may come from a host (a status field, a log line, a file or job name,
+    a remote stderr tail inside an error) is printed through here: an ESC, BEL or NUL
+    becomes `\\x1b`-style text, so no host can drive the terminal (OSC 52 clipboard
+    writes, screen clears, titles, hyperlinks). Newlines are kept (multi-line messages)."""
+    return escape(REDACTOR.redact(visible(value, newlines=True)))
 
 
 def _redacted(obj: Any) -> Any:
-    return REDACTOR.redact(obj) if isinstance(obj, str) else obj
+    """Redacted; a string also with control characters shown visibly (a value that missed
+    `r` still cannot drive the terminal)."""
+    return REDACTOR.redact(visible(obj, newlines=True)) if isinstance(obj, str) else obj
 
 
 def say(*objects: Any, **kwargs: Any) -> None:
+    """Print markup (values inside already passed through `r`)."""
     with _lock:
         console().print(*(_redacted(o) for o in objects), **kwargs)
 
@@ -109,7 +150,8 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     for col in columns:
         t.add_column(col, overflow="fold")  # never "…": a cut cell loses data
     for row in rows:
-        t.add_row(*(REDACTOR.redact(str(c)) if c is not None else "" for c in row))
+        t.add_row(*(REDACTOR.redact(visible(c, newlines=True)) if c is not None else ""
+                    for c in row))
     return t
 
 

@@ -41,6 +41,9 @@ IO_TIMEOUT_S = 60.0
 # The standard vars, with their defaults (lowest precedence: the inventory's `defaults`,
 # role vars, group vars, host vars and task flags all override them). `key_path` follows
 # `remote_dir` unless set: moving remote_dir moves everything handoff places.
+# The file `verify --install` leaves in the venv it made (remote_code/install.py names it too).
+VENV_MARKER = ".handoff-venv"
+
 BUILTIN_VARS: dict[str, Any] = {
     "python": "python3",
     "remote_dir": REMOTE_DIR,

@@ -87,7 +87,7 @@ class ChangedHostKey(HostKeyError):
             f"{host}: HOST KEY CHANGED for {hostname}! expected {known}; the host offered "
             f"{got[0]} {got[1]}. Someone may be intercepting the connection, or the host was "
             f"rebuilt. Refusing to connect. If the change is legitimate, check the new "
-            f"fingerprint on the host and re-pin it with: {hint}"
+            f"fingerprint on the host and replace the pin with: {hint} --replace"
         )
 
 
@@ -120,10 +120,23 @@ class KeyringEntryMissing(SecretError):
 class NoKeyringBackend(SecretError):
     def __init__(self, service: str, username: str, detail: str) -> None:
         super().__init__(
-            f"no usable OS keyring backend ({detail}). Install and unlock one (e.g. "
-            f"gnome-keyring / Secret Service, or `pip install keyrings.alt` for a file "
-            f"backend), then store the key with `keyring set {service} {username}` "
-            f"(or `fab set-key`)."
+            f"the OS keyring is unreachable ({detail}): this says nothing about whether a key "
+            f"is stored. Start and unlock a Secret Service (gnome-keyring, KeePassXC) in this "
+            f"session's D-Bus, then rerun; to store the key: `keyring set {service} "
+            f"{username}` (or `fab set-key`)."
+        )
+
+
+class PlaintextKeyring(SecretError):
+    """keyring resolved to a backend that keeps secrets in a plaintext file."""
+
+    def __init__(self, backend: str, file: str, why: str) -> None:
+        super().__init__(
+            f"the OS keyring here is {backend}, which keeps keys in plaintext (base64) in "
+            f"{file}: {why}. handoff does not read or store a key there. Start and unlock a "
+            f"Secret Service (gnome-keyring, KeePassXC) in a D-Bus session "
+            f"(DBUS_SESSION_BUS_ADDRESS), then rerun; or, to accept a plaintext file "
+            f"knowingly, set HANDOFF_ALLOW_PLAINTEXT_KEYRING=1."
         )
 
 

@@ -40,15 +40,21 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, *, mode: int = 0o644, durable: bool = True) -> Iterator[IO[bytes]]:
+def atomic_file(path: Path, *, mode: int | None = None,
+                durable: bool = True) -> Iterator[IO[bytes]]:
     """`with atomic_file(p) as fh: fh.write(...)`: `p` is replaced only if the block ends
-    without an exception; otherwise the temp file is removed and `p` is untouched."""
+    without an exception; otherwise the temp file is removed and `p` is untouched.
+
+    `mode`: exactly that mode; None (the default): 0666 narrowed by the umask, as any file
+    the process creates (a job started by handoff runs under umask 077: its status and
+    outputs are the login user's alone)."""
     path = Path(path)
     tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), mode)  # the umask may have narrowed the create mode
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)  # the umask may have narrowed the create mode
             yield fh
             fh.flush()
             if durable:
@@ -62,16 +68,16 @@ def atomic_file(path: Path, *, mode: int = 0o644, durable: bool = True) -> Itera
         _fsync_dir(path.parent)
 
 
-def write_bytes(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+def write_bytes(path: Path, data: bytes, *, mode: int | None = None, durable: bool = True) -> None:
     with atomic_file(path, mode=mode, durable=durable) as fh:
         fh.write(data)
 
 
-def write_text(path: Path, text: str, *, mode: int = 0o644, durable: bool = True) -> None:
+def write_text(path: Path, text: str, *, mode: int | None = None, durable: bool = True) -> None:
     write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)
 
 
-def write_json(path: Path, data: Any, *, mode: int = 0o644, durable: bool = True,
+def write_json(path: Path, data: Any, *, mode: int | None = None, durable: bool = True,
                indent: int | None = 1) -> None:
     text = json.dumps(data, indent=indent, sort_keys=True, ensure_ascii=False) + "\n"
     write_text(path, text, mode=mode, durable=durable)

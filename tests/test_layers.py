@@ -40,7 +40,7 @@ HANDOFF_WITHIN: dict[str, list[set[str]]] = {
     "config": [{"yamlfile", "os_keyring"}, {"paths", "layout", "flags"}, {"state", "roles"},
                {"inventory"}],
     "ssh": [{"ssh_config", "hostkeys", "sftp"}, {"endpoint"}, {"auth"}, {"connect"}],
-    "host": [{"remote_code", "progress"}, {"targets"}, {"session"},
+    "host": [{"remote_code", "progress", "untrusted"}, {"targets"}, {"session"},
              {"ssh_session", "facts", "transfer"}, {"keyrecord"}],
     "run": [{"parallel"}, {"plan"}],
     # the operations do not import each other: what one needs of another (the management

@@ -33,6 +33,7 @@ from handoff.config import flags as _flag
 from handoff.config.inventory import load_inventory
 from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
 from handoff.errors import HandoffError, SecretError, UsageError
+from handoff.host import untrusted
 from handoff.host.session import Connector
 from handoff.host.ssh_session import SSHSession
 from handoff.host.targets import Targets, resolve
@@ -188,20 +189,23 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
         raise UsageError("empty key; nothing stored")
     if not key.startswith("sk-"):
         console.warn("that does not look like an OpenRouter key (sk-or-…); storing it anyway")
-    os_keyring.store_key(key, service, username)
-    console.say(f"stored key {os_keyring.fingerprint(key)} in the OS keyring as {service}/{username}")
+    where = os_keyring.store_key(key, service, username)
+    console.say(f"stored key {os_keyring.fingerprint(key)} in {console.r(where)} as "
+                f"{console.r(service)}/{console.r(username)}")
     return 0
 
 
 @guarded
-def trust_host(host: str | None = None, role: str | None = None, yes: bool = False) -> int:
-    """Show each target's host key fingerprint and pin it after confirmation."""
+def trust_host(host: str | None = None, role: str | None = None, yes: bool = False,
+               replace: bool = False) -> int:
+    """Show each target's host key fingerprint and pin it after confirmation; a changed
+    key only with `replace`."""
     from handoff.ops import trust
 
     failed = 0
     for t in targets_for(host, role):
         try:
-            trusted = trust.trust(t, yes)
+            trusted = trust.trust(t, yes, replace)
         except HandoffError as exc:
             console.error(str(exc))
             trusted = False
@@ -313,7 +317,7 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
         console.warn(note)
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:
-        console.say(f"not running or finished: {', '.join(bad)}")
+        console.say(f"not running or finished: {console.r(', '.join(bad))}")
     return 1 if bad else 0
 
 
@@ -360,6 +364,12 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
                     f"{console.r(merged.folder / 'output.jsonl')}: {console.r(merged.describe())}")
         if merged.problem:
             problems.append(merged.problem)
+    for rep in reports:
+        refused = rep.data_as(fetching.FetchedTo).refused if rep.ok else []
+        if refused:
+            problems.append(f"{rep.target.label}: refused {len(refused)} entr"
+                            f"{'y' if len(refused) == 1 else 'ies'} the host listed: "
+                            f"{untrusted.refused(refused)}")
     for problem in problems:
         console.error(problem)
     return 1 if problems else exit_code(reports)

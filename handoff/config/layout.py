@@ -124,3 +124,9 @@ class RemoteLayout:
     @property
     def venv_python(self) -> str:
         return f"{self.venv}/bin/python"
+
+    @property
+    def venv_marker(self) -> str:
+        """Left in the venv by `verify --install`: only a venv with it is used (a folder
+        someone else put at `venv/` is not handoff's)."""
+        return f"{self.venv}/{defaults.VENV_MARKER}"

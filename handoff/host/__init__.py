@@ -8,10 +8,11 @@
 - `progress`: the transfer progress display.
 - `keyrecord`: the record beside a minted key on the host (which child key it is).
 - `remote_code`: the stdlib-only modules that run ON the hosts (imports nothing of handoff).
+- `untrusted`: what a host answers, checked (types, names, sizes) before it is used.
 
 This package's `__init__` imports nothing: `handoff.testing.local` uses the protocol
 without pulling in paramiko.
 """
 
 __all__ = ["facts", "keyrecord", "progress", "remote_code", "session", "ssh_session",
-           "targets", "transfer"]
+           "targets", "transfer", "untrusted"]

@@ -21,8 +21,8 @@ from typing import Any
 
 from handoff.config.layout import RemoteLayout
 from handoff.config.roles import Role, render_argv, render_value
-from handoff.errors import RoleError
-from handoff.host import remote_code
+from handoff.errors import RemoteError, RoleError
+from handoff.host import remote_code, untrusted
 from handoff.host.session import Session
 from payload import units
 
@@ -34,8 +34,9 @@ KEY_RECORD = "key_record"
 # the one verify just checked (it may be the venv `verify --install` made).
 SELF_PYTHON = "@@probe-python@@"
 
-__all__ = ["KEY_FILE", "KEY_RECORD", "SELF_PYTHON", "Facts", "FileFacts", "PreflightFacts", "ReleaseFacts", "TorchFacts",
-           "check_vars", "deep_args", "disk_needed", "disk_short", "gather"]
+__all__ = ["KEY_FILE", "KEY_RECORD", "SELF_PYTHON", "Facts", "FileFacts", "Owner", "PreflightFacts",
+           "ReleaseFacts", "TorchFacts", "check_vars", "deep_args", "disk_needed", "disk_short",
+           "gather", "key_folder", "refuse_foreign"]
 
 
 # Plain (not frozen) dataclasses: nothing mutates facts, and every deploy pays for the
@@ -56,6 +57,41 @@ class FileFacts:
         return cls(str(raw.get("path", "")), bool(raw.get("exists")), raw.get("size"),
                    raw.get("mode"), raw.get("uid"), raw.get("mtime"), raw.get("sha256"),
                    raw.get("error"))
+
+
+@dataclass(eq=False)
+class Owner:
+    """Who owns a folder on the host and who may write it (the probe's lstat)."""
+
+    uid: int
+    mode: int
+    link: bool  # the path itself is a symlink
+    dir: bool
+    real: str  # the path with every symlink resolved
+    target_uid: int | None = None  # a symlink's target
+    target_mode: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Owner | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(int(raw["uid"]), int(raw["mode"]), raw.get("link") is True,
+                   raw.get("dir") is True, str(raw.get("real") or ""),
+                   untrusted.integer(raw.get("target_uid")), untrusted.integer(raw.get("target_mode")))
+
+    def unsafe(self, me: int, *, follow: bool) -> str | None:
+        """Why another user could change this folder (None when only `me` can): a symlink
+        (unless `follow`: then its target is judged), another owner, group/world-writable."""
+        uid, mode = self.uid, self.mode
+        if self.link:
+            if not follow:
+                return f"is a symlink (to {self.real})"
+            uid, mode = self.target_uid if self.target_uid is not None else -1, self.target_mode or 0
+        if uid != me:
+            return f"is owned by uid {uid}, not the login user (uid {me})"
+        if mode & 0o022:
+            return f"is writable by {'group and others' if mode & 0o022 == 0o022 else 'group' if mode & 0o020 else 'others'} (mode {mode:04o})"
+        return None
 
 
 @dataclass(eq=False)
@@ -103,6 +139,7 @@ class Facts:
     releases: tuple[ReleaseFacts, ...] = ()  # oldest first
     current: str | None = None  # where `current` points (as the symlink says)
     dirs: dict[str, bool] = field(default_factory=dict)  # absolute path -> is a directory
+    owners: dict[str, Owner | None] = field(default_factory=dict)  # absolute path -> its owner
     files: dict[str, FileFacts] = field(default_factory=dict)
     torch: TorchFacts | None = None  # asked (deep) and torch importable
     need: dict[str, FileFacts] = field(default_factory=dict)  # requires.files template -> path
@@ -134,6 +171,7 @@ class Facts:
                            for r in raw.get("releases") or []),
             current=str(raw["current"]) if raw.get("current") else None,
             dirs={str(k): bool(v) for k, v in (raw.get("dirs") or {}).items()},
+            owners={str(k): Owner.from_json(v) for k, v in (raw.get("owners") or {}).items()},
             files={str(k): FileFacts.from_json(v or {}) for k, v in (raw.get("files") or {}).items()},
             torch=None if not isinstance(torch, dict) else TorchFacts(
                 torch.get("torch"), torch.get("cuda"), bool(torch.get("available")),
@@ -229,6 +267,36 @@ def gather(
     if deep and role is not None:
         args.update(deep_args(role, session.vars, shard, preflight))
         timeout += 180.0 + (role.preflight.timeout_s if role.preflight and preflight else 0.0)
-    facts = Facts.from_json(session.run_code(remote_code.PROBE, args, "probe", timeout=timeout))
+    layout = session.target.layout
+    guarded = [layout.root, layout.venv, layout.venv + "/bin"]
+    args["owners"] = [*guarded, *([key_folder(session.vars)] if session.vars.get("key_path") else [])]
+    answer = session.run_code(remote_code.PROBE, args, "probe", timeout=timeout)
+    try:
+        facts = Facts.from_json(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise untrusted.Untrusted(f"{session.label}: probe: the host's answer is malformed "
+                                  f"({untrusted.visible(exc, 200)})") from None
     session.home = facts.home
+    refuse_foreign(session, facts, guarded)
     return facts
+
+
+def key_folder(variables: dict[str, Any]) -> str:
+    """The folder of the host's key_path."""
+    return str(variables["key_path"]).rsplit("/", 1)[0]
+
+
+def refuse_foreign(session: Session, facts: Facts, paths: list[str]) -> None:
+    """remote_dir and the venv handoff would run must be the login user's alone: a folder
+    another user owns or may write (a shared box, another tenant) could change what runs
+    there and read what is placed. Refused before anything is done, naming the fix."""
+    for path in paths:
+        owner = facts.owners.get(session.abs(path)) or facts.owners.get(path)
+        why = owner.unsafe(facts.uid, follow=True) if owner is not None else None
+        if why:
+            what = "remote_dir" if path == paths[0] else "the venv folder"
+            raise RemoteError(
+                f"{session.label}: {what} {owner.real if owner else path} {why}: another user "
+                f"could change what handoff runs there or read the key it places. Nothing was "
+                f"done. Remove it (or have its owner remove it) and rerun: handoff creates it "
+                f"0700; or set the `remote_dir` var to a folder of the login user's own")

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from handoff.host import untrusted
 from handoff.host.session import Session
 from handoff.host.transfer import upload_atomic
 
@@ -22,8 +23,8 @@ class KeyRecord:
 
     hash: str
     name: str
-    api: str  # the management API (the host's base_url when it was minted)
-    service: str  # the keyring service whose management key minted it
+    api: str  # the management API it was minted at: for people only (the host's word)
+    service: str  # the keyring service of the management key: for people only
     fingerprint: str  # 8 hex of sha256(key): ties the record to the file beside it
     expires_at: str | None
     limit: float | None
@@ -32,14 +33,22 @@ class KeyRecord:
     @classmethod
     def from_json(cls, raw: Any) -> KeyRecord | None:
         """The record as read from a host; None when it is not one (absent, torn, foreign)."""
-        if not isinstance(raw, dict) or not isinstance(raw.get("hash"), str) or not raw["hash"]:
+        if not isinstance(raw, dict):
             return None
-        limit = raw.get("limit")
-        return cls(raw["hash"], str(raw.get("name") or ""), str(raw.get("api") or ""),
-                   str(raw.get("service") or ""), str(raw.get("fingerprint") or ""),
-                   raw.get("expires_at") if isinstance(raw.get("expires_at"), str) else None,
-                   float(limit) if isinstance(limit, (int, float)) else None,
-                   float(raw.get("minted") or 0.0))
+        key_hash = raw.get("hash")
+        # The record is the host's word: a hash is a short plain token (it goes into a URL
+        # path, quoted, and only to the workstation's own API); `api` and `service` are
+        # kept for people, never used to decide where the management key goes.
+        if not isinstance(key_hash, str) or not key_hash or len(key_hash) > 128 \
+                or untrusted.name_problem(key_hash) is not None:
+            return None
+        return cls(key_hash, untrusted.text(raw.get("name"), 200) or "",
+                   untrusted.text(raw.get("api"), 500) or "",
+                   untrusted.text(raw.get("service"), 200) or "",
+                   untrusted.text(raw.get("fingerprint"), 64) or "",
+                   untrusted.text(raw.get("expires_at"), 64),
+                   untrusted.number(raw.get("limit"), minimum=0),
+                   untrusted.number(raw.get("minted"), minimum=0) or 0.0)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
@@ -56,8 +65,8 @@ def read_record(session: Session, path: str, size: int | None = None) -> KeyReco
     except (FileNotFoundError, OSError):
         return None
     try:
-        parsed = json.loads(raw.decode("utf-8")) if raw else None
-    except (UnicodeDecodeError, ValueError):
+        parsed = untrusted.loads(raw) if raw else None  # no NaN, no infinity
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None  # torn or foreign: not a record
     return KeyRecord.from_json(parsed)
 

@@ -19,7 +19,6 @@ the home dir) read the same way.
 
 from __future__ import annotations
 
-import json
 import shlex
 import threading
 from abc import ABC, abstractmethod
@@ -27,10 +26,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from handoff import console
 from handoff.config.layout import RemoteLayout, expand_home
 from handoff.errors import RemoteError
-from handoff.host import remote_code
+from handoff.host import remote_code, untrusted
 from handoff.host.targets import Target
 
 
@@ -156,8 +154,11 @@ class Session(ABC):
     def connected(self) -> bool: ...
 
     @abstractmethod
-    def exec(self, command: str, timeout: float | None = 120.0) -> Result:
-        """Run `command` with sh on the host, no pty, stdin closed; collect both streams."""
+    def exec(self, command: str, timeout: float | None = 120.0,
+             limit: int = untrusted.MAX_ANSWER_BYTES) -> Result:
+        """Run `command` with sh on the host, no pty, stdin closed; collect both streams:
+        stdout up to `limit` bytes (more raises untrusted.TooLarge and stops the command),
+        the last untrusted.MAX_STDERR_BYTES of stderr."""
 
     @abstractmethod
     def stream(self, command: str, stop: threading.Event) -> Iterator[str]:
@@ -178,17 +179,34 @@ class Session(ABC):
         return res.out
 
     def python_command(self, argv: list[str]) -> str:
-        """`<python> ARGV…`, preferring the venv `verify --install` made under remote_dir."""
-        venv = sh_path(self.target.layout.venv_python)
+        """`<python> ARGV…`, preferring the venv `verify --install` made under remote_dir.
+
+        The venv is used only when it looks like the one handoff made (its marker file is
+        there) and nobody but the login user can have changed it: remote_dir, the venv and
+        its bin/ are owned by the login user and not group/world-writable. Otherwise (a
+        remote_dir another user prepared on a shared box) the `python` var runs instead,
+        and the probe refuses the folder (handoff.host.facts)."""
+        layout = self.target.layout
+        root, venv = sh_path(layout.root), sh_path(layout.venv)
+        python, marker = sh_path(layout.venv_python), sh_path(layout.venv_marker)
+        bin_dir = sh_path(layout.venv + "/bin")
         args = " ".join(shlex.quote(a) for a in argv)
         py = str(self.vars["python"])
-        return f"if [ -x {venv} ]; then exec {venv} {args}; else exec {py} {args}; fi"
+        # `find -perm /022` prints a folder that group or others may write: then not ours.
+        ours = (f"[ -x {python} ] && [ -f {marker} ] && [ -O {root} ] && [ -O {venv} ] && "
+                f"[ -O {bin_dir} ] && [ ! -L {bin_dir} ] && "
+                f"[ -z \"$(find {root} {venv} {bin_dir} -maxdepth 0 -perm /022 2>/dev/null)\" ]")
+        return f"if {ours}; then exec {python} {args}; else exec {py} {args}; fi"
 
     def run_code(self, module: str, args: dict[str, Any], what: str,
                  timeout: float = 120.0) -> Any:
         """Run remote module `module` (handoff.host.remote_code) with `args`; its JSON answer."""
         source = remote_code.source(module)
-        res = self.exec(self.python_command(["-c", source, remote_code.encode_args(args)]), timeout)
+        try:
+            res = self.exec(self.python_command(["-c", source, remote_code.encode_args(args)]),
+                            timeout)
+        except untrusted.TooLarge as exc:
+            raise RemoteError(f"{self.label}: {what}: {exc}") from None
         if res.rc == 127:
             raise RemoteError(
                 f"{self.label}: python {self.vars['python']!r} not found on the host; install "
@@ -196,12 +214,14 @@ class Session(ABC):
             )
         if not res.ok:
             tail = " / ".join(res.err.strip().splitlines()[-3:])
-            raise RemoteError(f"{self.label}: {what} failed (exit {res.rc}): {tail}")
+            raise RemoteError(f"{self.label}: {what} failed (exit {res.rc}): "
+                              f"{untrusted.visible(tail, 2000)}")
         try:
-            return json.loads(res.out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+            # Read as the host's word, never evaluated: no NaN or infinity gets through.
+            return untrusted.loads(res.out.strip().splitlines()[-1])
+        except (ValueError, IndexError, RecursionError):
             raise RemoteError(f"{self.label}: {what}: unexpected output "
-                              f"{console.r(res.out[-200:])!r}") from None
+                              f"{untrusted.visible(res.out[-200:])!r}") from None
 
     def abs(self, path: str) -> str:
         """Absolute remote path (`~` from the home the probe reported)."""

@@ -27,6 +27,7 @@ from paramiko.sftp import (
 
 from handoff.defaults import IO_TIMEOUT_S
 from handoff.errors import ConnectError, RemoteError
+from handoff.host import untrusted
 from handoff.host.session import FileStat, RemoteFiles, RemoteWriter, Result, Session
 from handoff.host.targets import Target
 from handoff.ssh import sftp as sftpio
@@ -206,17 +207,19 @@ class SSHSession(Session):
                                f"{exc or type(exc).__name__}") from None
         return chan
 
-    def exec(self, command: str, timeout: float | None = 120.0) -> Result:
+    def exec(self, command: str, timeout: float | None = 120.0,
+             limit: int = untrusted.MAX_ANSWER_BYTES) -> Result:
         chan = self._channel(command)
         transport = self.transport
-        out, err = bytearray(), bytearray()
+        out = untrusted.Capped(limit, f"{self.label}: the host's answer")
+        err = untrusted.Tail(untrusted.MAX_STDERR_BYTES)
         deadline_at = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
                 while chan.recv_ready():
-                    out += chan.recv(65536)
+                    out.add(chan.recv(65536))
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
+                    err.add(chan.recv_stderr(65536))
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
@@ -230,20 +233,18 @@ class SSHSession(Session):
                 raise ConnectError(f"{self.label}: the connection dropped while a command ran")
         finally:
             chan.close()
-        return Result(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        return Result(rc, out.data.decode("utf-8", "replace"), err.bytes().decode("utf-8", "replace"))
 
     def stream(self, command: str, stop: threading.Event) -> Iterator[str]:
         chan = self._channel(command)
         transport = chan.get_transport()
-        buf = b""
+        # Every line bounded (a 50 MB line costs 16 KB and a note, never 50 MB of RSS).
+        lines = untrusted.Lines()
         try:
             while not stop.is_set() and not chan.exit_status_ready():
                 select.select([chan], [], [], 0.2)
                 while chan.recv_ready():
-                    buf += chan.recv(65536)
-                *lines, buf = buf.split(b"\n")
-                for raw in lines:
-                    yield raw.decode("utf-8", "replace")
+                    yield from lines.feed(chan.recv(65536))
                 if not chan.recv_ready() and not transport.is_active() and not stop.is_set():
                     raise ConnectError(f"{self.label}: the connection dropped")
         finally:

@@ -43,7 +43,7 @@ def temp_prefix(name: str) -> str:
     return f".{name}.tmp-"
 
 
-def mkdirs(files: RemoteFiles, path: str, mode: int = 0o755,
+def mkdirs(files: RemoteFiles, path: str, mode: int = 0o700,
            known: Mapping[str, bool] | None = None) -> bool:
     """mkdir -p; True when it created `path` itself.
 
@@ -167,7 +167,8 @@ def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: in
         in_place = False
     target = local if in_place else partial(local)
     with progress.meter(label, name or remote.rsplit("/", 1)[-1], size - offset, "fetch") as meter:
-        fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a symlink planted at the name is never written through.
+        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "r+b") as out:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

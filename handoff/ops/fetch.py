@@ -15,19 +15,28 @@ hashes its own prefixes meanwhile. Then, per file:
 A download is written under a partial name and renamed into place when complete
 (handoff.host.transfer.download), with a progress display for large files. Nothing is
 written on the host.
+
+The listing is the host's word (handoff.untrusted): a job name that is not a plain folder
+name, a file path that is absolute or climbs out with `..` (or holds a control
+character), a path that would land outside `DEST/<host>/<job>/` or through a symlink on
+the workstation, and every entry the host reports as no regular file (a symlink, a
+device) are refused and named, as is a file bigger than the free space under DEST (with
+the numbers); the rest is fetched, and the command exits non-zero.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from handoff import console
+from handoff.config.layout import sftp_path
 from handoff.errors import HandoffError, RemoteError
-from handoff.host import remote_code
+from handoff.host import remote_code, untrusted
 from handoff.host.session import Session
 from handoff.host.transfer import completes, download, is_partial, partial
 from handoff.ops import merge as merging
@@ -76,7 +85,7 @@ def local_copies(folder: Path) -> dict[str, Have]:
     final: dict[str, int] = {}
     part: dict[str, int] = {}
     for p in folder.rglob("*"):
-        if not p.is_file():
+        if p.is_symlink() or not p.is_file():
             continue
         if not is_partial(p.name):
             final[p.relative_to(folder).as_posix()] = p.stat().st_size
@@ -110,6 +119,69 @@ class Fetched:
     skipped: int = 0
     resumed: int = 0
     nbytes: int = 0
+    refused: list[str] = field(default_factory=list)  # entries not fetched, and why (visible)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a listing, checked: where it is on the host and where it goes here."""
+
+    rel: str
+    size: int
+    mtime: float
+    local: Path
+    prefix_sha256: str | None = None
+
+
+def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry], list[str]]:
+    """The files of a host's listing that may be fetched into `local_dir`, and the refused
+    ones named with why (the listing is the host's word: handoff.untrusted)."""
+    entries: list[Entry] = []
+    refused: list[str] = []
+    shown_job = untrusted.visible(job)
+    files = listing.get("files") if isinstance(listing, dict) else None
+    for entry in files if isinstance(files, list) else []:
+        raw_rel = entry.get("rel") if isinstance(entry, dict) else None
+        try:
+            rel = untrusted.rel_path(raw_rel)
+            local = untrusted.inside(local_dir, rel)
+        except untrusted.Untrusted as exc:
+            refused.append(f"{shown_job}: {exc}")
+            continue
+        size = untrusted.count(entry.get("size"))
+        if size is None:
+            refused.append(f"{shown_job}/{untrusted.visible(rel)}: no valid size in the listing")
+            continue
+        digest = entry.get("prefix_sha256")
+        entries.append(Entry(rel, size, untrusted.number(entry.get("mtime"), minimum=0) or 0.0,
+                             local, digest if isinstance(digest, str) else None))
+    skipped = listing.get("skipped") if isinstance(listing, dict) else None
+    for other in skipped if isinstance(skipped, list) else []:
+        if isinstance(other, dict):
+            refused.append(f"{shown_job}/{untrusted.visible(other.get('rel'), 200)}: a "
+                           f"{untrusted.visible(other.get('kind'), 40)} on the host, not a "
+                           f"regular file: not followed, not fetched")
+    return entries, refused
+
+
+def job_folder(listing: Any, configured: str) -> str:
+    """Where the job's files are read on the host: the folder the workstation configured
+    (as the host expanded it, when its listing says so), never another the listing names."""
+    claimed = listing.get("job_dir") if isinstance(listing, dict) else None
+    relative = sftp_path(configured)
+    if isinstance(claimed, str) and not untrusted.has_control(claimed) and ".." not in claimed.split("/") \
+            and (claimed == configured or claimed.endswith("/" + relative.lstrip("/"))):
+        return claimed
+    return relative
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or its
+    nearest existing parent)."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return 0  # pragma: no cover (the root exists)
 
 
 @dataclass(frozen=True)
@@ -121,11 +193,11 @@ class Start:
     in_place: bool = False
 
 
-def plan_file(entry: dict[str, Any], local: Path, have: Have, local_hash: str | None) -> Start | None:
+def plan_file(entry: Entry, local: Path, have: Have, local_hash: str | None) -> Start | None:
     """Where to start downloading one file: None to skip it (complete here)."""
-    rel, size, mtime = entry["rel"], int(entry["size"]), float(entry["mtime"])
+    rel, size, mtime = entry.rel, entry.size, entry.mtime
     which = have.prefix(rel)
-    proven = which is not None and local_hash is not None and entry.get("prefix_sha256") == local_hash
+    proven = which is not None and local_hash is not None and entry.prefix_sha256 == local_hash
     if have.final is not None and have.final == size and (
         size == 0
         or (append_only(rel) and proven)
@@ -149,42 +221,64 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
                                                       "local": asked(have)},
                              "listing the job's files")
         hashes = hashing.result()
-    if not listing["exists"]:
-        raise RemoteError(f"{s.label}: no job {job!r} at {listing['job_dir']} (launched?)")
-    return fetch_listed(s, listing, local_dir, have, hashes)
+    if not isinstance(listing, dict) or listing.get("exists") is not True:
+        raise RemoteError(f"{s.label}: no job {job!r} at {s.target.layout.job(job)} (launched?)")
+    return fetch_listed(s, listing, local_dir, have, hashes, job)
 
 
-def fetch_all(s: Session, host_dir: Path) -> dict[str, Fetched]:
-    """Bring every job folder of one host to `host_dir/<job>/` (one listing round trip)."""
-    have = {p.name: local_copies(p) for p in host_dir.iterdir() if p.is_dir()} if host_dir.is_dir() else {}
+def fetch_all(s: Session, host_dir: Path) -> tuple[dict[str, Fetched], list[str]]:
+    """Bring every job folder of one host to `host_dir/<job>/` (one listing round trip);
+    also the job folders refused (a name that is not a plain folder name, a symlink)."""
+    have = ({p.name: local_copies(p) for p in host_dir.iterdir() if p.is_dir() and not p.is_symlink()}
+            if host_dir.is_dir() else {})
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(lambda: {job: local_hashes(host_dir / job, h) for job, h in have.items()})
         listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs,
                                                       "local": {job: asked(h) for job, h in have.items()}},
                              "listing the jobs' files")
         hashes = hashing.result()
-    if not listing["jobs"]:
-        raise RemoteError(f"{s.label}: no job under {listing['jobs_dir']} (launched?)")
-    return {job: fetch_listed(s, one, host_dir / job, have.get(job, {}), hashes.get(job, {}))
-            for job, one in listing["jobs"].items()}
+    jobs = listing.get("jobs") if isinstance(listing, dict) else None
+    jobs = jobs if isinstance(jobs, dict) else {}
+    refused = [f"job folder {untrusted.visible(name, 200)}: a symlink on the host: not followed"
+               for name in (listing.get("skipped") or [] if isinstance(listing, dict) else [])]
+    fetched: dict[str, Fetched] = {}
+    for job, one in jobs.items():
+        try:
+            untrusted.job_name(job)
+            local = untrusted.inside(host_dir, job)
+        except untrusted.Untrusted as exc:
+            refused.append(f"{exc}: not fetched")
+            continue
+        fetched[job] = fetch_listed(s, one, local, have.get(job, {}), hashes.get(job, {}), job)
+    if not fetched and not refused:
+        raise RemoteError(f"{s.label}: no job under {s.target.layout.jobs} (launched?)")
+    return fetched, refused
 
 
-def fetch_listed(s: Session, listing: dict[str, Any], local_dir: Path, have: dict[str, Have],
-                 hashes: dict[str, str]) -> Fetched:
-    """Download what a listing shows is missing or incomplete in `local_dir`."""
-    done = Fetched()
-    for entry in listing["files"]:
-        rel, size = entry["rel"], int(entry["size"])
-        local = local_dir / rel
+def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have],
+                 hashes: dict[str, str], job: str) -> Fetched:
+    """Download what a listing shows is missing or incomplete in `local_dir`; what the
+    listing names that may not be fetched is refused, named in `Fetched.refused`."""
+    entries, refused = checked_entries(listing, local_dir, job)
+    done = Fetched(refused=refused)
+    remote_dir = job_folder(listing, s.target.layout.job(job))
+    for entry in entries:
+        rel, size, local = entry.rel, entry.size, entry.local
         start = plan_file(entry, local, have.get(rel, Have()), hashes.get(rel))
         if start is None:
             done.skipped += 1
             continue
+        shown = f"{untrusted.visible(job)}/{untrusted.visible(rel)}"
+        need, free = size - start.offset, free_bytes(local.parent)
+        if need > free:
+            done.refused.append(f"{shown}: {untrusted.mb(need)} to download, but only "
+                                f"{untrusted.mb(free)} free under {local.parent}: not fetched "
+                                f"(free some space, or fetch to another --dest)")
+            continue
         done.resumed += start.offset > 0
-        shown = f"{local_dir.name}/{rel}"
         try:
-            download(s.files, f"{listing['job_dir']}/{rel}", local, start.offset, size,
-                     float(entry["mtime"]), in_place=start.in_place, label=s.label, name=shown)
+            download(s.files, f"{remote_dir}/{rel}", local, start.offset, size,
+                     entry.mtime, in_place=start.in_place, label=s.label, name=shown)
         except OSError as exc:
             raise RemoteError(f"{s.label}: fetching {shown} failed after {done.fetched} file(s): "
                               f"{exc}; run fetch again to resume") from None
@@ -198,21 +292,24 @@ def fetch_listed(s: Session, listing: dict[str, Any], local_dir: Path, have: dic
 
 @dataclass
 class FetchedTo:
-    """Where a host's jobs were fetched: the folder (one job: its own), each job's folder."""
+    """Where a host's jobs were fetched: the folder (one job: its own), each job's folder,
+    and the entries of the host's listing refused (named, visibly)."""
 
     dir: str = ""
     jobs: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
 
 
 def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -> None:
     """`fab fetch` on one host: `dest/<host>/<job>/` for the `--job` job or every job;
     the report's `FetchedTo` maps each job fetched to its local folder (for the merge)."""
     host_dir = dest / s.target.safe_label
+    refused: list[str] = []
     if job_flag is not None:
         job = job_name(s.target, job_flag)
         results = {job: fetch_job(s, job, host_dir / job)}
     else:
-        results = fetch_all(s, host_dir)
+        results, refused = fetch_all(s, host_dir)
     total = Fetched()
     for job, done in results.items():
         report.log(f"  [green]✓[/] {console.r(job)}: {done.fetched} file(s) fetched ({done.resumed} "
@@ -220,11 +317,16 @@ def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -
                    f"{console.r(host_dir / job)}")
         for name in ("fetched", "skipped", "resumed", "nbytes"):
             setattr(total, name, getattr(total, name) + getattr(done, name))
-    jobs = ", ".join(results)
-    report.summary = f"{total.fetched} fetched, {total.skipped} complete ({jobs}) → {host_dir}"
+        refused += done.refused
+    for why in refused:
+        report.log(f"  [red]✗ refused[/] {console.r(why)}")
+    jobs = ", ".join(untrusted.visible(j) for j in results)
+    report.summary = (f"{total.fetched} fetched, {total.skipped} complete ({jobs}) → {host_dir}"
+                      + (f"; {len(refused)} REFUSED" if refused else ""))
     to = report.data_as(FetchedTo)
     to.dir = str(host_dir / next(iter(results))) if len(results) == 1 else str(host_dir)
     to.jobs = {job: str(host_dir / job) for job in results}
+    to.refused = refused
 
 
 def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
@@ -234,4 +336,7 @@ def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
         if rep.ok:
             for job, folder in rep.data_as(FetchedTo).jobs.items():
                 copies.setdefault(job, []).append(merging.ShardCopy(rep.target.label, Path(folder)))
-    return [merging.merge(job, found, dest) for job, found in sorted(copies.items())]
+    # Job names were checked when fetched (untrusted.job_name); the merged folder must not
+    # be reached through a symlink either.
+    return [merging.merge(job, found, untrusted.inside(dest, job).parent)
+            for job, found in sorted(copies.items())]

@@ -23,8 +23,12 @@ from handoff.ssh.endpoint import Hop, route
 
 
 def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
-            hint: str) -> bool:
-    """Show `key` for `hop` and pin it if the user agrees; True when it is trusted after."""
+            hint: str, replace: bool = False) -> bool:
+    """Show `key` for `hop` and pin it if the user agrees; True when it is trusted after.
+
+    A CHANGED key (one known for the host's key type, none matching) is never pinned by
+    `--yes` or a "y": a script that always passes `--yes` must not accept a man in the
+    middle. Replacing it takes `--replace`, which prints the old and the new fingerprint."""
     ep = hop.endpoint
     fp = hostkeys.fingerprint(key)
     kind = hostkeys.offered_name(key)
@@ -38,6 +42,19 @@ def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
         console.say(f"[bold red]WARNING: the host key of {console.r(hop.label)} CHANGED[/]: "
                     f"trusted {console.r(', '.join(exc.expected))}, now offered "
                     f"{console.r(key.get_name())} {fp}")
+        if not replace:
+            console.error(
+                f"not pinned: the host key of {hop.label} changed, and --yes never replaces a "
+                f"changed key (someone may be intercepting the connection). If you know why it "
+                f"changed (the host was rebuilt), compare {fp} with `ssh-keygen -lf "
+                f"/etc/ssh/ssh_host_*_key.pub` run on the host itself, then replace the pin: "
+                f"`{hint} --replace`")
+            return False
+        path = hostkeys.pin(ep.hostname, ep.port, key, known.name)
+        console.say(f"replaced the trusted key of {console.r(hop.label)}: old "
+                    f"{console.r(', '.join(exc.expected))} -> new {console.r(kind)} {fp}, "
+                    f"pinned for {console.r(known.name)} in {path}")
+        return True
     except UnknownHostKey:
         if known.keys:
             types = ", ".join(known.known_types)
@@ -64,16 +81,17 @@ def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
     return True
 
 
-def trust(target: Target, yes: bool) -> bool:
+def trust(target: Target, yes: bool, replace: bool = False) -> bool:
     """`fab trust-host` for one target (and every jump host on its way); True when all
-    their keys are trusted afterwards."""
+    their keys are trusted afterwards. `replace`: a CHANGED key is replaced (never by
+    `yes` alone)."""
     hint = connect.hint_for(target.label)
     hops = route(target.endpoint, target.label)
     through: connect.Link | None = None
     try:
         for i, hop in enumerate(hops):
             key, known = connect.fetch_host_key(hop, through)
-            if not _decide(hop, key, known, yes, hint):
+            if not _decide(hop, key, known, yes, hint, replace):
                 return False
             if i < len(hops) - 1:
                 through = connect.connect_hop(hop, through, hint)

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from handoff.errors import RemoteError
+from handoff.host import untrusted
 from handoff.host.session import FileStat, RemoteFiles, RemoteWriter, Result, Session
 from handoff.host.targets import Target
 
@@ -116,7 +117,8 @@ class LocalSession(Session):
         return {"HOME": str(self.root), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "LANG": "C.UTF-8"}
 
-    def exec(self, command: str, timeout: float | None = 120.0) -> Result:
+    def exec(self, command: str, timeout: float | None = 120.0,
+             limit: int = untrusted.MAX_ANSWER_BYTES) -> Result:
         self.commands.append(command)
         try:
             proc = subprocess.run(["sh", "-c", command], cwd=self.root, env=self._env(),
@@ -124,15 +126,17 @@ class LocalSession(Session):
                                   check=False)
         except subprocess.TimeoutExpired:
             raise RemoteError(f"{self.label}: command timed out after {timeout:.0f} s") from None
+        if len(proc.stdout) > limit:
+            raise untrusted.TooLarge(f"{self.label}: the host's answer", limit, len(proc.stdout))
         return Result(proc.returncode, proc.stdout.decode("utf-8", "replace"),
-                      proc.stderr.decode("utf-8", "replace"))
+                      proc.stderr.decode("utf-8", "replace")[-untrusted.MAX_STDERR_BYTES:])
 
     def stream(self, command: str, stop: threading.Event) -> Iterator[str]:
         self.commands.append(command)
         proc = subprocess.Popen(["sh", "-c", command], cwd=self.root, env=self._env(),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         assert proc.stdout is not None
-        buf = b""
+        lines = untrusted.Lines()
         try:
             while not stop.is_set():
                 ready, _, _ = select.select([proc.stdout], [], [], 0.2)
@@ -140,10 +144,7 @@ class LocalSession(Session):
                     data = os.read(proc.stdout.fileno(), 65536)
                     if not data:
                         break
-                    buf += data
-                    *lines, buf = buf.split(b"\n")
-                    for raw in lines:
-                        yield raw.decode("utf-8", "replace")
+                    yield from lines.feed(data)
                 elif proc.poll() is not None:
                     break
         finally:

@@ -1,7 +1,9 @@
 """The files of a job folder, for `fab fetch` (runs ON the host; stdlib only).
 
 Lists every regular file under `job_dir` (sorted, relative paths) except the pid and
-temp files being written. For each file the workstation already holds part of (`local`:
+temp files being written. Nothing is followed: a symlink (to a file or a folder), a
+device, a fifo or a socket is never listed as a file but reported in `skipped` with its
+kind, so a link to the key file is never read (the workstation names what it skipped). For each file the workstation already holds part of (`local`:
 relative path -> local size), it returns the sha256 of the host file's first that many
 bytes: equal means the local copy is a true prefix, so an append-only file resumes from
 there and a complete one is skipped, without moving a byte.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -46,34 +49,61 @@ def all_jobs(a: dict[str, Any]) -> dict[str, Any]:
     """Every job folder under `jobs_dir`, each listed as `listing` lists one."""
     jobs_dir = expand(a["jobs_dir"])
     local: dict[str, dict[str, int]] = a.get("local", {})
+    names, links = [], []
     try:
-        names = sorted(n for n in os.listdir(jobs_dir)
-                       if not n.startswith(".") and os.path.isdir(os.path.join(jobs_dir, n)))
+        for n in sorted(os.listdir(jobs_dir)):
+            if n.startswith("."):
+                continue
+            mode = os.lstat(os.path.join(jobs_dir, n)).st_mode
+            if stat.S_ISLNK(mode):
+                links.append(n)
+            elif stat.S_ISDIR(mode):
+                names.append(n)
     except OSError:
-        names = []
-    return {"jobs_dir": jobs_dir,
+        pass
+    return {"jobs_dir": jobs_dir, "skipped": links,
             "jobs": {n: listing({"job_dir": os.path.join(jobs_dir, n), "local": local.get(n, {})})
                      for n in names}}
+
+
+def kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def listing(a: dict[str, Any]) -> dict[str, Any]:
     job_dir = expand(a["job_dir"])
     local: dict[str, int] = a.get("local", {})
-    files = []
-    for root, dirs, names in os.walk(job_dir):
+    files, skipped = [], []
+    for root, dirs, names in os.walk(job_dir):  # never into a symlinked folder
+        for d in [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            dirs.remove(d)
+            skipped.append({"rel": os.path.relpath(os.path.join(root, d), job_dir), "kind": "symlink"})
         dirs.sort()
         for name in sorted(names):
             path = os.path.join(root, name)
             rel = os.path.relpath(path, job_dir)
-            if rel == "pid" or TMP_MARK in name or not os.path.isfile(path):
+            if rel == "pid" or TMP_MARK in name:
                 continue
-            st = os.stat(path)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                skipped.append({"rel": rel, "kind": kind(st.st_mode)})
+                continue
             entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime}
             have = local.get(rel)
             if have is not None and 0 < have <= st.st_size:
                 entry["prefix_sha256"] = prefix_sha256(path, have)
             files.append(entry)
-    return {"job_dir": job_dir, "exists": os.path.isdir(job_dir), "files": files}
+    exists = os.path.isdir(job_dir) and not os.path.islink(job_dir)
+    return {"job_dir": job_dir, "exists": exists, "files": files if exists else [],
+            "skipped": skipped if exists else []}
 
 
 def main(argv: list[str]) -> int:

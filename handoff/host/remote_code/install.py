@@ -24,7 +24,12 @@ def install(a: dict[str, Any]) -> dict[str, Any]:
     folder = os.path.expanduser(a["venv"]) if a["venv"].startswith("~") else a["venv"]
     python = os.path.join(folder, "bin", "python")
     if not os.path.exists(python):
+        os.umask(0o077)  # the venv is the login user's alone: nobody else may change what runs
         venv.EnvBuilder(system_site_packages=True, with_pip=True).create(folder)
+    # The mark that handoff made this venv (handoff.defaults.VENV_MARKER): a venv/ someone
+    # else left under remote_dir is never run.
+    with open(os.path.join(folder, ".handoff-venv"), "w") as fh:
+        fh.write("made by fab verify --install\n")
     proc = subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
                            *a["reqs"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return {"rc": proc.returncode, "out": proc.stdout.decode(errors="replace")[-2000:],

@@ -9,7 +9,8 @@ one round trip including the check that follows it.
   exists, is not a zombie and its command line names the job folder (a pid reused by an
   unrelated process is not the job). `keys` lists files whose presence to report (the
   placed API key), `records` small JSON files to return (the minted key's record).
-- `start`: `mkdir -p`, job.json, then the command under `sh -c 'exec nohup …'` in a new
+- `start`: `mkdir -p` (0700; the job's files are made under umask 077, so 0600), job.json,
+  then the command under `sh -c 'exec nohup …'` in a new
   session (setsid), stdin from /dev/null and stdout/stderr appended to `log`, so it
   survives the SSH session and never waits on input; its pid goes to `pid`. It then
   watches ~1 s to catch a command that dies at once (a bad flag, a missing file); a launch
@@ -133,7 +134,12 @@ def start(a: dict[str, Any]) -> dict[str, Any]:
     import subprocess
 
     job_dir = expand(a["job_dir"])
-    os.makedirs(job_dir, exist_ok=True)
+    # The job's data is the login user's alone: its folders 0700, its files 0600, the
+    # payload's outputs included (it inherits the umask).
+    os.umask(0o077)
+    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    os.chmod(job_dir, 0o700)  # also a folder an older handoff made 0755
+    os.chmod(os.path.dirname(job_dir), 0o700)
     # job.json binds the job to its input (sha256): replaced whole, never left torn.
     meta_tmp = os.path.join(job_dir, f".job.json.tmp-{os.getpid()}")
     with open(meta_tmp, "w") as fh:

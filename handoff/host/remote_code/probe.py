@@ -4,8 +4,9 @@ Asked by verify and deploy (see handoff.host.facts): python version, which modul
 importable (`find_spec`, no import, so it is nearly free), commands on PATH, CUDA GPUs
 (`nvidia-smi -L`, only when the role needs GPUs), free disk under remote_dir, plus the
 deploy state later steps need (releases present, where `current` points, which folders
-exist, size/mode/owner/sha256 of chosen files such as the placed key). It hashes a file
-and returns the hash, never the content.
+exist, size/mode/owner/sha256 of chosen files such as the placed key, and who owns and may
+write remote_dir, the venv and the key's folder). It hashes a file and returns the hash,
+never the content.
 
 When verify checks a role (`deep`), the same round trip also imports torch in a child
 (`torch_cuda`), stats the role's required files (`need`) and runs the role's preflight
@@ -64,6 +65,27 @@ def file_info(path: str, want_hash: bool) -> dict[str, Any]:
             info["sha256"] = digest.hexdigest()
         except OSError as exc:
             info["error"] = str(exc)
+    return info
+
+
+def owner(path: str) -> dict[str, Any] | None:
+    """Who owns `path` and who may write it (lstat: a symlink is said to be one, with what
+    it points at), and where it really is; None when it does not exist."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    link = (st.st_mode & 0o170000) == 0o120000
+    info: dict[str, Any] = {"uid": st.st_uid, "mode": st.st_mode & 0o7777, "link": link,
+                            "dir": (st.st_mode & 0o170000) == 0o040000,
+                            "real": os.path.realpath(path)}
+    if link:
+        try:
+            target = os.stat(path)
+            info.update(target_uid=target.st_uid, target_mode=target.st_mode & 0o7777,
+                        dir=(target.st_mode & 0o170000) == 0o040000)
+        except OSError:
+            pass
     return info
 
 
@@ -184,6 +206,7 @@ def probe(a: dict[str, Any]) -> dict[str, Any]:
     except OSError:
         r["current"] = None
     r["dirs"] = {expand(d): os.path.isdir(expand(d)) for d in a.get("dirs", [])}
+    r["owners"] = {expand(p): owner(expand(p)) for p in a.get("owners", [])}
     r["files"] = {k: file_info(v, bool(a.get("hash"))) for k, v in a.get("files", {}).items()}
     if a.get("torch_cuda") and importable("torch"):
         r["torch"] = torch_cuda(home)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from handoff.config import flags
 from handoff.config.layout import key_record
 from handoff.errors import RemoteError, UsageError
-from handoff.host import keyrecord
+from handoff.host import keyrecord, untrusted
 from handoff.host.targets import Target
 from handoff.ops import keyapi
 from handoff.ops.jobs.state import read
@@ -36,15 +36,20 @@ def host_share(max_cost: float, hosts: int) -> float:
 
 
 def new_limit(usage: float, share: float, spent: float) -> float:
-    """The key limit that lets the host spend exactly the rest of its share from now on."""
-    return round(usage + max(0.0, share - spent), 6)
+    """The key limit that lets the host spend exactly the rest of its share from now on:
+    never more than `share` above what the key has used, whatever `spent` says."""
+    return round(usage + min(share, max(0.0, share - spent)), 6)
 
 
 class ManagementClients(Protocol):
     """Where a step gets a management client (secrets.ManagementKeys, passed by the command
     as the plan's private "management": the management key never enters a plan)."""
 
-    def client(self, api: str, service: str = ..., why: str = ...) -> keyapi.Client: ...
+    def child_key(self, target: Target, key_hash: str,
+                  why: str) -> tuple[keyapi.Client, keyapi.ChildKey | None]:
+        """(client at the host's own management API, what it says about `key_hash`): a
+        RemoteError when the hash is not a key handoff minted for this host."""
+        ...
 
 
 def limit_step(target: Target, share: float, jobs: list[str]) -> Step:
@@ -90,12 +95,14 @@ def _set_limit(ctx: HostContext, step: Step) -> str:
     clients = ctx.private_as(ManagementCarrier).management
     if clients is None:
         raise RuntimeError("the launch plan carries no management keys")
-    client = clients.client(record.api, record.service,
-                            "limit the child key to the job's budget (launch --max-cost)")
-    info = client.get(record.hash)
+    # The record only names the hash; the URL and the key's identity are the workstation's.
+    client, info = clients.child_key(s.target, record.hash,
+                                     "limit the child key to the job's budget (launch --max-cost)")
     if info is None:
         raise RemoteError(f"{s.label}: the host's child key {record.hash[:12]} is revoked; "
                           f"`fab push-key --host {s.label}` mints a new one, then launch again")
+    # The usage is the management API's word (on the workstation); the host only says how
+    # the job's part of it splits (status.json), and that can only lower the new limit.
     spent = {job: _spent(read(s, job).status) for job in jobs}
     limit = new_limit(info.usage, share * len(jobs), sum(spent.values()))
     after = client.patch(record.hash, limit=limit)
@@ -106,5 +113,8 @@ def _set_limit(ctx: HostContext, step: Step) -> str:
 
 
 def _spent(status: dict[str, Any] | None) -> float:
-    cost = (status or {}).get("cost")
-    return float(cost) if isinstance(cost, (int, float)) else 0.0
+    """What the job says it spent (status.json), believed only where it lowers the limit:
+    a host can make its key stop sooner, never later. A cost that is not a finite number
+    >= 0 (`-1000`, `NaN`, a string) counts as 0."""
+    cost = untrusted.number((status or {}).get("cost"), minimum=0)
+    return cost if cost is not None else 0.0

@@ -9,6 +9,7 @@ import time
 
 from handoff import console
 from handoff.errors import HandoffError, RemoteError
+from handoff.host import untrusted
 from handoff.host.session import Connector, Session, sh_path
 from handoff.host.targets import Target
 from handoff.ops.jobs.state import job_name
@@ -19,12 +20,17 @@ def log_path(target: Target, job: str) -> str:
     return target.layout.job(job) + "/log"
 
 
+# Each line shown is cut on the host to this many bytes (the workstation then shows
+# control characters visibly): a 50 MB line costs 16 KB on the wire and in memory.
+CUT = f"cut -b 1-{untrusted.MAX_LINE_CHARS}"
+
+
 def all_logs_command(target: Target, lines: int) -> str:
     """The last lines of every job's log under jobs/, each after a `== JOB` line; exit 3
     when there is no job at all."""
     return (f"cd {sh_path(target.layout.jobs)} 2>/dev/null || exit 3; found=; for d in */; do "
             f"[ -f \"$d/log\" ] || continue; found=1; printf '== %s\\n' \"${{d%/}}\"; "
-            f"tail -n {int(lines)} \"$d/log\"; done; [ -n \"$found\" ] || exit 3")
+            f"tail -n {int(lines)} \"$d/log\" | {CUT}; done; [ -n \"$found\" ] || exit 3")
 
 
 def tail(targets: list[Target], job_flag: str | None, lines: int, connect: Connector) -> list[HostReport]:
@@ -40,7 +46,8 @@ def tail(targets: list[Target], job_flag: str | None, lines: int, connect: Conne
         else:
             job = job_name(s.target, job_flag)
             log = log_path(s.target, job)
-            res = s.exec(f"tail -n {int(lines)} {sh_path(log)}")
+            res = s.exec(f"[ -f {sh_path(log)} ] || exit 3; tail -n {int(lines)} {sh_path(log)} "
+                         f"| {CUT}")
             if res.rc != 0:
                 raise RemoteError(f"{s.label}: no log for job {job!r} at {log} (not launched yet?)")
         for line in res.out.splitlines():

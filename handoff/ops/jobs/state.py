@@ -8,6 +8,7 @@ per dataset), else the role's name."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -17,7 +18,7 @@ from handoff.config import state
 from handoff.config.layout import RemoteLayout, key_record
 from handoff.config.roles import Role
 from handoff.errors import NotDeployed, UsageError
-from handoff.host import keyrecord, remote_code
+from handoff.host import keyrecord, remote_code, untrusted
 from handoff.host.facts import KEY_FILE, Facts
 from handoff.host.session import Session
 from handoff.host.targets import Target
@@ -57,15 +58,23 @@ class JobState:
     alive: bool = False
     keys: dict[str, bool] = field(default_factory=dict)  # key file -> still present
     records: dict[str, Any] = field(default_factory=dict)  # minted key record path -> JSON
+    problems: list[str] = field(default_factory=list)  # what the host answered wrong
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> JobState:
-        status, meta = raw.get("status"), raw.get("meta")
-        return cls(str(raw.get("job_dir") or ""), status if isinstance(status, dict) else None,
-                   meta if isinstance(meta, dict) else None,
-                   int(raw["pid"]) if raw.get("pid") else None, bool(raw.get("alive")),
-                   {str(k): bool(v) for k, v in (raw.get("keys") or {}).items()},
-                   {str(k): v for k, v in (raw.get("records") or {}).items()})
+    def from_json(cls, raw: Any) -> JobState:
+        """The host's answer, read field by field (handoff.untrusted): a field of the wrong
+        type is left out and named in `problems`, never a crash of every host's status."""
+        if not isinstance(raw, dict):
+            return cls("", problems=[f"the job state is not a JSON object ({type(raw).__name__})"])
+        status, status_problems = untrusted.status(raw.get("status"))
+        meta, meta_problems = untrusted.meta(raw.get("meta"))
+        keys, records = raw.get("keys"), raw.get("records")
+        return cls(untrusted.text(raw.get("job_dir")) or "", status, meta,
+                   untrusted.count(raw.get("pid")) or None, raw.get("alive") is True,
+                   {str(k): v is True for k, v in keys.items()} if isinstance(keys, dict) else {},
+                   {str(k): v for k, v in records.items() if isinstance(v, dict)}
+                   if isinstance(records, dict) else {},
+                   status_problems + meta_problems)
 
     @property
     def name(self) -> str:
@@ -155,10 +164,22 @@ def read_all(session: Session) -> HostJobs:
     target = session.target
     raw = session.run_code(remote_code.JOBS, {"op": "list", "jobs_dir": target.layout.jobs,
                                               **_key_args(target)}, "listing the jobs")
+    if not isinstance(raw, dict):
+        raise untrusted.Untrusted(f"{session.label}: listing the jobs: the answer is not a JSON "
+                                  f"object")
     common = {"keys": raw.get("keys") or {}, "records": raw.get("records") or {}}
-    jobs = {str(name): JobState.from_json({**(state or {}), **common})
-            for name, state in sorted((raw.get("jobs") or {}).items())}
-    return HostJobs(jobs, JobState.from_json({"job_dir": str(raw.get("jobs_dir") or ""), **common}))
+    listed = raw.get("jobs")
+    listed = listed if isinstance(listed, dict) else {}
+    jobs = {}
+    for name, job in sorted(listed.items()):
+        current = JobState.from_json({**(job if isinstance(job, dict) else {}), **common})
+        problem = untrusted.name_problem(name)
+        if problem:  # a folder no launch could have made: shown (visibly), never acted on
+            current = dataclasses.replace(current, problems=[
+                f"job folder name {problem}: handoff never made it", *current.problems])
+        jobs[str(name)] = current
+    jobs_dir = untrusted.text(raw.get("jobs_dir")) or ""
+    return HostJobs(jobs, JobState.from_json({"job_dir": jobs_dir, **common}))
 
 
 def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:

@@ -36,8 +36,9 @@ from payload import units
 
 COLORS = {"running": "green", "finished": "blue", "starting": "green", "stopping": "yellow"}
 
-# What the management API says about the child key a host's record names (None: revoked).
-KeyLookup = Callable[[keyrecord.KeyRecord], "keyapi.ChildKey | None"]
+# What the management API says about the child key a host's record names (None: revoked),
+# asked at the URL the workstation configured for that host (never the record's).
+KeyLookup = Callable[[Target, keyrecord.KeyRecord], "keyapi.ChildKey | None"]
 
 
 @dataclass
@@ -83,14 +84,14 @@ class KeyView:
         return rec
 
 
-def key_view(job_state: JobState, lookup: KeyLookup | None) -> KeyView:
+def key_view(job_state: JobState, lookup: KeyLookup | None, target: Target | None = None) -> KeyView:
     """The host's key: placed or not (read on the host), and for a minted one its usage,
     limit and expiry from `lookup` (skipped without one, e.g. in a unit test)."""
     view = KeyView(bool(job_state.keys_placed), job_state.key_record)
-    if view.mode != "minted" or view.record is None or lookup is None:
+    if view.mode != "minted" or view.record is None or lookup is None or target is None:
         return view
     try:
-        view.info = lookup(view.record)
+        view.info = lookup(target, view.record)
     except HandoffError as exc:
         view.error = str(exc)
     return view
@@ -140,11 +141,14 @@ class JobView:
             rec["key"] = self.key.record_json()
         if self.error:
             rec["error"] = self.error
+        if self.job_state.problems:
+            rec["problems"] = list(self.job_state.problems)
         return rec
 
     @property
     def ok(self) -> bool:
-        return self.state in OK_STATES and not self.job_state.with_failures
+        return (self.state in OK_STATES and not self.job_state.with_failures
+                and not self.job_state.problems)
 
 
 def eta(st: dict[str, Any]) -> str:
@@ -166,6 +170,8 @@ def note(v: JobView) -> str:
     st = v.status
     if v.error:
         return v.error
+    if v.job_state.problems:
+        return "the host answered wrong: " + "; ".join(v.job_state.problems)
     if v.job_state.with_failures:
         return (f"{st.get('failed')} ids failed permanently (more than the {st.get('max_failed')} "
                 f"allowed): they are in output.errors.jsonl")
@@ -328,9 +334,10 @@ class Watcher:
         label = s.target.label
         if job is not None:
             current = read(s, job)
-            return [JobView(label, job, current.state, current, key=key_view(current, self.key_lookup))]
+            return [JobView(label, job, current.state, current,
+                            key=key_view(current, self.key_lookup, s.target))]
         host = read_all(s)
-        key = key_view(host.keys, self.key_lookup)  # one lookup per host, shared by its jobs
+        key = key_view(host.keys, self.key_lookup, s.target)  # one lookup per host, for its jobs
         if not host.jobs:
             return [JobView(label, None, "none", host.keys, key=key)]
         return [JobView(label, name, current.state, current, key=key)

@@ -62,7 +62,9 @@ def _ledger_target(entry: state.LedgerEntry) -> Target:
             ep = None
     if ep is None:
         ep = endpoint(entry.hostname, entry.port, entry.user, entry.identity[0] if entry.identity else None)
-    variables = dict(BUILTIN_VARS, key_path=entry.path)
+    # No base_url: a credential call for this host goes to the API the ledger recorded when
+    # its key was minted (settings.management_api), never to the built-in default.
+    variables = dict(BUILTIN_VARS, key_path=entry.path, base_url="")
     return Target(entry.host, entry.host, ep, None, None, variables)
 
 

@@ -26,8 +26,8 @@ from handoff.host import keyrecord
 from handoff.host.facts import KEY_FILE, KEY_RECORD, Facts
 from handoff.host.session import Session
 from handoff.ops import keyapi
-from handoff.ops.secrets.place import in_ledger, ledger_entry, place
-from handoff.ops.secrets.settings import Credentials, KeySettings
+from handoff.ops.secrets.place import in_ledger, key_location, ledger_entry, place
+from handoff.ops.secrets.settings import Credentials, KeySettings, vouch
 from handoff.run.plan import Skipped
 
 
@@ -42,7 +42,7 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     target = session.target
     api = str(session.vars["base_url"]).rstrip("/")
     client = creds.client(api)
-    path = session.abs(str(session.vars["key_path"]))
+    path = key_location(session, facts)  # before anything is minted: an unsafe folder refuses
     record_path = key_record(path)
     remote, on_host = facts.file(KEY_FILE), facts.file(KEY_RECORD)
     record = keyrecord.read_record(session, record_path, on_host.size) if on_host.exists else None
@@ -53,15 +53,22 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
         intact = bool(remote.exists and remote.sha256 and record.fingerprint
                       and remote.sha256.startswith(record.fingerprint)
                       and remote.mode == 0o600 and remote.uid == facts.uid)
-        info = client.at(record.api).get(record.hash) if intact else None
-        if info is not None and info.live(margin_s=KEY_RENEW_BEFORE_S):
-            _remember(session, path, record, info)
-            return Skipped(f"child key {record.hash[:12]} at {path} is live ({info.describe()}): "
-                           f"reused, nothing minted")
-        why = ("the key file does not match its record" if not intact
-               else f"its child key {record.hash[:12]} was revoked" if info is None
-               else f"its child key {record.hash[:12]} is disabled" if info.disabled
-               else f"its child key {record.hash[:12]} expires {keyapi.until(info.expires_at)}")
+        # The record is the host's word: its hash is asked about at this workstation's API
+        # only, and reused or revoked only if that key is this host's (vouch).
+        try:
+            info = vouch(client, target, record.hash)
+        except RemoteError as exc:
+            info, replaced = None, None  # not this host's key: neither reused nor revoked
+            why = str(exc).removeprefix(f"{session.label}: ")
+        else:
+            if intact and info is not None and info.live(margin_s=KEY_RENEW_BEFORE_S):
+                _remember(session, path, record, info, api, creds.service)
+                return Skipped(f"child key {record.hash[:12]} at {path} is live "
+                               f"({info.describe()}): reused, nothing minted")
+            why = ("the key file does not match its record" if not intact
+                   else f"its child key {record.hash[:12]} was revoked" if info is None
+                   else f"its child key {record.hash[:12]} is disabled" if info.disabled
+                   else f"its child key {record.hash[:12]} expires {keyapi.until(info.expires_at)}")
     ep = target.endpoint
     name = keyapi.child_name(target.label, target.role.name if target.role else None,
                              str(session.vars.get("job") or "") or None,
@@ -85,7 +92,7 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     note = ("; NOTE: no key_limit is set, so this key is uncapped until `fab launch "
             "--max-cost` limits it" if settings.limit is None else "")
     if replaced is not None and replaced.hash != minted.info.hash:
-        note += "; " + _revoke_replaced(session, client, replaced)
+        note += "; " + _revoke_replaced(session, client, replaced, api, creds.service)
     return (f"minted child key {minted.info.hash[:12]} ({minted.info.describe()}; {why}) and "
             f"{placed.replace('placed key', 'placed it as key', 1)}{note}")
 
@@ -131,26 +138,29 @@ def _undo_mint(session: Session, client: keyapi.Client, minted: keyapi.Minted, p
     return done + "; nothing is left behind"
 
 
-def _revoke_replaced(session: Session, client: keyapi.Client, old: keyrecord.KeyRecord) -> str:
+def _revoke_replaced(session: Session, client: keyapi.Client, old: keyrecord.KeyRecord,
+                     api: str, service: str) -> str:
     """Revoke the child key a new one replaced (no orphan); a failure is a note, not an
-    error: the new key is in place, and the ledger keeps the old one for cleanup."""
+    error: the new key is in place, and the ledger keeps the old one for cleanup. `old`
+    is this host's key (vouched for); it is revoked at the workstation's own API."""
     try:
-        deleted = client.at(old.api).revoke(old.hash)
+        deleted = client.revoke(old.hash)
     except KeyAPIError as exc:
         return (f"could not revoke the child key {old.hash[:12]} it replaces ({exc}); "
                 f"`fab cleanup-secrets` will")
     state.record(ledger_entry(session, session.abs(str(session.vars["key_path"])), old.fingerprint,
-                              "revoked", key_hash=old.hash, api=old.api, service=old.service,
+                              "revoked", key_hash=old.hash, api=api, service=service,
                               name=old.name))
     return (f"revoked the child key {old.hash[:12]} it replaces" if deleted else
             f"the child key {old.hash[:12]} it replaces was already revoked")
 
 
-def _remember(session: Session, path: str, record: keyrecord.KeyRecord, info: keyapi.ChildKey) -> None:
+def _remember(session: Session, path: str, record: keyrecord.KeyRecord, info: keyapi.ChildKey,
+              api: str, service: str) -> None:
     """A reused key the ledger does not know (another clone, a wiped state dir): record it,
-    so this workstation's cleanup revokes it too."""
-    child = {"key_hash": record.hash, "api": record.api, "service": record.service,
-             "name": record.name or info.name}
+    so this workstation's cleanup revokes it too. The API and service recorded are the
+    workstation's own (the record's are the host's word), the name the API's."""
+    child = {"key_hash": record.hash, "api": api, "service": service, "name": info.name}
     if not any(e.key_hash == record.hash for e in state.live_minted()):
         state.record(ledger_entry(session, path, record.fingerprint, "minted", **child))
     entry = ledger_entry(session, path, record.fingerprint, "placed", **child)

@@ -1,7 +1,8 @@
 """Placing a key file on a host, 0600 from birth, and the ledger entries that record it.
 
-Over SFTP, never through a command line or `env=`: the key's folder is created / forced to
-0700; a temp name in it is created exclusively with mode 0600 given IN the create request,
+Over SFTP, never through a command line or `env=`: the key's folder is created 0700 when
+missing (an existing one is never chmod'ed, and refused when it is a symlink, another
+user's or group/world-writable: `key_location`); a temp name in it is created exclusively with mode 0600 given IN the create request,
 so the file is 0600 from the instant it exists; the key is written and fsync'ed; the temp
 name is renamed over the final path; `stat` checks mode 0600 and owner = the login user
 (anything else is removed and reported). Idempotence is checked on the host: the probe
@@ -39,11 +40,31 @@ def in_ledger(entry: state.LedgerEntry) -> bool:
     return any(e.slot == entry.slot and e.fingerprint == entry.fingerprint for e in state.placed())
 
 
+def key_location(session: Session, facts: Facts) -> str:
+    """Where the host's key file really is (the key's folder with its symlinks resolved,
+    as the probe saw it): what the ledger records, so cleanup removes that very file even
+    if a link on the way is re-pointed. Refuses (RemoteError) a key folder another user
+    could change: a symlink, another owner, group/world-writable."""
+    path = session.abs(str(session.vars["key_path"]))
+    folder, name = path.rsplit("/", 1)
+    owner = facts.owners.get(folder)
+    if owner is None:
+        return path  # not there yet: handoff creates it, 0700
+    why = owner.unsafe(facts.uid, follow=False)
+    if why:
+        raise RemoteError(
+            f"{session.label}: the key's folder {folder} {why}: another user could swap or "
+            f"re-point it, and a later cleanup would miss the key. Nothing was placed. Set the "
+            f"`key_path` var to a folder of the login user's own that only it can write "
+            f"(handoff creates a missing one 0700), or fix that folder")
+    return f"{owner.real or folder}/{name}"
+
+
 def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | None = None) -> str:
     """Place `key` at the host's key_path unless the same key is already there. `child` (a
     minted key's hash, api, service, name) goes into the ledger's entry. Placing the API
     key over a minted one also removes the record that named the minted key."""
-    path = session.abs(str(session.vars["key_path"]))
+    path = key_location(session, facts)
     fp = fingerprint(key)
     remote = facts.file(KEY_FILE)
     entry = ledger_entry(session, path, fp, "placed", **(child or {}))
@@ -57,8 +78,10 @@ def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | N
     folder = path.rsplit("/", 1)[0]
     files = session.files
     try:
-        mkdirs(files, folder, 0o700, known=facts.dirs)
-        files.chmod(folder, 0o700)  # also when it existed: the folder is private either way
+        # Only a folder handoff creates is made private: an existing one (the user's own,
+        # say ~/projects, or /tmp) is never chmod'ed; key_location refused an unsafe one.
+        if mkdirs(files, folder, 0o700, known=facts.dirs):
+            files.chmod(folder, 0o700)
         upload_atomic(files, key.encode("utf-8"), path, 0o600, durable=True)
         st = files.stat(path)
     except OSError as exc:
@@ -85,4 +108,4 @@ def remove_quietly(session: Session, path: str) -> None:
         pass
 
 
-__all__ = ["in_ledger", "ledger_entry", "place", "remove_quietly"]
+__all__ = ["in_ledger", "key_location", "ledger_entry", "place", "remove_quietly"]

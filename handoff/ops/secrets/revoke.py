@@ -17,16 +17,19 @@ from handoff.defaults import (
 )
 from handoff.errors import (
     HandoffError,
+    KeyAPIError,
 )
+from handoff.host.targets import Target
 from handoff.ops.secrets.cleanup import CleanupScope, KeysRemoved
-from handoff.ops.secrets.settings import ManagementKeys
+from handoff.ops.secrets.settings import ManagementKeys, management_api, vouch
 from handoff.run.parallel import HostReport
 
 
 @dataclass(frozen=True)
 class Revocation:
     """A child key to revoke: its hash, the API and keyring service of its management key,
-    and where it was placed (for people)."""
+    and where it was placed (for people). `target` is set for a key only a host's record
+    names: it is revoked only once the API vouches it is that host's (settings.vouch)."""
 
     key_hash: str
     api: str
@@ -34,6 +37,7 @@ class Revocation:
     host: str
     path: str
     name: str = ""
+    target: Target | None = None
 
 
 def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) -> list[Revocation]:
@@ -45,9 +49,16 @@ def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) ->
                                                 e.host, e.path, e.name))
     for report in reports or []:
         for record, path in report.data_as(KeysRemoved).records:
-            found.setdefault(record.hash, Revocation(record.hash, record.api,
-                                                     record.service or SECRET_SERVICE,
-                                                     report.target.label, path, record.name))
+            if record.hash in found:
+                continue
+            target = report.target
+            try:  # the workstation's URL for this host, never the record's
+                api = management_api(target)
+            except KeyAPIError as exc:
+                api = f"<unknown: {exc}>"
+            found[record.hash] = Revocation(
+                record.hash, api, str(target.vars.get("secret_service") or SECRET_SERVICE),
+                target.label, path, record.name, target)
     return list(found.values())
 
 
@@ -66,7 +77,15 @@ def revoke_all(todo: list[Revocation], keys: ManagementKeys) -> list[Revoked]:
     def one(result: Revoked) -> None:
         r = result.revocation
         try:
-            result.deleted = keys.client(r.api, r.service, "revoke child keys").revoke(r.key_hash)
+            if r.target is not None:
+                # Named only by a host's record: at the host's own API, and only if it is
+                # that host's key (a record naming another key revokes nothing).
+                client = keys.for_host(r.target, "revoke child keys")
+                if vouch(client, r.target, r.key_hash) is None:
+                    return  # already gone: 404 at the workstation's API
+            else:
+                client = keys.client(r.api, r.service, "revoke child keys")
+            result.deleted = client.revoke(r.key_hash)
         except HandoffError as exc:
             result.error = str(exc)
             return

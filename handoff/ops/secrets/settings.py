@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from handoff.config import flags
+from handoff.config import flags, state
 from handoff.config.os_keyring import read_key, read_optional, soon
 from handoff.defaults import (
     BUILTIN_VARS,
@@ -23,10 +23,12 @@ from handoff.defaults import (
     SECRET_SERVICE,
 )
 from handoff.errors import (
+    KeyAPIUnreachable,
     ManagementKeyMissing,
+    RemoteError,
     UsageError,
 )
-from handoff.host import keyrecord
+from handoff.host import keyrecord, untrusted
 from handoff.host.targets import Target
 from handoff.ops import keyapi
 
@@ -172,10 +174,80 @@ class ManagementKeys:
         stored."""
         return self.credentials(service or SECRET_SERVICE).client(api, why)
 
-    def lookup(self, record: keyrecord.KeyRecord) -> keyapi.ChildKey | None:
+    def for_host(self, target: Target, why: str) -> keyapi.Client:
+        """The management client for `target`: the API and keyring service the workstation
+        configured for it (management_api), never what the host's record says."""
+        return self.client(management_api(target),
+                           str(target.vars.get("secret_service") or SECRET_SERVICE), why)
+
+    def child_key(self, target: Target, key_hash: str,
+                  why: str) -> tuple[keyapi.Client, keyapi.ChildKey | None]:
+        """(client, what the API says about `key_hash`) for a hash a host's record names:
+        None when revoked; a RemoteError when the key is not one handoff minted for this
+        host (see vouch)."""
+        client = self.for_host(target, why)
+        return client, vouch(client, target, key_hash)
+
+    def lookup(self, target: Target, record: keyrecord.KeyRecord) -> keyapi.ChildKey | None:
         """What the API says about the child key a host's record names (None: revoked)."""
-        return self.client(record.api, record.service,
-                           "read the child keys' usage").get(record.hash)
+        return self.child_key(target, record.hash, "read the child keys' usage")[1]
 
 
-__all__ = ["Credentials", "KeySettings", "ManagementKeys", "as_credentials", "key_modes", "key_settings", "keyring_entry", "read_credentials", "read_credentials_soon", "takes_key"]
+# --- where the management key may go, and which child keys are a host's ---------------------
+
+
+def management_api(target: Target) -> str:
+    """The only URL the management key goes to for `target`: the base_url of its inventory
+    vars; for a host the inventory does not name, the API the ledger recorded when its key
+    was minted (or a base_url the inventory's defaults set). Never the built-in default for
+    a host known only from the ledger, and never a URL a host names."""
+    configured = str(target.vars.get("base_url") or "").rstrip("/")
+    if target.host is not None and configured:
+        return configured
+    ep = target.endpoint
+    recorded = [e.api for e in state.ledger_events() if e.api and e.event == "minted"
+                and (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user)]
+    if recorded:
+        return recorded[-1].rstrip("/")
+    if configured and configured != str(BUILTIN_VARS["base_url"]).rstrip("/"):
+        return configured
+    raise KeyAPIUnreachable(
+        f"{target.label}: no management API is known for this host: the inventory does not "
+        f"name it and the ledger recorded none when its key was minted, so the management key "
+        f"is not sent anywhere (never to the built-in default). Add the host to the inventory "
+        f"with its base_url, then rerun")
+
+
+def names_host(name: str, target: Target) -> bool:
+    """Whether a child key's name at the API is one handoff gave a key of this host
+    (keyapi.child_name: `handoff LABEL WORK USER@HOST:PORT STAMP #TAG`)."""
+    ep = target.endpoint
+    return name.startswith(f"handoff {target.label} ") and f" {ep.user}@{ep.hostname}:{ep.port} " in name
+
+
+def minted_for(target: Target, key_hash: str) -> bool:
+    """Whether this workstation's ledger minted `key_hash` for this host."""
+    ep = target.endpoint
+    return any(e.key_hash == key_hash and e.event == "minted"
+               and (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user)
+               for e in state.ledger_events())
+
+
+def vouch(client: keyapi.Client, target: Target, key_hash: str) -> keyapi.ChildKey | None:
+    """What the API (the workstation's own URL) says about a hash a host's record names,
+    if that key is this host's: the ledger minted it for the host, or the API lists it
+    under the name handoff gives this host's keys. None: revoked or gone. A record is the
+    host's word: naming another key (another host's, the account's) is refused."""
+    info = client.get(key_hash)
+    if info is None or minted_for(target, key_hash) or names_host(info.name, target):
+        return info
+    raise RemoteError(
+        f"{target.label}: the key record on the host names child key {key_hash[:12]}, which "
+        f"handoff did not mint for this host (not in the ledger; its name at the API is "
+        f"{untrusted.visible(info.name, 120)!r}); it is not used, changed or revoked. `fab "
+        f"push-key --host {target.label}` mints the host its own key")
+
+
+__all__ = ["Credentials", "KeySettings", "ManagementKeys", "as_credentials", "key_modes", "key_settings",
+           "keyring_entry", "management_api", "minted_for", "names_host", "read_credentials",
+           "read_credentials_soon", "takes_key", "vouch"]

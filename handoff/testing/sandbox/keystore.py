@@ -85,7 +85,9 @@ class ThrowawayKeyring:
                                    "`apt-get install -y dbus gnome-keyring`")
             else:
                 self.notes.append(f"no {', '.join(missing)}: using a file keyring")
-        self.env = {**self.base_env(), "PYTHON_KEYRING_BACKEND": _FILE_BACKEND}
+        # A throwaway plaintext file on purpose: handoff refuses one unless told so.
+        self.env = {**self.base_env(), "PYTHON_KEYRING_BACKEND": _FILE_BACKEND,
+                    "HANDOFF_ALLOW_PLAINTEXT_KEYRING": "1"}
         self.backend = PLAINTEXT
 
     def _start_secret_service(self) -> None:

@@ -35,6 +35,10 @@ def test_run_code_prefers_the_venv_verify_made(ws: Workstation) -> None:
         venv_python = ws.remote_dir("a") / "venv" / "bin" / "python"
         venv_python.parent.mkdir(parents=True)
         venv_python.symlink_to(sys.executable)
+        # Not yet: only a venv handoff made (its marker says so) is used.
+        assert s.run_code(remote_code.PROBE, {"remote_dir": "~/.handoff"},
+                          "probe")["executable"] == sys.executable
+        (venv_python.parent.parent / ".handoff-venv").write_text("")
         again = s.run_code(remote_code.PROBE, {"remote_dir": "~/.handoff"}, "probe")
         assert again["executable"] == str(venv_python)
 

@@ -15,11 +15,10 @@ listing, log line and stderr. Everything read from a host enters through this mo
 - names (`name_problem`, `job_name`, `rel_path`, `inside`): what a host names is a plain
   folder name or a relative path below a folder: no absolute path, no `..`, no NUL or
   control character, never a path that leaves its folder on the workstation;
-- `visible`: control characters shown as `\\x1b`-style escapes, so a terminal never
-  receives an escape sequence from a host (OSC 52 clipboard writes, screen clears, titles,
-  hyperlinks); JSON output keeps the strings and lets JSON escape them.
-
-Stdlib only, and no handoff import: every layer may use it.
+- `visible` (handoff.console's, which every print goes through): control characters shown
+  as `\\x1b`-style escapes, so a terminal never receives an escape sequence from a host
+  (OSC 52 clipboard writes, screen clears, titles, hyperlinks); JSON output keeps the
+  strings and lets JSON escape them.
 """
 
 from __future__ import annotations
@@ -27,10 +26,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from handoff.console import has_control, visible
+from handoff.errors import RemoteError
 
 # How much of each kind of thing a host may send. The real answers are far below: the
 # largest remote module answer (a `list` of a few hundred jobs) is tens of KB.
@@ -41,15 +42,9 @@ MAX_TEXT_CHARS = 4096  # one string field (last_error, stop_reason, a record's n
 MAX_NAME_CHARS = 255  # a job or file name (a POSIX NAME_MAX)
 MAX_SAMPLES = 20  # bad_line_samples kept per job
 
-# C0 and C1 controls (ESC, BEL, NUL, CSI 0x9b, ...) and DEL, plus the Unicode bidi
-# controls that reorder what a terminal shows (a name that reads as another).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_CONTROL_OR_NEWLINE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-class Untrusted(ValueError):
-    """A host's answer failed a check; the message says what was wrong (shown visibly)."""
+class Untrusted(RemoteError, ValueError):
+    """A host's answer failed a check; the message says what was wrong (shown visibly).
+    A RemoteError: it fails that host (its row, its report), never the command."""
 
 
 class TooLarge(Untrusted):
@@ -72,29 +67,6 @@ def mb(n: int | float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1000
     return f"{value:.1f} PB"  # pragma: no cover (the loop returns)
-
-
-# -- showing ------------------------------------------------------------------------------------
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def visible(value: Any, limit: int | None = None, *, newlines: bool = False) -> str:
-    """`value` as text a terminal can show as is: every control character as `\\x1b`
-    (`\\n` too, unless `newlines`), cut to `limit` characters with the rest counted."""
-    text = value if isinstance(value, str) else str(value)
-    cut = ""
-    if limit is not None and len(text) > limit:
-        cut = f"… ({len(text) - limit} more characters)"
-        text = text[:limit]
-    pattern = _CONTROL if newlines else _CONTROL_OR_NEWLINE
-    return pattern.sub(_escape, text) + cut
-
-
-def has_control(text: str) -> bool:
-    return bool(_CONTROL_OR_NEWLINE.search(text))
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -150,16 +122,27 @@ def strings(value: Any, limit: int = MAX_SAMPLES) -> list[str]:
 
 
 # What each status.json field is (docs/records.md); a field of the wrong type reads as None
-# and is named in the problems, so the row says which field a host got wrong.
+# and is named in the problems, so the row says which field a host got wrong. Fields not
+# listed here (the extractor's own, newer payloads') are kept when they are plain scalars.
 Reader = Callable[[Any], Any]
+
+
+def _non_negative(value: Any) -> float | None:
+    return number(value, minimum=0)
+
+
+def _time(value: Any) -> Any:
+    """`started`/`updated`: ISO 8601 text (the generator) or unix seconds (the extractor)."""
+    return text(value, 64) if isinstance(value, str) else _non_negative(value)
+
+
 _STATUS: dict[str, Reader] = {
-    "state": lambda v: text(v, 64), "stop_reason": text, "last_error": text,
+    "state": lambda v: text(v, 64), "stop_reason": lambda v: text(v, 200), "last_error": text,
     "done": count, "failed": count, "total": count, "bad_lines": count, "duplicates": count,
-    "in_flight": count, "max_failed": count, "window": count, "exit_code": integer,
-    "cost": lambda v: number(v, minimum=0), "max_cost": lambda v: number(v, minimum=0),
-    "tokens_per_s": lambda v: number(v, minimum=0), "rate_rps": lambda v: number(v, minimum=0),
-    "outage_s": lambda v: number(v, minimum=0), "updated": lambda v: number(v, minimum=0),
-    "started": lambda v: number(v, minimum=0), "budget_enforced": flag,
+    "max_failed": count, "exit_code": integer, "in_flight": _non_negative,
+    "window": _non_negative, "cost": _non_negative, "max_cost": _non_negative,
+    "tokens_per_s": _non_negative, "rate_rps": _non_negative, "outage_s": _non_negative,
+    "started": _time, "updated": _time, "budget_enforced": flag,
     "bad_line_samples": lambda v: _samples(v),
 }
 
@@ -174,23 +157,38 @@ def _samples(value: Any) -> list[dict[str, Any]] | None:
     return out
 
 
+def scalar(value: Any) -> Any:
+    """A plain value kept as it is: None, a bool, a finite number, a string (cut); else None."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return number(value)
+    return text(value)
+
+
 def fields(raw: Any, readers: dict[str, Reader], what: str) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the known fields of `raw`, each read by its reader, problems): a field present with
-    the wrong type is left out and named; unknown fields are dropped."""
+    """(the fields of `raw`, each known one read by its reader, the others kept when they are
+    plain scalars; problems): a known field of the wrong type is left out and named."""
     if raw is None:
         return None, []
     if not isinstance(raw, dict):
         return None, [f"{what} is not a JSON object ({type(raw).__name__})"]
     out: dict[str, Any] = {}
     problems = []
-    for name, read in readers.items():
-        if name not in raw or raw[name] is None:
+    for name, value in raw.items():
+        if not isinstance(name, str) or value is None:
             continue
-        value = read(raw[name])
-        if value is None:
-            problems.append(f"{what}: {name} {visible(repr(raw[name]), 40)} is not valid")
+        read = readers.get(name)
+        if read is None:
+            kept = scalar(value)
+            if kept is not None:
+                out[name] = kept
+            continue
+        checked = read(value)
+        if checked is None:
+            problems.append(f"{what}: {name} {visible(repr(value), 40)} is not valid")
         else:
-            out[name] = value
+            out[name] = checked
     return out, problems
 
 
@@ -201,18 +199,12 @@ def status(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
 
 _META: dict[str, Reader] = {
     "shard": lambda v: text(v, 64), "input": text, "input_sha256": lambda v: text(v, 64),
-    "command": text, "job": lambda v: text(v, MAX_NAME_CHARS), "hosts": count,
-    "max_cost": lambda v: number(v, minimum=0), "started": lambda v: number(v, minimum=0),
+    "hosts": count, "max_cost": _non_negative,
 }
 
 
 def meta(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    """A job's job.json as a host returned it (only the fields handoff reads)."""
-    if isinstance(raw, dict):  # launch writes more (role vars): keep the plain ones as they are
-        kept = {k: v for k, v in raw.items() if isinstance(k, str) and k not in _META
-                and (v is None or isinstance(v, (bool, int, float, str)))}
-        known, problems = fields(raw, _META, "job.json")
-        return {**kept, **(known or {})}, problems
+    """A job's job.json as a host returned it (plain fields; the ones handoff reads typed)."""
     return fields(raw, _META, "job.json")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff import untrusted as u
+from handoff.host import untrusted as u
 
 ESC = "\x1b"
 
@@ -70,7 +70,7 @@ def test_status_keeps_good_fields_and_names_the_bad_ones() -> None:
            "exit_code": -15, "something_else": {"deep": 1}}
     st, problems = u.status(raw)
     assert st == {"state": "running", "failed": 1, "tokens_per_s": 12.5, "last_error": "boom",
-                  "exit_code": -15}
+                  "exit_code": -15}  # the nested unknown field is dropped
     named = " ".join(problems)
     for field in ("total", "rate_rps", "done", "cost", "bad_line_samples"):
         assert field in named
@@ -92,6 +92,15 @@ def test_meta_keeps_plain_fields() -> None:
                              "temperature": 0.5, "deep": {"x": 1}, "hosts": "two"})
     assert meta == {"shard": "0/2", "input_sha256": "ab" * 32, "input": "/x", "temperature": 0.5}
     assert problems and "hosts" in problems[0]
+
+
+def test_status_keeps_unknown_scalars_and_both_time_forms() -> None:
+    st, problems = u.status({"started": "2026-12-01T10:00:00Z", "updated": 1796057018.4,
+                             "bytes_written": 10, "format": "native", "ranks": [1],
+                             "errors_by_kind": {"x": 1}, "weird": float("inf")})
+    assert st == {"started": "2026-12-01T10:00:00Z", "updated": 1796057018.4,
+                  "bytes_written": 10, "format": "native"}
+    assert problems == []
 
 
 # -- names ----------------------------------------------------------------------------------------
