@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 import yaml
 
-from handoff import remote_code
+from handoff.host import remote_code
 from tests.integration.conftest import (
     ALL_RESULTS,
     FAB,
