@@ -32,10 +32,11 @@ def ids_tensor(sample: Sample) -> Any:
 
 
 def mask_tensor(sample: Sample, dtype: Any) -> Any:
-    """1 on the supervised span [prompt_len, sup_end), 0 elsewhere."""
+    """1 on the supervised spans (each [lo, hi), one per supervised turn), 0 elsewhere."""
     import torch
 
     t = sample.num_tokens
     mask = torch.zeros(t, dtype=dtype)
-    mask[sample.prompt_len:min(sample.sup_end, t)] = 1
+    for lo, hi in sample.spans:
+        mask[lo:min(hi, t)] = 1
     return mask

@@ -21,7 +21,8 @@ writing its file would leave a hole; so rows are not numbered while extracting:
 3. `finalize`, under the exclusive lock: every `hs_{row}` file is checked (a broken one
    is deleted and its id is redone by the next run; a duplicate id keeps its lowest
    row); holes are closed by moving the highest rows down; each valid pending file is
-   renamed to the next row, in id order (`os.rename`: no copy). Then the dataset is
+   renamed to the next row, in a seeded hash order of the ids (`row_order`: so a
+   `--train-data-ratio` split is a random sample) (`os.rename`: no copy). Then the dataset is
    rebuilt from the rows (8 bytes a token of reading), and token_freq.pt and
    manifest.jsonl (id -> row) are rewritten. Every step is idempotent, so a kill -9 in
    the middle leaves files the next finalize (any rerun) completes.
@@ -35,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -75,6 +78,22 @@ LOCK_NAME = ".rows.lock"
 _HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
 
 
+ROW_SEED = "handoff-rows-v1"
+
+
+def row_order(key: str) -> str:
+    """The order new rows are numbered in: sha256(ROW_SEED + "\\x1f" + id), a fixed seeded
+    hash. speculators' `--train-data-ratio` makes the first rows the training split and
+    the rest validation; in id order the validation split would be "the ids that sort
+    last" (biased when ids encode their source), in hash order it is a random sample."""
+    return hashlib.sha256(f"{ROW_SEED}\x1f{key}".encode()).hexdigest()
+
+
+def _span(text: str) -> tuple[int, int]:
+    lo, hi = text.split(":")
+    return int(lo), int(hi)
+
+
 def hs_relpath(row: int) -> str:
     return f"{HS_DIR}/hs_{row}.safetensors"
 
@@ -86,8 +105,7 @@ class RowFile:
     path: Path
     rid: Any  # the record's id, with its JSON type
     num_tokens: int
-    lo: int  # the supervised span [lo, hi)
-    hi: int
+    spans: tuple[tuple[int, int], ...]  # the supervised spans [lo, hi)
     ids_at: int  # file offset of the token_ids data
 
     @property
@@ -96,7 +114,7 @@ class RowFile:
 
     @property
     def num_supervised(self) -> int:
-        return self.hi - self.lo
+        return sum(hi - lo for lo, hi in self.spans)
 
 
 @dataclass
@@ -144,9 +162,10 @@ class RowStore:
 
     @staticmethod
     def _metadata(sample: Sample) -> dict[str, str]:
-        hi = min(sample.sup_end, sample.num_tokens)
+        t = sample.num_tokens
+        spans = ",".join(f"{lo}:{min(hi, t)}" for lo, hi in sample.spans if lo < min(hi, t))
         return {"id": json.dumps(sample.id, ensure_ascii=False),
-                "loss_mask": f"{sample.prompt_len}:{hi}"}
+                "loss_mask": spans or f"{sample.prompt_len}:{sample.prompt_len}"}
 
     def file_bytes(self, sample: Sample) -> int:
         specs = [(n, d, s) for n, (d, s) in self._want(sample.num_tokens).items()]
@@ -162,15 +181,17 @@ class RowStore:
             meta = header["__metadata__"]
             t = int(header["token_ids"]["shape"][0])
             rid = json.loads(meta["id"])
-            lo, hi = (int(x) for x in meta["loss_mask"].split(":"))
+            spans = tuple(_span(part) for part in meta["loss_mask"].split(","))
             ids_at = start + int(header["token_ids"]["data_offsets"][0])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return None
-        if t <= 0 or not 0 <= lo <= hi <= t or not header_matches(header, self._want(t)):
+        ordered = all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+        if (t <= 0 or not ordered or not all(0 <= lo <= hi <= t for lo, hi in spans)
+                or not header_matches(header, self._want(t))):
             return None
         if not isinstance(rid, (str, int)) or isinstance(rid, bool):
             return None
-        return RowFile(path, rid, t, lo, hi, ids_at)
+        return RowFile(path, rid, t, spans, ids_at)
 
     def pending_relpath(self, key: str) -> str:
         return id_relpath(key, PENDING_DIR, ".safetensors")
@@ -286,7 +307,8 @@ class RowStore:
         return rows
 
     def _valid_pending(self, have: set[str], tally: Tally) -> list[RowFile]:
-        """The complete pending files of ids that have no row yet, in id order."""
+        """The complete pending files of ids that have no row yet, in row order (a seeded
+        hash of the id: see `row_order`)."""
         pending = []
         for path in self._pending_files():
             f = self.read(path)
@@ -297,7 +319,7 @@ class RowStore:
                 continue
             have.add(f.key)
             pending.append(f)
-        return sorted(pending, key=lambda f: f.key)
+        return sorted(pending, key=lambda f: row_order(f.key))
 
     def _renumber(self, rows: dict[int, RowFile], pending: list[RowFile],
                   tally: Tally) -> list[RowFile]:
@@ -371,7 +393,8 @@ class Speculators(Format):
     def meta(self, layers: tuple[int, ...], vocab_size: int) -> dict[str, Any]:
         # vLLM (speculators' capture) numbers layers as HF's output_hidden_states does;
         # the trainer's --target-layer-ids are the three aux ids, the 4th slot is implicit.
-        return {"target_layer_ids": list(layers), "target_vocab_size": vocab_size}
+        return {"target_layer_ids": list(layers), "target_vocab_size": vocab_size,
+                "row_order": f"new rows by sha256('{ROW_SEED}' + 0x1f + id), appended"}
 
     def keys(self) -> dict[str, str]:
         return {"token_ids": "int64 [T] (hidden_states/hs_{row}.safetensors)",

@@ -33,9 +33,7 @@ class RowSource(Protocol):
     @property
     def num_tokens(self) -> int: ...
     @property
-    def lo(self) -> int: ...
-    @property
-    def hi(self) -> int: ...
+    def spans(self) -> tuple[tuple[int, int], ...]: ...
     @property
     def ids_at(self) -> int: ...
 
@@ -101,7 +99,8 @@ def _columns(rows: Sequence[RowSource]) -> tuple[list[Any], list[Any], Any]:
                 fh.seek(f.ids_at)
                 flat[at:at + f.num_tokens] = np.frombuffer(fh.read(8 * f.num_tokens),
                                                             dtype="<i8")
-            mask[at + f.lo:at + f.hi] = 1
+            for lo, hi in f.spans:
+                mask[at + lo:at + hi] = 1
             at += f.num_tokens
             offsets[i + 1] = at
         ids_chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)))

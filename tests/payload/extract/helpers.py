@@ -55,17 +55,21 @@ NUM_LAYERS = 8
 HIDDEN = 64
 
 
-def build_tokenizer(chat_template: str = CHAT_TEMPLATE) -> Any:
+def build_tokenizer(chat_template: str = CHAT_TEMPLATE, *, specials: tuple[str, ...] = (),
+                    words: tuple[str, ...] = (), bos: str = "<s>", eos: str = "<|eot|>",
+                    ) -> Any:
+    """The WordLevel chat tokenizer; `specials`/`words` add to the vocabulary (the
+    family templates' own tokens, templates.py), `bos`/`eos` name its bos and eos."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1)
-    tok.train_from_iterator([" ".join(WORDS)] * 2, trainer=trainer)
+    trainer = trainers.WordLevelTrainer(special_tokens=[*SPECIALS, *specials], min_frequency=1)
+    tok.train_from_iterator([" ".join([*WORDS, *words])] * 2, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|pad|>", bos_token="<s>",
-        eos_token="<|eot|>", chat_template=chat_template)
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|pad|>", bos_token=bos,
+        eos_token=eos, chat_template=chat_template)
 
 
 def build_model(vocab: int, seed: int = 0) -> Any:

@@ -19,12 +19,15 @@ PKG = "payload.extract"
 
 # Lowest first. Modules of one layer do not import each other, except inside a package.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("records to tokens and masks", {"tokens"}),
+    ("what the target emits: the completion form", {"rendering"}),
+    ("records to the conversations to supervise", {"conversations"}),
+    ("conversations to tokens and masks", {"tokens"}),
     ("a sample's tensors, batches and files", {"tensors", "batching", "writer"}),
     ("the output formats", {"formats"}),
     ("flags, the disk preflight, the run's reports", {"config", "preflight", "status",
                                                        "progress"}),
     ("model backends", {"backends"}),
+    ("meta.json, writing a batch", {"meta", "writing"}),
     ("the run's stages", {"pipeline"}),
     ("the subcommand's entry (add_arguments, run)", {"__init__"}),
 ]
