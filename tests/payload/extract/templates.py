@@ -153,3 +153,24 @@ def family_model_dir(root: Path, name: str, *, weights: bool = True) -> Path:
         model.config.save_pretrained(d)
     tok.save_pretrained(d)
     return d
+
+
+def bpe_tokenizer(template: str = QWEN3) -> Any:
+    """A byte-level BPE tokenizer (GPT-2 style, as Qwen's and Kimi's are), trained here:
+    whitespace is tokens (`Ċ`, `Ġ`), and one text has several token splits, so a sampled
+    split can differ from what re-tokenizing the text gives."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.payload.extract.helpers import WORDS as PLAIN_WORDS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([" ".join(PLAIN_WORDS)] * 5 + [" ".join(WORDS) + "\n\n"] * 5,
+                            trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|pad|>", chat_template=template)

@@ -166,3 +166,41 @@ def test_turns_all_run(tmp_path: Path, kimi_dir: Path) -> None:
                    "<think>", *THOUGHT, "</think>", *ANSWER, "<|im_end|>"]
     assert manifest(out)[0]["num_supervised"] == len(sup)
     assert json.loads((out / "meta.json").read_text())["turns"] == "all"
+
+
+def test_byte_level_bpe_sampled_split_and_its_mismatch(tmp_path: Path) -> None:
+    """A sampled non-canonical split (`Ġ s k y` for `Ġsky`): with the ids stored, exactly
+    those ids are supervised; without them the re-tokenized text is one token per word,
+    and the count check against usage.completion_tokens catches and lists it."""
+    from tests.payload.extract.helpers import build_model
+    from tests.payload.extract.templates import bpe_tokenizer
+
+    tok = bpe_tokenizer()
+    d = tmp_path / "bpe"
+    build_model(len(tok)).save_pretrained(d)
+    tok.save_pretrained(d)
+    emitted = "<think>\nthink about the sky\n</think>\n\nbecause the sky is blue<|im_end|>"
+    canonical = tok(emitted, add_special_tokens=False)["input_ids"]
+    sky = tok.convert_tokens_to_ids("Ġsky")
+    at = canonical.index(sky)
+    sampled = [*canonical[:at], *tok.convert_tokens_to_ids(["Ġ", "s", "k", "y"]),
+               *canonical[at + 1:]]
+    assert tok.decode(sampled) == tok.decode(canonical) == emitted
+    usage = {"completion_tokens": len(sampled)}
+    inp = write_jsonl(tmp_path / "in.jsonl", [record("ids", response_token_ids=sampled,
+                                                     usage=usage),
+                                              record("text", usage=usage)])
+    out = tmp_path / "out"
+    assert run_extract(inp, d, out) == 0
+    by_id = {str(e["id"]): e for e in manifest(out)}
+    for rid, want in (("ids", sampled), ("text", canonical)):
+        f = load_sample(out, by_id[rid]["file"])
+        ids, mask = f["input_ids"].tolist(), f["loss_mask"].tolist()
+        assert [i for i, m in zip(ids, mask, strict=True) if m] == want
+        assert mask[-1] == 0 or rid == "ids"  # Qwen3's template adds "\n" after <|im_end|>
+    s = stats(out)
+    assert (s["retokenized_mismatch"], s["supervised_from_token_ids"]) == (1, len(sampled))
+    (line,) = next(out.glob("mismatches.*.jsonl")).read_text().splitlines()
+    assert json.loads(line) == {"id": "text", "line": 2, "turn": 0,
+                                "supervised": len(canonical),
+                                "completion_tokens": len(sampled), "action": "kept"}
