@@ -177,7 +177,10 @@ class Renderer:
             if emitted is None:
                 full = self._render([*conv.prompt, self._assistant(conv.reasoning,
                                                                    conv.response)], False)
-                return _Plan([prompt, full], cut_text=None)
+                if full.startswith(prompt) or not self._has_form:
+                    return _Plan([prompt, full], cut_text=None)
+                emitted = self._empty_reasoning(conv.response)  # R1: the template's turn
+                # does not follow its own generation prompt; the form, with no reasoning
             text, cut = emitted
             if conv.cut:  # the text ends with the template's end-of-turn, as context
                 return _Plan([prompt, prompt + text[:cut], prompt + text], cut_text=1,
@@ -185,6 +188,14 @@ class Renderer:
             return _Plan([prompt, prompt + text])
         except PayloadError as exc:
             return BoundaryError(f"id {conv.key} (line {conv.line_no}): {exc}")
+
+    @property
+    def _has_form(self) -> bool:
+        return self.reasoning == "include" and self.form is not None and not self.form.guess
+
+    def _empty_reasoning(self, content: str) -> tuple[str, int]:
+        assert self.form is not None
+        return self.form.text("", content), self.form.cut_at("", content)
 
     def _assistant(self, reasoning: str | None, content: str) -> dict[str, Any]:
         if self.reasoning == "include" and reasoning and self.form is not None and self.form.guess:
@@ -203,6 +214,9 @@ class Renderer:
         prompt = self._render(before, True)
         texts = [self._render([*before, self._assistant(reasoning, c)], False)
                  for c in (content, _MARK)]
+        if self._has_form and not texts[0].startswith(prompt):
+            assert self.form is not None
+            return self._empty_reasoning(content)[0], self.form.parts()[2]
         if not all(t.startswith(prompt) for t in texts) or texts[1].count(_MARK) != 1:
             raise PayloadError("the template renders an assistant turn that does not "
                                "start with its own generation prompt (pass "

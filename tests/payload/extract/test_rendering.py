@@ -118,6 +118,14 @@ def test_r1_cannot_be_determined_and_the_refusal_names_the_flag() -> None:
     assert "not a prefix" in str(res)
 
 
+def test_r1_with_the_flag_renders_an_answer_without_reasoning_in_its_form() -> None:
+    """R1's template renders no turn after its own `<think>\\n`: an answer without
+    reasoning is the form with an empty reasoning, not a boundary failure."""
+    tok, r = renderer("r1", completion_format=R1_FORM)
+    assert supervised(tok, encode(r, conv(None))) == ["</think>", *ANSWER,
+                                                      "<｜end▁of▁sentence｜>"]
+
+
 def test_a_cut_answer_supervises_what_was_generated() -> None:
     tok, r = renderer("kimi")
     s = encode(r, conv(cut=True))
