@@ -13,7 +13,7 @@ from pathlib import Path
 
 from payload.errors import UsageError
 from payload.extract.formats.base import FINAL_STATES, FORMATS, NEEDS_FINAL_STATE
-from payload.extract.rendering import FormError, from_flag
+from payload.extract.rendering import from_flag
 from payload.records import ALL, Shard, parse_shard
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -190,10 +190,7 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         if args.reasoning != "include":
             raise UsageError("--completion-format says how reasoning is emitted; it needs "
                              "--reasoning include (the default)")
-        try:
-            from_flag(args.completion_format)
-        except FormError as exc:
-            raise UsageError(str(exc)) from None
+        from_flag(args.completion_format)  # a FormError (a UsageError) says what is wrong
     fmt = args.format
     final_state = args.final_state or NEEDS_FINAL_STATE[fmt]
     if not args.input.is_file():

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from payload.errors import UsageError
+
 REASONING, CONTENT = "{reasoning}", "{content}"
 # Fields chat templates read a thinking trace from (Qwen3/DeepSeek/Kimi/GLM: reasoning_content).
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -48,8 +50,8 @@ _R, _C = "zq7probe9reasoning", "zq7probe9content"
 Render = Callable[[list[dict[str, Any]], bool], str]
 
 
-class FormError(ValueError):
-    """A --completion-format that cannot be a completion form; the message says why."""
+class FormError(UsageError):
+    """A --completion-format that cannot be a completion form; the message says why (exit 2)."""
 
 
 @dataclass(frozen=True)

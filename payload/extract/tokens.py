@@ -159,7 +159,7 @@ class Renderer:
             at += n
         return out
 
-    def _emitted(self, reasoning: str | None, content: str) -> tuple[str, int | None] | None:
+    def _emitted(self, reasoning: str | None, content: str) -> tuple[str, int] | None:
         """(the text the target emitted for one turn, where a cut answer ended in it);
         None: render the turn as the template renders an assistant turn."""
         if self.reasoning != "include" or not reasoning or self.form is None or self.form.guess:
