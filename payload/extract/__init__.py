@@ -2,8 +2,17 @@
 
 The payload's CLI registers this subcommand through `add_arguments` and `run`. Importing
 this package must stay cheap and torch-free: a generator container has no torch, and
-`python -m payload generate` imports the CLI (and thus this package) too. The heavy
-modules (`model`, `run`) are imported inside `run()` only.
+`python -m payload generate` imports the CLI (and thus this package) too. Only `config`
+(the flags) is imported here; `pipeline` (and through it the model backend, which
+imports torch) is imported inside `run()`.
+
+The package's layers, lowest first (a module imports only from the layers below it):
+what the target emits after its generation prompt (`rendering`); records to the
+conversations to supervise (`conversations`); their tokens and loss masks (`tokens`);
+a sample's tensors, batches and files (`tensors`, `batching`, `writer`); the output
+formats (`formats/`); flags, the disk preflight and the run's reports (`config`,
+`preflight`, `status`, `progress`); the model backends (`backends/`); meta.json and
+the batch writer (`meta`, `writing`); the run's stages (`pipeline`).
 """
 
 from __future__ import annotations

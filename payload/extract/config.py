@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from payload.errors import UsageError
-from payload.extract.formats import FINAL_STATES, FORMATS, NEEDS_FINAL_STATE
+from payload.extract.formats.base import FINAL_STATES, FORMATS, NEEDS_FINAL_STATE
+from payload.extract.rendering import from_flag
 from payload.records import ALL, Shard, parse_shard
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -48,6 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reasoning", choices=["include", "drop"], default="include",
                         help="the record's reasoning: put it in the supervised assistant turn "
                              "per the chat template's thinking convention (default), or drop it")
+    parser.add_argument("--completion-format", default=None, metavar="FORM",
+                        help="what the target emits after its generation prompt, with "
+                             "{reasoning} and {content} where they go, e.g. "
+                             "'<think>{reasoning}</think>{content}<|im_end|>' (\\n is a "
+                             "newline); default: found from the chat template")
+    parser.add_argument("--turns", choices=["last", "all"], default="last",
+                        help="supervise the final assistant turn (default) or every "
+                             "assistant turn the target wrote (records of generate "
+                             "--turns all, raw prompt+answer records)")
+    parser.add_argument("--on-mismatch", choices=["keep", "skip"], default="keep",
+                        help="a re-tokenized answer whose token count differs from the "
+                             "server's usage.completion_tokens: keep it (default) or skip "
+                             "it; both are counted (retokenized_mismatch) and listed")
     parser.add_argument("--force", action="store_true",
                         help="run even when the disk preflight says the features will not fit")
     parser.add_argument("--preflight-only", action="store_true",
@@ -87,6 +101,9 @@ class ExtractConfig:
     dtype: str
     shard: Shard
     reasoning: str
+    completion_format: str | None  # --completion-format as given (None: from the template)
+    turns: str  # "last" | "all"
+    on_mismatch: str  # "keep" | "skip"
     format: str
     final_state: str  # "prenorm" | "postnorm": resolved, never None
     force: bool
@@ -169,6 +186,11 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         shard = parse_shard(args.shard) if args.shard else ALL
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.completion_format is not None:
+        if args.reasoning != "include":
+            raise UsageError("--completion-format says how reasoning is emitted; it needs "
+                             "--reasoning include (the default)")
+        from_flag(args.completion_format)  # a FormError (a UsageError) says what is wrong
     fmt = args.format
     final_state = args.final_state or NEEDS_FINAL_STATE[fmt]
     if not args.input.is_file():
@@ -180,7 +202,8 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         input=args.input, model=args.model, output_dir=args.output_dir,
         layers=parse_layers(args.layers), max_length=args.max_length, overlong=args.overlong,
         batch_tokens=args.batch_tokens, dtype=dtype, shard=shard, reasoning=args.reasoning,
-        format=fmt, final_state=final_state, force=args.force,
+        completion_format=args.completion_format, turns=args.turns,
+        on_mismatch=args.on_mismatch, format=fmt, final_state=final_state, force=args.force,
         preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve),
         status_file=args.status_file, device=args.device,
         trust_remote_code=args.trust_remote_code, progress=args.progress,

@@ -24,27 +24,22 @@ import os
 import sys
 import threading
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from payload.errors import ExitCode, PayloadError, Stopped, UsageError
 from payload.extract import formats
+from payload.extract.backends import ModelInfo, read_info
 from payload.extract.config import ExtractConfig, Rank, from_args
 from payload.extract.formats import Format
-from payload.extract.status import ErrorLog, Stats, StopFlag, job_status
+from payload.extract.meta import build_meta, check_meta
+from payload.extract.status import ErrorLog, MismatchLog, Stats, StopFlag, job_status
+from payload.extract.writing import BatchWriter, finite_rows
 from payload.records import BadRecord, iter_lines, shard_of
 
 CHUNK = 512  # records rendered and tokenized together
-MAX_PENDING_BATCHES = 3  # batches whose writes may lag behind the GPU (bounds host memory)
 STATS_EVERY_S = 5.0
-# meta.json keys that must match for a resumed run to add to an output dir
-SETTINGS = ("num_layers", "hidden_size", "layers", "dtype", "max_length", "overlong",
-            "reasoning", "format", "final_state")
-# what a meta.json written before a setting existed meant by leaving it out
-LEGACY_SETTINGS = {"format": "native", "final_state": "postnorm"}
 _STATE_ON_ERROR = {ExitCode.USAGE: "refused", ExitCode.STOPPED: "stopped",
                    ExitCode.FAILED: "aborted"}
 
@@ -59,12 +54,14 @@ class Run:
 
     cfg: ExtractConfig
     rank: Rank
-    info: Any  # model.ModelInfo (that module imports torch)
+    info: ModelInfo
     fmt: Format
     tag: str  # shard{I}-of-{N}.rank{r}-of-{W}: names this rank's files
     run_id: str  # shared by the ranks of one torchrun launch
     stats: Stats
     errors: ErrorLog
+    renderer: Any  # tokens.Renderer (its module needs transformers' tokenizer)
+    mismatches: MismatchLog
     settled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -129,78 +126,65 @@ def work(run: Run) -> int | None:
 
 # -- start ---------------------------------------------------------------------------
 def start(args: argparse.Namespace) -> Run:
-    from payload.extract.model import read_info
-
     cfg = from_args(args)
     rank = Rank.from_env()
     info = read_info(cfg)
     fmt = formats.make(cfg.format, cfg.output_dir, info.hidden, cfg.dtype)
+    renderer = make_renderer(cfg)
+    if renderer.form is None and cfg.reasoning == "include":
+        raise UsageError(renderer.undetermined)  # a thinking template, form unknown
     if not cfg.preflight_only:
         cfg.output_dir.mkdir(parents=True, exist_ok=True)
-    check_meta(cfg.output_dir, build_meta(cfg, info, fmt), write=not cfg.preflight_only)
+    check_meta(cfg.output_dir, build_meta(cfg, info, fmt, renderer.describe()),
+               write=not cfg.preflight_only)
+    warn_for_trainer(cfg)
+    tag = f"shard{cfg.shard.index}-of-{cfg.shard.count}.{rank.tag}"
+    # torchrun gives every rank of one launch the same run id; a lone process is its own run
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"pid{os.getpid()}"
+    stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, run_id=run_id,
+                  format=cfg.format, final_state=cfg.final_state, started=time.time(),
+                  reasoning_mode=renderer.reasoning_mode, rendering=renderer.describe(),
+                  turns=cfg.turns)
+    errors = ErrorLog(cfg.output_dir / f"errors.{tag}.jsonl", record=not cfg.preflight_only)
+    mismatches = MismatchLog(cfg.output_dir / f"mismatches.{tag}.jsonl",
+                             record=not cfg.preflight_only)
+    run = Run(cfg, rank, info, fmt, tag, run_id, stats, errors, renderer, mismatches)
+    run.save_stats("starting")
+    return run
+
+
+# -- select --------------------------------------------------------------------------
+def warn_for_trainer(cfg: ExtractConfig) -> None:
+    """Settings the format's trainer will not train well on (or at all): a warning."""
     needs = formats.NEEDS_FINAL_STATE[cfg.format]
     if cfg.final_state != needs:
         print(f"extract: WARNING: --final-state {cfg.final_state}, but the {cfg.format} "
               f"format's trainer computes its teacher from the {needs} state: its logits "
               "will not be the target's (see docs/training.md)", file=sys.stderr, flush=True)
-    tag = f"shard{cfg.shard.index}-of-{cfg.shard.count}.{rank.tag}"
-    # torchrun gives every rank of one launch the same run id; a lone process is its own run
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"pid{os.getpid()}"
-    stats = Stats(shard=str(cfg.shard), rank=rank.rank, world=rank.world, run_id=run_id,
-                  format=cfg.format, final_state=cfg.final_state, started=time.time())
-    errors = ErrorLog(cfg.output_dir / f"errors.{tag}.jsonl", record=not cfg.preflight_only)
-    run = Run(cfg, rank, info, fmt, tag, run_id, stats, errors)
-    run.save_stats("starting")
-    return run
+    if cfg.format == "specforge" and cfg.dtype != "bfloat16":
+        print(f"extract: WARNING: --format specforge with --dtype {cfg.dtype}: SpecForge "
+              "casts its target head to bfloat16 and fails on features of another dtype; "
+              "extract with --dtype bfloat16 (see docs/training.md)", file=sys.stderr,
+              flush=True)
 
 
-def build_meta(cfg: ExtractConfig, info: Any, fmt: Format) -> dict[str, Any]:
-    return {"model": str(cfg.model.resolve()), "num_layers": info.num_layers,
-            "hidden_size": info.hidden, "layers": list(info.layers), "dtype": cfg.dtype,
-            "format": cfg.format, "final_state": cfg.final_state,
-            "final_normed": cfg.final_state == formats.POSTNORM,
-            "max_length": cfg.max_length, "overlong": cfg.overlong,
-            "reasoning": cfg.reasoning, "vocab_size": info.vocab_size,
-            **fmt.meta(info.layers, info.vocab_size), "keys": fmt.keys()}
-
-
-def check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None:
-    """One output dir holds one kind of features: refuse to mix settings on resume."""
-    from payload.extract.writer import write_json_atomic
-
-    path = out_dir / "meta.json"
-    if path.is_file():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{path}: unreadable ({exc}); move it away to start over") from None
-        diff = {k: (old.get(k, LEGACY_SETTINGS.get(k)), meta[k]) for k in SETTINGS
-                if old.get(k, LEGACY_SETTINGS.get(k)) != meta[k]}
-        if diff:
-            desc = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-            raise UsageError(f"{out_dir} holds features made with other settings ({desc}); "
-                             "use another --output-dir or the same flags")
-        if old == meta:
-            return
-    if write:
-        write_json_atomic(path, meta)
-
-
-# -- select --------------------------------------------------------------------------
-def load_renderer(run: Run) -> Any:
+def make_renderer(cfg: ExtractConfig) -> Any:
+    """The tokenizer and how its template renders what the target emits (no model)."""
     from transformers import AutoTokenizer
 
     from payload.extract.tokens import Renderer
 
-    cfg = run.cfg
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.model, local_files_only=True,
                                                   trust_remote_code=cfg.trust_remote_code)
-        renderer = Renderer(tokenizer, cfg.reasoning, eos_ids(tokenizer, cfg.model))
+        return Renderer(tokenizer, cfg.reasoning, eos_ids(tokenizer, cfg.model),
+                        cfg.completion_format)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--model {cfg.model}: tokenizer: {exc}") from None
-    run.stats.reasoning_mode = renderer.reasoning_mode
-    return renderer
+
+
+def load_renderer(run: Run) -> Any:
+    return run.renderer
 
 
 def eos_ids(tokenizer: Any, model_dir: Path) -> set[int]:
@@ -242,14 +226,22 @@ def select(run: Run, renderer: Any) -> list[Any]:
     seen: set[str] = set()
     samples: list[Any] = []
     chunk: list[Any] = []
+    vocab = run.info.vocab_size
     for line_no, line in iter_lines(cfg.input):
         stats.lines += 1
         try:
-            conv = parse_record(line, line_no)
+            conv = parse_record(line, line_no, cfg.turns)
+            ids = [i for t in (conv.token_ids, *(e.token_ids for e in conv.earlier)) if t
+                   for i in t]
+            if vocab and ids and max(ids) >= vocab:
+                raise BadRecord(f"'response_token_ids' holds id {max(ids)}, the model's "
+                                f"vocabulary has {vocab}")
         except BadRecord as exc:
             stats.bad_lines += 1
             print(f"extract: {cfg.input}:{line_no}: skipped: {exc}", file=sys.stderr)
             continue
+        if conv.has_reasoning and renderer.undetermined:
+            raise UsageError(renderer.undetermined)  # before any model loads
         if not owns(cfg, run.rank, conv.key):
             continue
         if conv.key in seen:
@@ -285,6 +277,15 @@ def tokenize(run: Run, renderer: Any, convs: list[Any]) -> list[Any]:
             stats.failed_boundary += 1
             run.errors.add(conv.id, conv.line_no, "boundary", str(res))
             continue
+        if res.mismatches:  # re-tokenized text the target did not sample as counted
+            skip = cfg.on_mismatch == "skip"
+            for turn, supervised, completion in res.mismatches:
+                stats.retokenized_mismatch += 1
+                run.mismatches.add(conv.id, conv.line_no, turn, supervised, completion,
+                                   "skipped" if skip else "kept")
+            if skip:
+                stats.skipped_mismatch += 1
+                continue
         if res.num_tokens > cfg.max_length:
             if cfg.overlong == "skip":
                 stats.skipped_overlong += 1
@@ -294,6 +295,10 @@ def tokenize(run: Run, renderer: Any, convs: list[Any]) -> list[Any]:
         if res.num_supervised == 0:
             stats.dropped_unsupervised += 1
             continue
+        if res.from_ids:
+            stats.supervised_from_token_ids += res.num_supervised
+        else:
+            stats.supervised_retokenized += res.num_supervised
         kept.append(res)
     return kept
 
@@ -345,8 +350,8 @@ def extract(run: Run, samples: list[Any], tokenizer: Any) -> None:
 
 
 def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFlag) -> None:
+    from payload.extract.backends.hf import FeatureModel
     from payload.extract.batching import collate, plan_batches
-    from payload.extract.model import FeatureModel
     from payload.extract.progress import Progress
 
     stats = run.stats
@@ -389,81 +394,6 @@ def update_rates(stats: Stats, elapsed: float) -> None:
     el = max(elapsed, 1e-9)
     stats.samples_per_s = stats.written / el
     stats.tokens_per_s = stats.tokens_written / el
-
-
-def finite_rows(run: Run, progress: Any, batch: Any, aux: Any, final: Any) -> list[bool]:
-    """Per row: no NaN/Inf on a real token (padding is never stored, so never checked).
-    A bad row fails its sample, which is reported and not written."""
-    import torch
-
-    valid = batch.attention_mask.to(aux.device).bool()
-    finite = torch.isfinite(aux).all(-1) & torch.isfinite(final).all(-1)
-    ok: list[bool] = (finite | ~valid).all(-1).tolist()
-    for i, good in enumerate(ok):
-        if not good:
-            s = batch.samples[i]
-            with run.lock:
-                run.stats.failed_nonfinite += 1
-                progress.update(failed=1)
-            run.errors.add(s.id, None, "nonfinite",
-                           f"id {s.key}: NaN or Inf in the features; not written "
-                           f"(try --dtype float32 or bfloat16 instead of float16)")
-    return ok
-
-
-class BatchWriter:
-    """Writes each batch's samples on two threads while the device computes the next
-    batch; at most MAX_PENDING_BATCHES wait for their writes (bounds host memory)."""
-
-    def __init__(self, run: Run, progress: Any) -> None:
-        self.run = run
-        self.progress = progress
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract-write")
-        self.pending: deque[Future[None]] = deque()
-
-    def __enter__(self) -> BatchWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is not None:  # the error in hand is the one to report: let writes end
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            return
-        try:
-            while self.pending:
-                self.pending.popleft().result()
-        finally:
-            self.pool.shutdown(wait=True)
-
-    def submit(self, samples: list[Any], aux: Any, final: Any, ok: list[bool]) -> None:
-        ready = None
-        if aux.device.type == "cuda":  # copy to the host without stalling the device
-            import torch
-
-            aux = aux.to("cpu", non_blocking=True)
-            final = final.to("cpu", non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        self.pending.append(self.pool.submit(self._write, samples, aux, final, ok, ready))
-        while len(self.pending) > MAX_PENDING_BATCHES:
-            self.pending.popleft().result()
-
-    def _write(self, samples: list[Any], aux: Any, final: Any, ok: list[bool],
-               ready: Any) -> None:
-        if ready is not None:
-            ready.synchronize()  # the device-to-host copies of this batch have landed
-        run, stats = self.run, self.run.stats
-        for i, s in enumerate(samples):
-            if not ok[i]:
-                continue
-            t = s.num_tokens
-            nbytes = run.fmt.write(s, aux[i, :t], final[i, :t])
-            with run.lock:
-                run.fmt.record(s)
-                stats.written += 1
-                stats.tokens_written += t
-                stats.supervised_written += s.num_supervised
-                stats.bytes_written += nbytes
-                self.progress.update(done=1, tokens=t, nbytes=nbytes)
 
 
 # -- settle, conclude ----------------------------------------------------------------

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,16 @@ class Stats:
     estimate_bytes: int = 0
     temp_files_removed: int = 0
     reasoning_mode: str = ""
+    # the completion form used (rendering.CompletionForm.describe()) and --turns
+    rendering: dict[str, Any] = field(default_factory=dict)
+    turns: str = "last"
+    # supervised tokens from the record's sampled ids / re-tokenized from its text
+    supervised_from_token_ids: int = 0
+    supervised_retokenized: int = 0
+    # re-tokenized turns whose count differs from usage.completion_tokens (listed in
+    # mismatches.<tag>.jsonl); skipped_mismatch: samples left out by --on-mismatch skip
+    retokenized_mismatch: int = 0
+    skipped_mismatch: int = 0
     device: str = ""
     started: float = 0.0
     updated: float = 0.0
@@ -90,6 +100,8 @@ class Stats:
                 "already_done": self.already_done, "failed": self.failed,
                 "skipped_overlong": self.skipped_overlong, "truncated": self.truncated,
                 "dropped_unsupervised": self.dropped_unsupervised,
+                "retokenized_mismatch": self.retokenized_mismatch,
+                "skipped_mismatch": self.skipped_mismatch,
                 "bad_lines": self.bad_lines, "tokens_per_s": round(self.tokens_per_s),
                 "bytes_written": self.bytes_written}
 
@@ -125,9 +137,12 @@ def job_status(out_dir: Path, run_id: str, world: int) -> dict[str, Any]:
     return {
         "state": state, "done": total("written") + total("already_done"),
         "failed": total("failed_boundary") + total("failed_nonfinite"),
-        "total": total("owned") - total("skipped_overlong") - total("dropped_unsupervised"),
+        "total": total("owned") - total("skipped_overlong") - total("dropped_unsupervised")
+        - total("skipped_mismatch"),
         "in_flight": 0, "skipped_overlong": total("skipped_overlong"),
         "dropped_unsupervised": total("dropped_unsupervised"), "truncated": total("truncated"),
+        "retokenized_mismatch": total("retokenized_mismatch"),
+        "skipped_mismatch": total("skipped_mismatch"),
         "bad_lines": max((s.get("bad_lines", 0) for s in ranks), default=0),
         "tokens_written": total("tokens_written"), "bytes_written": total("bytes_written"),
         "estimate_bytes": total("estimate_bytes"), "tokens_per_s": total("tokens_per_s"),
@@ -159,3 +174,34 @@ class ErrorLog:
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({"id": rid, "line": line_no, "error": kind,
                                  "message": message}, ensure_ascii=False) + "\n")
+
+
+class MismatchLog:
+    """Every re-tokenized turn whose supervised count differs from the server's
+    `usage.completion_tokens`: one JSON line each in mismatches.<tag>.jsonl (this run's);
+    the first few are printed, the rest only listed (10% of a million samples would
+    drown the log)."""
+
+    PRINTED = 5
+
+    def __init__(self, path: Path, record: bool = True) -> None:
+        self.path = path
+        self.record = record
+        self.count = 0
+        if record:
+            path.unlink(missing_ok=True)
+
+    def add(self, rid: Any, line_no: int, turn: int, supervised: int, completion: int,
+            action: str) -> None:
+        self.count += 1
+        if self.count <= self.PRINTED:
+            more = " (all are listed in " + self.path.name + ")" if self.count == self.PRINTED else ""
+            print(f"extract: retokenized_mismatch: id {rid} (line {line_no}) turn {turn}: "
+                  f"{supervised} supervised tokens, the server counted {completion}; "
+                  f"{action}{more}", file=sys.stderr, flush=True)
+        if not self.record:
+            return
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"id": rid, "line": line_no, "turn": turn,
+                                 "supervised": supervised, "completion_tokens": completion,
+                                 "action": action}, ensure_ascii=False) + "\n")

@@ -3,15 +3,16 @@ duplicate files, stable row numbers, and the dataset that matches the files."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from array import array
 from pathlib import Path
 
 import pytest
 
-from payload.extract.rows import HS_DIR, PENDING_DIR, RowStore, hs_relpath
+from payload.extract.formats.speculators import HS_DIR, PENDING_DIR, RowStore, hs_relpath
 from payload.extract.tokens import Sample
-from tests.extractor.conftest import read_features
+from tests.payload.extract.helpers import read_features
 
 H = 8
 
@@ -30,6 +31,12 @@ def write(out: Path, *samples: Sample) -> None:
         store.write_pending(s, torch.randn(t, 3 * H), torch.randn(t, H))
 
 
+def hash_order(*keys: str) -> list[str]:
+    """New rows' order, as docs/training.md states it: sha256("handoff-rows-v1" 0x1f id)."""
+    return sorted(keys, key=lambda k: hashlib.sha256(f"handoff-rows-v1\x1f{k}".encode())
+                  .hexdigest())
+
+
 def ids_by_row(out: Path) -> dict[int, str]:
     return {f["row"]: key for key, f in read_features(out, "speculators").items()}
 
@@ -42,7 +49,8 @@ def test_rows_are_numbered_by_the_last_writer_to_leave(tmp_path: Path) -> None:
     assert "other ranks still write" in (b.close() or "")
     assert not (tmp_path / HS_DIR).exists()
     assert "2 rows (2 added)" in (a.close() or "")
-    assert ids_by_row(tmp_path) == {0: "3", 1: "x"}  # pending files go in id order
+    # pending files go in a seeded hash order of their ids (here it agrees with id order)
+    assert ids_by_row(tmp_path) == {0: "3", 1: "x"} == dict(enumerate(hash_order("x", "3")))
     c = RowStore(tmp_path, H, "float32")
     c.open(dry=True)  # --preflight-only: no lock, reads the rows
     assert c.done("x") and c.done("3") and not c.done("y")
@@ -55,7 +63,9 @@ def test_new_rows_are_appended_and_old_ones_keep_their_numbers(tmp_path: Path) -
     write(tmp_path, sample("a", 6), sample("c", 7))
     line = RowStore(tmp_path, H, "float32").finalize()
     assert "4 rows (2 added)" in line
-    assert ids_by_row(tmp_path) == {0: "b", 1: "d", 2: "a", 3: "c"}
+    # b and d keep rows 0-1, a and c are appended; each batch in seeded hash order
+    assert hash_order("b", "d") == ["d", "b"] and hash_order("a", "c") == ["a", "c"]
+    assert ids_by_row(tmp_path) == {0: "d", 1: "b", 2: "a", 3: "c"}
 
 
 def test_broken_and_duplicate_files_leave_dense_rows(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""speculators' layout: dense, stable rows, resumable across ranks, shards and kill -9.
+"""speculators 0.9.0's layout: dense, stable rows, resumable across ranks, shards and kill -9.
 
 speculators 0.9.0 reads `load_from_disk(OUT)` (columns `input_ids`, `loss_mask` int64,
 `seq_len`) and, for dataset row i, `OUT/hidden_states/hs_{i}.safetensors`, whose
@@ -21,20 +21,23 @@ writing its file would leave a hole; so rows are not numbered while extracting:
 3. `finalize`, under the exclusive lock: every `hs_{row}` file is checked (a broken one
    is deleted and its id is redone by the next run; a duplicate id keeps its lowest
    row); holes are closed by moving the highest rows down; each valid pending file is
-   renamed to the next row, in id order (`os.rename`: no copy). Then the dataset is
+   renamed to the next row, in a seeded hash order of the ids (`row_order`: so a
+   `--train-data-ratio` split is a random sample) (`os.rename`: no copy). Then the dataset is
    rebuilt from the rows (8 bytes a token of reading), and token_freq.pt and
    manifest.jsonl (id -> row) are rewritten. Every step is idempotent, so a kill -9 in
    the middle leaves files the next finalize (any rerun) completes.
 
 Existing rows keep their numbers across resumed runs (new ones are appended); only a
-row whose file was damaged changes hands (the last row takes its place).
+row whose file was damaged changes hands (the last row takes its place). The dataset
+dir and token_freq.pt are written by speculators_dataset.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -43,10 +46,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from payload import atomic
 from payload.errors import UsageError
-from payload.extract.formats import ids_tensor
+from payload.extract.formats.base import Format
+from payload.extract.formats.speculators_dataset import (
+    DATASET_TMP,
+    TOKEN_FREQ,
+    fsync_dir,
+    write_dataset,
+)
+from payload.extract.tensors import ids_tensor
 from payload.extract.writer import (
+    DTYPE_BYTES,
     MANIFEST,
     ST_DTYPES,
     TMP_MARK,
@@ -60,15 +70,28 @@ from payload.extract.writer import (
 )
 
 if TYPE_CHECKING:
-    from payload.extract.tokens import Sample
+    from payload.extract.tokens import Conversation, Sample
 
 HS_DIR = "hidden_states"
 PENDING_DIR = "pending"
 LOCK_NAME = ".rows.lock"
-TOKEN_FREQ = "token_freq.pt"
-DATASET_TMP = ".dataset" + TMP_MARK
 _HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
-_CHUNK_TOKENS = 1 << 26  # rows per Arrow chunk stay far below list<int64>'s 2^31 offsets
+
+
+ROW_SEED = "handoff-rows-v1"
+
+
+def row_order(key: str) -> str:
+    """The order new rows are numbered in: sha256(ROW_SEED + "\\x1f" + id), a fixed seeded
+    hash. speculators' `--train-data-ratio` makes the first rows the training split and
+    the rest validation; in id order the validation split would be "the ids that sort
+    last" (biased when ids encode their source), in hash order it is a random sample."""
+    return hashlib.sha256(f"{ROW_SEED}\x1f{key}".encode()).hexdigest()
+
+
+def _span(text: str) -> tuple[int, int]:
+    lo, hi = text.split(":")
+    return int(lo), int(hi)
 
 
 def hs_relpath(row: int) -> str:
@@ -82,8 +105,7 @@ class RowFile:
     path: Path
     rid: Any  # the record's id, with its JSON type
     num_tokens: int
-    lo: int  # the supervised span [lo, hi)
-    hi: int
+    spans: tuple[tuple[int, int], ...]  # the supervised spans [lo, hi)
     ids_at: int  # file offset of the token_ids data
 
     @property
@@ -92,7 +114,7 @@ class RowFile:
 
     @property
     def num_supervised(self) -> int:
-        return self.hi - self.lo
+        return sum(hi - lo for lo, hi in self.spans)
 
 
 @dataclass
@@ -116,16 +138,9 @@ def move(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class RowStore:
+    """The rows of one output dir: pending files, row files, and their numbering."""
+
     def __init__(self, out: Path, hidden: int, dtype: str) -> None:
         for module in ("datasets", "pyarrow"):
             try:
@@ -147,9 +162,10 @@ class RowStore:
 
     @staticmethod
     def _metadata(sample: Sample) -> dict[str, str]:
-        hi = min(sample.sup_end, sample.num_tokens)
+        t = sample.num_tokens
+        spans = ",".join(f"{lo}:{min(hi, t)}" for lo, hi in sample.spans if lo < min(hi, t))
         return {"id": json.dumps(sample.id, ensure_ascii=False),
-                "loss_mask": f"{sample.prompt_len}:{hi}"}
+                "loss_mask": spans or f"{sample.prompt_len}:{sample.prompt_len}"}
 
     def file_bytes(self, sample: Sample) -> int:
         specs = [(n, d, s) for n, (d, s) in self._want(sample.num_tokens).items()]
@@ -165,15 +181,17 @@ class RowStore:
             meta = header["__metadata__"]
             t = int(header["token_ids"]["shape"][0])
             rid = json.loads(meta["id"])
-            lo, hi = (int(x) for x in meta["loss_mask"].split(":"))
+            spans = tuple(_span(part) for part in meta["loss_mask"].split(","))
             ids_at = start + int(header["token_ids"]["data_offsets"][0])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return None
-        if t <= 0 or not 0 <= lo <= hi <= t or not header_matches(header, self._want(t)):
+        ordered = all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+        if (t <= 0 or not ordered or not all(0 <= lo <= hi <= t for lo, hi in spans)
+                or not header_matches(header, self._want(t))):
             return None
         if not isinstance(rid, (str, int)) or isinstance(rid, bool):
             return None
-        return RowFile(path, rid, t, lo, hi, ids_at)
+        return RowFile(path, rid, t, spans, ids_at)
 
     def pending_relpath(self, key: str) -> str:
         return id_relpath(key, PENDING_DIR, ".safetensors")
@@ -258,9 +276,9 @@ class RowStore:
         rows = self._valid_rows(tally)
         pending = self._valid_pending({f.key for f in rows.values()}, tally)
         ordered = self._renumber(rows, pending, tally)
-        _fsync_dir(self.out / HS_DIR)
+        fsync_dir(self.out / HS_DIR)
         self._remove_leftovers()
-        tokens = self._write_dataset(ordered)
+        tokens = write_dataset(self.out, ordered)
         write_manifest(self.out, ({"id": f.rid, "file": hs_relpath(r), "row": r,
                                    "num_tokens": f.num_tokens,
                                    "num_supervised": f.num_supervised}
@@ -289,7 +307,8 @@ class RowStore:
         return rows
 
     def _valid_pending(self, have: set[str], tally: Tally) -> list[RowFile]:
-        """The complete pending files of ids that have no row yet, in id order."""
+        """The complete pending files of ids that have no row yet, in row order (a seeded
+        hash of the id: see `row_order`)."""
         pending = []
         for path in self._pending_files():
             f = self.read(path)
@@ -300,7 +319,7 @@ class RowStore:
                 continue
             have.add(f.key)
             pending.append(f)
-        return sorted(pending, key=lambda f: f.key)
+        return sorted(pending, key=lambda f: row_order(f.key))
 
     def _renumber(self, rows: dict[int, RowFile], pending: list[RowFile],
                   tally: Tally) -> list[RowFile]:
@@ -344,81 +363,56 @@ class RowStore:
             if p.name.startswith(DATASET_TMP):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def _write_dataset(self, rows: list[RowFile]) -> int:
-        """The HF datasets dir (what `load_from_disk(OUT)` reads) and token_freq.pt, from
-        the rows' own token ids and spans; swapped in with state.json moved last."""
-        import datasets
-        import pyarrow as pa
-        import torch
 
-        datasets.disable_progress_bars()  # a nohup log wants no tqdm bars
-        ids, masks, freq = self._columns(rows)
-        list_type = pa.list_(pa.int64())
-        seq = datasets.List(datasets.Value("int64"))
-        features = datasets.Features({"input_ids": seq, "loss_mask": seq,
-                                      "seq_len": datasets.Value("int64")})
-        ds = datasets.Dataset.from_dict(
-            {"input_ids": pa.chunked_array(ids, type=list_type),
-             "loss_mask": pa.chunked_array(masks, type=list_type),
-             "seq_len": pa.array([f.num_tokens for f in rows], type=pa.int64())},
-            features=features)
-        ds.set_format(type="torch")  # speculators compares rows with torch.equal
-        tmp = self.out / f"{DATASET_TMP}{os.getpid()}"
-        ds.save_to_disk(str(tmp))
-        self._swap_in(tmp)
-        # {token id: count} over supervised tokens, as speculators' own prepare step saves it
-        buf = io.BytesIO()
-        torch.save({int(i): int(c) for i, c in enumerate(freq.tolist()) if c}, buf)
-        atomic.write_bytes(self.out / TOKEN_FREQ, buf.getvalue())
-        return sum(f.num_tokens for f in rows)
+class Speculators(Format):
+    """speculators 0.9.0's offline data: the rows (RowStore, above) and the dataset."""
 
-    def _columns(self, rows: list[RowFile]) -> tuple[list[Any], list[Any], Any]:
-        """input_ids and loss_mask as Arrow list chunks (read from the row files), and the
-        supervised token counts; chunked so no chunk outgrows list<int64>'s offsets."""
-        import numpy as np
-        import pyarrow as pa
+    name = "speculators"
 
-        ids_chunks: list[Any] = []
-        mask_chunks: list[Any] = []
-        freq = np.zeros(0, dtype=np.int64)
-        start = 0
-        while start < len(rows):
-            stop, total = start + 1, rows[start].num_tokens
-            while stop < len(rows) and total + rows[stop].num_tokens <= _CHUNK_TOKENS:
-                total += rows[stop].num_tokens
-                stop += 1
-            flat = np.empty(total, dtype=np.int64)
-            mask = np.zeros(total, dtype=np.int64)
-            offsets = np.zeros(stop - start + 1, dtype=np.int32)
-            at = 0
-            for i, f in enumerate(rows[start:stop]):
-                with f.path.open("rb") as fh:
-                    fh.seek(f.ids_at)
-                    flat[at:at + f.num_tokens] = np.frombuffer(fh.read(8 * f.num_tokens),
-                                                                dtype="<i8")
-                mask[at + f.lo:at + f.hi] = 1
-                at += f.num_tokens
-                offsets[i + 1] = at
-            ids_chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)))
-            mask_chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask)))
-            counts = np.bincount(flat[mask == 1])
-            if len(counts) > len(freq):
-                freq = np.pad(freq, (0, len(counts) - len(freq)))
-            freq[:len(counts)] += counts
-            start = stop
-        return ids_chunks, mask_chunks, freq
+    def __init__(self, out: Path, hidden: int, dtype: str) -> None:
+        super().__init__(out, hidden, dtype)
+        self.rows = RowStore(out, hidden, dtype)
 
-    def _swap_in(self, tmp: Path) -> None:
-        """Replace the dataset files in OUT by tmp's: state.json (which names the arrow
-        files) goes first and comes back last, so a reader never sees a mix."""
-        (self.out / "state.json").unlink(missing_ok=True)
-        new = sorted(p.name for p in tmp.iterdir())
-        for old in self.out.glob("data-*.arrow"):
-            if old.name not in new:
-                old.unlink()
-        for name in new:
-            if name != "state.json":
-                os.replace(tmp / name, self.out / name)
-        os.replace(tmp / "state.json", self.out / "state.json")
-        tmp.rmdir()
-        _fsync_dir(self.out)
+    def relpath(self, key: str) -> str:
+        return self.rows.pending_relpath(key)
+
+    def sample_bytes(self, sample: Sample) -> int:
+        return self.rows.file_bytes(sample)
+
+    def shared_bytes(self, sample: Sample) -> int:
+        # the dataset's input_ids and loss_mask (int64 each), seq_len and list offsets
+        return 16 * sample.num_tokens + 24
+
+    def fixed_bytes(self, vocab_size: int) -> int:
+        # Arrow schema and HF json files (~2 KB seen), token_freq.pt (<= ~16 B an id)
+        return 64 * 1024 + 16 * vocab_size
+
+    def bytes_per_token(self) -> int:
+        return 4 * self.hidden * DTYPE_BYTES[self.dtype] + 8 + 16
+
+    def meta(self, layers: tuple[int, ...], vocab_size: int) -> dict[str, Any]:
+        # vLLM (speculators' capture) numbers layers as HF's output_hidden_states does;
+        # the trainer's --target-layer-ids are the three aux ids, the 4th slot is implicit.
+        return {"target_layer_ids": list(layers), "target_vocab_size": vocab_size,
+                "row_order": f"new rows by sha256('{ROW_SEED}' + 0x1f + id), appended"}
+
+    def keys(self) -> dict[str, str]:
+        return {"token_ids": "int64 [T] (hidden_states/hs_{row}.safetensors)",
+                "hidden_states": f"{self.dtype} [T, 4, H]: the 3 aux layers, then the final "
+                                 "state (see final_state)",
+                "dataset": "input_ids int64 [T], loss_mask int64 [T], seq_len (row = hs_{row})"}
+
+    def open(self, tag: str, *, dry: bool) -> None:
+        self.rows.open(dry=dry)
+
+    def done(self, conv: Conversation) -> bool:
+        return self.rows.done(conv.key)
+
+    def write(self, sample: Sample, aux: Any, final: Any) -> int:
+        return self.rows.write_pending(sample, aux, final)
+
+    def record(self, sample: Sample) -> None:
+        """Nothing to list yet: the pending file describes itself; rows come at close."""
+
+    def close(self) -> str | None:
+        return self.rows.close()
