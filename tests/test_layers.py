@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Lowest first; each layer: (what it is, its packages or top-level modules).
 HANDOFF_LAYERS: list[tuple[str, set[str]]] = [
-    ("foundations: errors, defaults, console output", {"__init__", "errors", "defaults", "console"}),
+    ("foundations: errors, defaults, console output, threads",
+     {"__init__", "errors", "defaults", "console", "threads"}),
     ("config: workstation paths, files, flags, inventory, roles, layout, state, keyring", {"config"}),
     ("ssh: ssh_config, host keys, endpoints and routes, connections, bulk SFTP", {"ssh"}),
     ("host: targets, the Session seam and its SSH side, facts, transfers, remote code", {"host"}),
@@ -207,7 +208,7 @@ def test_every_handoff_package_has_a_layer() -> None:
 
 def test_handoff_has_a_handful_of_top_level_modules() -> None:
     top = sorted(p.stem for p in (REPO / "handoff").glob("*.py"))
-    assert top == ["__init__", "console", "defaults", "errors"]
+    assert top == ["__init__", "console", "defaults", "errors", "threads"]
 
 
 def test_every_part_of_a_package_with_rows_has_a_row() -> None:
