@@ -15,6 +15,8 @@ features (`generate`, `extract`) above the common modules every feature uses, `s
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -336,3 +338,14 @@ def test_the_payload_checker_fails_on_features_importing_each_other(tmp_path: Pa
                      "payload/cli.py": "from payload.extract import rows\n"})
     bad = upward("payload", PAYLOAD_LAYERS, tmp_path)
     assert [b.split(":")[0] for b in bad] == ["payload/extract/rows.py", "payload/records2.py"]
+
+
+def test_the_session_protocol_and_the_local_session_do_not_pull_in_paramiko() -> None:
+    """`handoff.host.session` is the seam alone: the local session (and any code that only
+    needs the protocol) imports without paramiko; the SSH side is handoff.host.ssh_session."""
+    code = ("import sys, handoff.testing.local, handoff.host.session; "
+            "print('paramiko' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
