@@ -20,12 +20,11 @@ written on the host.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handoff import console
+from handoff import console, threads
 from handoff.errors import HandoffError, RemoteError
 from handoff.host import remote_code
 from handoff.host.session import Session
@@ -143,12 +142,11 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
     """Bring one host's job folder to `local_dir`."""
     have = local_copies(local_dir)
     # The workstation hashes its prefixes while the host hashes its own (the listing).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(local_hashes, local_dir, have)
-        listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job),
-                                                      "local": asked(have)},
-                             "listing the job's files")
-        hashes = hashing.result()
+    hashing = threads.soon(lambda: local_hashes(local_dir, have), "hash-local")
+    listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job),
+                                                  "local": asked(have)},
+                         "listing the job's files")
+    hashes = hashing.result()
     if not listing["exists"]:
         raise RemoteError(f"{s.label}: no job {job!r} at {listing['job_dir']} (launched?)")
     return fetch_listed(s, listing, local_dir, have, hashes)
@@ -157,12 +155,12 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
 def fetch_all(s: Session, host_dir: Path) -> dict[str, Fetched]:
     """Bring every job folder of one host to `host_dir/<job>/` (one listing round trip)."""
     have = {p.name: local_copies(p) for p in host_dir.iterdir() if p.is_dir()} if host_dir.is_dir() else {}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(lambda: {job: local_hashes(host_dir / job, h) for job, h in have.items()})
-        listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs,
-                                                      "local": {job: asked(h) for job, h in have.items()}},
-                             "listing the jobs' files")
-        hashes = hashing.result()
+    hashing = threads.soon(lambda: {job: local_hashes(host_dir / job, h) for job, h in have.items()},
+                           "hash-local")
+    listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs,
+                                                  "local": {job: asked(h) for job, h in have.items()}},
+                         "listing the jobs' files")
+    hashes = hashing.result()
     if not listing["jobs"]:
         raise RemoteError(f"{s.label}: no job under {listing['jobs_dir']} (launched?)")
     return {job: fetch_listed(s, one, host_dir / job, have.get(job, {}), hashes.get(job, {}))
