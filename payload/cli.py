@@ -4,6 +4,12 @@ Everything printed goes through redaction of the API key: stdout and stderr are 
 for the duration of `main`, so no code path can print the key by accident. The wrapper
 also drops what cannot be written (the log on a full disk): a message lost is better
 than a run that dies, or loops, on its own log.
+
+This is the top of the payload: it parses flags into each command's settings, and maps
+every expected failure (a `payload.errors.PayloadError`, whatever raised it) to its exit
+code and one `error: …` line, in `main` only. Each command's modules are imported when
+it runs (the extractor's heavy ones only inside `extract.run`), so `generate` and `smoke`
+never need torch.
 """
 
 from __future__ import annotations
@@ -14,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import defaults
-from .errors import ExitCode, PayloadError
-from .records import parse_shard, sibling_path
-from .redact import RedactingStream, redact
+from payload import defaults
+from payload.errors import ExitCode, PayloadError
+from payload.records import parse_shard, sibling_path
+from payload.redact import RedactingStream, redact
 
 EXIT_USAGE = ExitCode.USAGE
 
@@ -92,17 +98,17 @@ def _checked(parse: Any) -> Any:
 
 
 def parse_prices_arg(text: str) -> Any:
-    from .generate.budget import parse_prices
+    from payload.generate.budget import parse_prices
     return parse_prices(text)
 
 
 def parse_max_failed_arg(text: str) -> Any:
-    from .generate.run import parse_max_failed
+    from payload.generate.settings import parse_max_failed
     return parse_max_failed(text)
 
 
 def _provider(args: argparse.Namespace) -> dict[str, Any] | None:
-    from .generate.run import provider_for
+    from payload.generate.settings import provider_for
     explicit = args.provider is not _UNSET
     return provider_for(args.base_url, args.provider if explicit else defaults.PROVIDER,
                         explicit)
@@ -166,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/402/budget, seconds to wait for in-flight requests")
     g.add_argument("--no-preflight", action="store_true",
                    help="skip the endpoints check of the provider filter")
+    g.add_argument("--status-every", type=_positive(float), default=2.0,
+                   help="seconds between status file updates (and the outage and stall "
+                        "checks); default 2")
 
     sm = sub.add_parser("smoke", help="one request: model, provider, latency, tokens, cost, "
                         "key credit left")
@@ -175,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("extract", help="EAGLE-3 features from generated conversations (GPU)")
     try:
-        from . import extract
+        from payload import extract
     except ImportError as exc:
         ex.set_defaults(_extract_missing=str(exc))
     else:
@@ -183,21 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_key(args: argparse.Namespace) -> str | None:
-    """The key from --api-key-file or $OPENROUTER_API_KEY; None (after saying why) if refused."""
-    from .keyfile import KeyFileError, load_key
-    try:
-        return load_key(args.api_key_file, consume=args.consume_key)
-    except KeyFileError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return None
+def _load_key(args: argparse.Namespace) -> str:
+    """The key from --api-key-file or $OPENROUTER_API_KEY (a KeyFileError, exit 2, if refused)."""
+    from payload.keyfile import load_key
+    return load_key(args.api_key_file, consume=args.consume_key)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .generate.run import Settings, run
+    from payload.generate.run import run
+    from payload.generate.settings import Settings
     key = _load_key(args)
-    if key is None:
-        return EXIT_USAGE
     settings = Settings(
         input=args.input, output=args.output,
         status_file=args.status_file or sibling_path(args.output, ".status.json"),
@@ -210,15 +214,13 @@ def _generate(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
         max_failed=args.max_failed if not isinstance(args.max_failed, str)
         else parse_max_failed_arg(args.max_failed),
-        preflight=not args.no_preflight)
+        preflight=not args.no_preflight, status_every=args.status_every)
     return run(settings)
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    from .smoke import run_smoke
+    from payload.generate.smoke import run_smoke
     key = _load_key(args)
-    if key is None:
-        return EXIT_USAGE
     return run_smoke(base_url=args.base_url, api_key=key, model=args.model,
                      provider=_provider(args), max_tokens=args.max_tokens,
                      timeout=args.request_timeout)
@@ -230,7 +232,7 @@ def _extract(args: argparse.Namespace) -> int:
         print(f"error: the extract command is not available in this payload ({missing})",
               file=sys.stderr)
         return EXIT_USAGE
-    from . import extract
+    from payload import extract
     return int(extract.run(args))
 
 

@@ -14,12 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from payload.errors import BadRecord
+
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "tool": "tool"}
-
-
-class BadRecord(ValueError):
-    """A line that cannot become a prompt; the message says why, for the user."""
 
 
 @dataclass(frozen=True)

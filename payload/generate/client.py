@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from ..redact import redact
+from payload.redact import redact
 
 # 409 (a lock or conflict) is retried as the openai SDK does; 5xx are retried below.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})

@@ -22,13 +22,13 @@ import heapq
 import json
 import mmap
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
+from payload import atomic
+from payload.report import Reporter
 
 _DECODER = json.JSONDecoder()
 _PREFIX = b'{"id":'
@@ -186,7 +186,8 @@ def _fast_record(mm: mmap.mmap, pos: int, end: int, is_output: bool
     return (key, usage) if isinstance(usage, dict) else None
 
 
-def _scan(path: Path, target: IdSet, is_output: bool, index: Index, warn: bool) -> None:
+def _scan(path: Path, target: IdSet, is_output: bool, index: Index,
+          reporter: Reporter | None) -> None:
     size = path.stat().st_size
     if size == 0:
         return
@@ -204,9 +205,8 @@ def _scan(path: Path, target: IdSet, is_output: bool, index: Index, warn: bool) 
                 if got is None:
                     if mm[pos:end].strip():
                         index.skipped_lines += 1
-                        if warn:
-                            print(f"warning: {path}:{line_no}: unreadable record skipped",
-                                  file=sys.stderr)
+                        if reporter is not None:
+                            reporter.warn(f"{path}:{line_no}: unreadable record skipped")
                 else:
                     key, usage = got
                     h = id_hash(key)
@@ -257,13 +257,19 @@ def record_key(line: bytes) -> str | None:
     return slow[0] if slow is not None else None
 
 
-def load_index(output: Path, errors: Path, *, warn: bool = True) -> Index:
-    """Read both files (truncating torn tails first) into an Index."""
+def load_index(output: Path, errors: Path, *, warn: bool = True,
+               reporter: Reporter | None = None) -> Index:
+    """Read both files (truncating torn tails first) into an Index. Unreadable lines are
+    skipped, and said (to `reporter`, else stderr) unless `warn` is off."""
+    if warn and reporter is None:
+        reporter = Reporter()
+    elif not warn:
+        reporter = None
     index = Index()
     for path, target, is_output in ((output, index.done, True), (errors, index.failed, False)):
         index.truncated_bytes += truncate_torn_tail(path)
         if path.exists():
-            _scan(path, target, is_output, index, warn)
+            _scan(path, target, is_output, index, reporter)
     return index
 
 

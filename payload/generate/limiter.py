@@ -46,8 +46,8 @@ import contextlib
 import math
 import random
 
-from .client import Kind, Outcome
-from .outage import Breaker
+from payload.generate.client import Kind, Outcome
+from payload.generate.outage import Breaker
 
 INITIAL_WINDOW = 32
 # Slots added per success in slow start: the window triples every round trip (32, 96,

@@ -4,8 +4,8 @@ The status file is the contract `fab status` reads (DESIGN: state, done, failed,
 in_flight, total, tokens, cost, rates, times, last_error; docs/records.md lists every
 field), replaced atomically (temp file + rename) so a reader never sees half a file. On
 a TTY a rich progress bar shows the same numbers; without a TTY (a detached job writing
-a log), or where rich is not installed on the container, plain lines are printed every
-few seconds.
+a log), or where rich is not installed on the container, plain lines go to the run's
+reporter every few seconds.
 
 A full disk must not silence the status: the writer keeps a small reserve file beside
 the status file from the start and gives it up to write the final status, and it says
@@ -18,15 +18,15 @@ import collections
 import contextlib
 import errno
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, units
-from ..redact import REDACTOR
+from payload import atomic, units
+from payload.redact import REDACTOR
+from payload.report import Reporter
 
 
 def _iso(ts: float) -> str:
@@ -91,8 +91,9 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 class StatusWriter:
     """Writes the status file; holds the disk-space reserve that guarantees the last one."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, reporter: Reporter) -> None:
         self.path = path
+        self.say = reporter
         self.reserve = None if path is None else path.with_name(f".{path.name}.reserve")
         self._warned: set[int] = set()
         self.disk_full = False
@@ -129,8 +130,7 @@ class StatusWriter:
                 self.disk_full = True
             if exc.errno not in self._warned:
                 self._warned.add(exc.errno or 0)
-                print(f"warning: cannot write status file {self.path}: {exc.strerror}",
-                      file=sys.stderr)
+                self.say.warn(f"cannot write status file {self.path}: {exc.strerror}")
             return exc
         return None
 
@@ -153,13 +153,16 @@ def describe(c: Counters) -> str:
 class Display:
     """A rich bar on a TTY (if rich is importable), else a plain line every `plain_every` s."""
 
-    def __init__(self, counters: Counters, *, plain_every: float = 10.0) -> None:
+    def __init__(self, counters: Counters, reporter: Reporter, *,
+                 plain_every: float = 10.0) -> None:
         self.c = counters
+        self.say = reporter
         self.plain_every = plain_every
         self._last_plain = time.monotonic()
         self._progress: Any = None
         self._task: Any = None
-        if sys.stderr.isatty():
+        stream = reporter.stream
+        if stream.isatty():
             with contextlib.suppress(ImportError):
                 from rich.console import Console
                 from rich.progress import (
@@ -172,7 +175,7 @@ class Display:
                 self._progress = Progress(
                     TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                    console=Console(file=sys.stderr), transient=False)
+                    console=Console(file=stream), transient=False)
 
     def start(self) -> None:
         if self._progress is not None:
@@ -192,10 +195,10 @@ class Display:
         now = time.monotonic()
         if now - self._last_plain >= self.plain_every:
             self._last_plain = now
-            print(describe(c), file=sys.stderr, flush=True)
+            self.say.say(describe(c))
 
     def stop(self) -> None:
         if self._progress is not None:
             self.update()
             self._progress.stop()
-        print(describe(self.c), file=sys.stderr, flush=True)
+        self.say.say(describe(self.c))
