@@ -23,9 +23,11 @@ from typing import Any
 from payload import defaults
 from payload.errors import ExitCode, PayloadError
 from payload.records import parse_shard, sibling_path
-from payload.redact import RedactingStream, redact
+from payload.redact import RedactingStream
+from payload.report import Reporter
 
 EXIT_USAGE = ExitCode.USAGE
+_REPORT = Reporter()  # what the command entry itself says (stderr, redacted)
 
 
 class _LogStream(RedactingStream):
@@ -51,7 +53,7 @@ _UNSET: Any = object()
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse exits 2 too; keep its message redacted
         self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {redact(message)}", file=sys.stderr)
+        _REPORT.say(f"{self.prog}: error: {message}")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -229,8 +231,7 @@ def _smoke(args: argparse.Namespace) -> int:
 def _extract(args: argparse.Namespace) -> int:
     missing = getattr(args, "_extract_missing", None)
     if missing is not None:
-        print(f"error: the extract command is not available in this payload ({missing})",
-              file=sys.stderr)
+        _REPORT.error(f"the extract command is not available in this payload ({missing})")
         return EXIT_USAGE
     from payload import extract
     return int(extract.run(args))
@@ -249,13 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except PayloadError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        _REPORT.error(str(exc))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 3
     except Exception:  # an unexpected failure: a redacted traceback, never the raw one
         import traceback
-        print(redact(traceback.format_exc()), file=sys.stderr)
+        _REPORT.say(traceback.format_exc().rstrip("\n"))
         return 1
     finally:
         for stream in (sys.stdout, sys.stderr):

@@ -27,6 +27,7 @@ from tests.payload.helpers import (
     read_jsonl,
     run_payload,
     status_of,
+    wait_for_status,
     write_prompts,
 )
 
@@ -265,7 +266,8 @@ def test_kill9_and_resume_under_capacity_and_outage(fake_factory, key_file, tmp_
         assert proc.poll() is None, "the run finished before it could be killed"
         proc.kill()
         proc.wait()
-    time.sleep(1.5)
+    while time.monotonic() < fake._outage_until:  # the server is back before the final run
+        time.sleep(0.05)
     final = run_payload(*args, timeout=120)
     assert final.returncode == 0, final.stderr[-2000:]
     done, failed = assert_exactly_once(ids, out)
@@ -303,8 +305,7 @@ def test_retry_after_of_a_day_does_not_park_the_run(fake_factory, key_file, tmp_
     while time.monotonic() < deadline and fake.stats.successes < 49:
         time.sleep(0.05)
     assert fake.stats.successes == 49
-    time.sleep(2.5)  # a status tick
-    st = status_of(out)
+    st = wait_for_status(out, lambda st: st.get("done") == 49)  # the next status tick
     assert (st["state"], st["done"], st["in_flight"]) == ("running", 49, 0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
