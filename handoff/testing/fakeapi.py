@@ -75,10 +75,11 @@ from payload.records import derive_id
 PREFIX = "/api/v1"
 
 # Fault kinds the plan understands. Retryable ones first: `FaultPlan.mix` spreads over them.
+# `length_empty` (cut by max_tokens, no content) is not one: it is an answer, done at once.
 RETRYABLE_FAULTS = ("429", "500", "502", "503", "504", "524", "529", "reset", "malformed",
-                    "choice_error", "finish_error", "empty", "length_empty", "402_inflight")
+                    "choice_error", "finish_error", "empty", "402_inflight")
 OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404", "429_bare", "429_quota",
-                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse")
+                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse", "length_empty")
 ALL_FAULTS = RETRYABLE_FAULTS + OTHER_FAULTS
 
 _MESSAGES = {
