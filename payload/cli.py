@@ -90,6 +90,16 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _checked(parse: Any) -> Any:
     def run(text: str) -> Any:
         try:
@@ -174,6 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/402/budget, seconds to wait for in-flight requests")
     g.add_argument("--no-preflight", action="store_true",
                    help="skip the endpoints check of the provider filter")
+    g.add_argument("--max-timeouts", type=_count, default=1,
+                   help="times a prompt that timed out is asked again (each timed-out "
+                        "request may have been billed in full); default 1")
+    g.add_argument("--think-in-content", choices=("split", "refuse"), default="split",
+                   help="an answer with <think> markers in content and no reasoning field: "
+                        "split them into reasoning (default) or refuse it (a permanent "
+                        "error think_in_content)")
+    g.add_argument("--turns", choices=("last", "all"), default="last",
+                   help="last: regenerate the final assistant turn (default); all: every "
+                        "assistant turn in order, each on the regenerated history")
     g.add_argument("--status-every", type=_positive(float), default=2.0,
                    help="seconds between status file updates (and the outage and stall "
                         "checks); default 2")
@@ -216,7 +236,9 @@ def _generate(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
         max_failed=args.max_failed if not isinstance(args.max_failed, str)
         else parse_max_failed_arg(args.max_failed),
-        preflight=not args.no_preflight, status_every=args.status_every)
+        preflight=not args.no_preflight, status_every=args.status_every,
+        max_timeouts=args.max_timeouts, think_in_content=args.think_in_content,
+        turns=args.turns)
     return run(settings)
 
 

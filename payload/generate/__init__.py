@@ -6,7 +6,8 @@ client (one attempt: the request body, the error taxonomy and answer shapes) · 
 (the outage breaker) · limiter (slow start, throttling, the slots) · budget (--max-cost
 from expected costs) · systematic (early stop on one error for every prompt) · journal
 (resume index, single writer) · inputs (the input survey: valid records, bad lines,
-totals) · preflight (endpoint filter check, prices) · progress (counters, status file,
+totals) · turns (`--turns last|all`: the turns regenerated, their histories, the turn
+journal) · preflight (endpoint filter check, prices) · progress (counters, status file,
 progress display) · settings (what a run was asked, checked) · stop (the one decision to
 stop) · recorder (costs and records) · attempts (one prompt through its attempts) · run
 (the orchestrator).

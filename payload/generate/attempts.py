@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -23,6 +24,7 @@ from payload.errors import BudgetReached
 from payload.generate import client
 from payload.generate.budget import Budget
 from payload.generate.client import Kind, Outcome
+from payload.generate.journal import id_hash
 from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter, backoff_delay
 from payload.generate.outage import Breaker
 from payload.generate.progress import Counters
@@ -30,6 +32,7 @@ from payload.generate.recorder import Recorder
 from payload.generate.settings import Settings
 from payload.generate.stop import Stop
 from payload.generate.systematic import Held
+from payload.generate.turns import Turn, history, positions
 from payload.records import Prompt
 from payload.report import Reporter
 
@@ -57,8 +60,10 @@ class _Slot:
 class Attempts:
     def __init__(self, s: Settings, counters: Counters, limiter: Limiter, breaker: Breaker,
                  budget: Budget, recorder: Recorder, stop: Stop, endpoint: Endpoint,
-                 reporter: Reporter) -> None:
+                 reporter: Reporter, resumed: dict[int, list[Turn]] | None = None) -> None:
         self.s = s
+        # --turns all: the journaled turns of conversations not yet recorded, by id hash.
+        self.resumed = resumed or {}
         self.c = counters
         self.limiter = limiter
         self.breaker = breaker
@@ -70,22 +75,42 @@ class Attempts:
         self._dispatched = 0  # sequence number of the last request sent
         self._outage_reported = 0
 
-    def body(self, p: Prompt) -> bytes:
+    def body(self, messages: list[dict[str, Any]]) -> bytes:
         s = self.s
         return json.dumps(client.build_body(
-            p.messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
+            messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
             temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     async def handle(self, p: Prompt) -> None:
-        """One prompt through its attempts. The slot is held across a short throttle wait
-        and given back for anything longer (backoff, an outage, a long Retry-After)."""
-        slot = _Slot(probe=await self.limiter.acquire())
-        try:
-            await self._attempts(p, slot)
-        finally:
-            if slot.held:
-                self.limiter.release()
+        """One prompt: each turn it regenerates (one with --turns last), in order, each on
+        the regenerated history before it, through its attempts. A turn's slot is held
+        across a short throttle wait and given back for anything longer (backoff, an
+        outage, a long Retry-After) and between turns."""
+        where = positions(p, self.s.turns)
+        done: list[Turn] = (self.resumed.pop(id_hash(p.key), [])[:len(where) - 1]
+                            if self.resumed else [])
+        for k in range(len(done), len(where)):
+            messages = history(p, where, done, k)
+            slot = _Slot(probe=await self.limiter.acquire())
+            try:
+                got = await self._attempts(p, slot, self.body(messages))
+            finally:
+                if slot.held:
+                    self.limiter.release()
+            if got is None:
+                return  # recorded as failed, held, or stopped
+            outcome, cost, sent, seq = got
+            if k + 1 < len(where):
+                turn = self.rec.turn(p, k, where[k], outcome, cost, sent, seq)
+                if turn is None:
+                    return
+                done.append(turn)
+            elif self.s.turns == "all":
+                self.rec.success(p, history(p, where, done, k, with_reasoning=True), outcome,
+                                 cost, sent, seq, done)
+            else:
+                self.rec.success(p, messages, outcome, cost, sent, seq)
 
     async def _send(self, body: bytes) -> Outcome:
         """One request, counted in flight; the budget admission is given back if it is
@@ -95,27 +120,29 @@ class Attempts:
         self.limiter.sending()
         try:
             return await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
-                                        ep.proxy)
+                                        ep.proxy, self.s.think_in_content)
         except BaseException:  # cancelled: never answered
             self.budget.cancel()
             raise
         finally:
             c.in_flight -= 1
 
-    async def _attempts(self, p: Prompt, slot: _Slot) -> None:
+    async def _attempts(self, p: Prompt, slot: _Slot, body: bytes
+                        ) -> tuple[Outcome, float | None, int, int] | None:
+        """One request through its attempts: (the answer, its cost, requests sent, its
+        dispatch number), or None when the prompt ended otherwise (failed, held, stopped)."""
         s, c, lim, stop = self.s, self.c, self.limiter, self.stop
-        body = self.body(p)
-        sent = charged = throttles = 0
+        sent = charged = throttles = timeouts = 0
         held = False  # this prompt kept its slot through a throttle wait: its retry tells
         while True:
             if stop.stopping:
-                return
+                return None
             try:
                 await self.budget.admit()
             except BudgetReached as exc:
                 stop.request("budget", f"stopping: {exc}; the run is resumable "
                              "(raise --max-cost and rerun the same command)")
-                return
+                return None
             sent += 1
             self._dispatched += 1
             seq = self._dispatched
@@ -125,24 +152,32 @@ class Attempts:
             slot.probe = held = False
             self._note_outage(outcome)
             if outcome.kind is Kind.OK:
-                self.rec.success(p, outcome, cost, sent, seq)
-                return
+                return outcome, cost, sent, seq
             self.rec.error_answer(outcome, cost)
+            if outcome.type == "timeout" and outcome.status is None:
+                # Abandoned by us, likely billed in full: asked again at most --max-timeouts.
+                timeouts += 1
+                c.timeouts += 1
+                if timeouts > s.max_timeouts:
+                    self.rec.failure(p, outcome, sent, gave_up=True, why=(
+                        f"{timeouts} timeouts (--max-timeouts {s.max_timeouts}: each may "
+                        "have been billed)"))
+                    return None
             if outcome.kind is Kind.AUTH:
                 stop.abandon("auth", f"the API key was refused (401: {outcome.message}); "
                              "check the key file / $OPENROUTER_API_KEY. Nothing more is "
                              "sent; the run is resumable.")
-                return
+                return None
             if outcome.kind is Kind.CREDIT:
                 stop.request("credit", "out of credit or key limit reached "
                              f"({outcome.status} {outcome.type}: {outcome.message}); "
                              "in-flight requests finish, the run is resumable with the "
                              "same command once credit is added.")
-                return
+                return None
             if outcome.kind is Kind.PERMANENT:
                 if self.rec.permanent(Held(p, outcome, sent, seq)):
                     stop.request("systematic_error", self.rec.systematic.describe())
-                return
+                return None
             if outcome.throttled:
                 # Not the prompt's fault: no attempt is spent; it waits as told.
                 throttles += 1
@@ -154,7 +189,7 @@ class Attempts:
                     slot.held = False
                     await stop.sleep(wait)
                     if stop.stopping:
-                        return
+                        return None
                     slot.probe, slot.held = await lim.acquire(), True
                 else:
                     await stop.sleep(wait)
@@ -167,19 +202,19 @@ class Attempts:
                 charged += 1
                 if charged >= s.max_attempts:
                     self.rec.failure(p, outcome, sent, gave_up=True)
-                    return
+                    return None
             lim.release()
             slot.held = False
             await stop.sleep(
                 backoff_delay(charged + 1, s.backoff_base, retry_after=outcome.retry_after))
             if stop.stopping:
-                return
+                return None
             slot.probe, slot.held = await lim.acquire(), True
             if outcome.server_failure and not self.breaker.free_failure(generation, was_open):
                 charged += 1  # the server was not down as a whole: this one counts
                 if charged >= s.max_attempts:
                     self.rec.failure(p, outcome, sent, gave_up=True)
-                    return
+                    return None
             c.retries += 1
 
     def _note_outage(self, o: Outcome) -> None:

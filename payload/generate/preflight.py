@@ -64,6 +64,9 @@ async def check_endpoints(session: aiohttp.ClientSession, base_url: str, model: 
     the list is not served. Raises PreflightRefused when the filter leaves nothing."""
     say = reporter or Reporter()
     if model.count("/") != 1:
+        say.say(f"preflight: model {model!r} is not author/slug, so its endpoint list "
+                "(GET /models/{author}/{slug}/endpoints) cannot be asked; the provider "
+                "filter and the prices are not checked")
         return None, None
     author, slug = model.split(":")[0].split("/")
     url = f"{base_url.rstrip('/')}/models/{author}/{slug}/endpoints"

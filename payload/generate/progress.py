@@ -49,6 +49,12 @@ class Counters:
     done_this_run: int = 0
     tokens_this_run: int = 0
     errors_by_kind: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Answers (one per turn with --turns all) by provider and finish reason, cumulative
+    # across resumed runs; `cut` is the answers cut by max_tokens (finish_reason "length").
+    by_provider: collections.Counter[str] = field(default_factory=collections.Counter)
+    by_finish_reason: collections.Counter[str] = field(default_factory=collections.Counter)
+    timeouts: int = 0  # requests of this run that timed out (each retried <= --max-timeouts)
+    think_split: int = 0  # answers of this run whose <think> markers were split from content
     last_error: str | None = None
     stop_reason: str | None = None  # auth, credit, budget, signal, disk_full, outage, ...
     exit_code: int | None = None  # set in the final status
@@ -78,6 +84,10 @@ class Counters:
             "bad_lines": self.bad_lines, "bad_line_samples": self.bad_line_samples,
             "duplicates": self.duplicates, "retries": self.retries,
             "errors_by_kind": dict(self.errors_by_kind), "stop_reason": self.stop_reason,
+            "by_provider": dict(self.by_provider),
+            "by_finish_reason": dict(self.by_finish_reason),
+            "cut": self.by_finish_reason.get("length", 0), "timeouts": self.timeouts,
+            "think_split": self.think_split,
             "exit_code": self.exit_code, "max_failed": self.max_failed,
             "max_cost": self.max_cost, "budget_enforced": self.budget_enforced,
             "outage_s": None if self.outage_s is None else round(self.outage_s, 1),

@@ -16,6 +16,7 @@ answers still in flight could not be kept, so waiting for them would only cost m
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from payload.generate.budget import Budget, Prices
 from payload.generate.client import Kind, Outcome
@@ -24,9 +25,26 @@ from payload.generate.progress import Counters
 from payload.generate.settings import Settings
 from payload.generate.stop import Stop
 from payload.generate.systematic import Held, SystematicError
+from payload.generate.turns import Turn, add_usage
 from payload.records import Prompt
 from payload.redact import redact
 from payload.report import Reporter
+
+# A turn's text stays in the conversation (`messages`, `response`), not in its provenance.
+_TEXT = frozenset({"id", "turn", "response", "reasoning"})
+
+
+def _provenance(r: dict[str, Any], latency_s: float, attempts: int) -> dict[str, Any]:
+    """The fields after the text: where the answer came from and what it took."""
+    out: dict[str, Any] = {}
+    if "native_finish_reason" in r:
+        out["native_finish_reason"] = r["native_finish_reason"]
+    out["model"] = r["model"]
+    if "generation_id" in r:
+        out["generation_id"] = r["generation_id"]
+    out["latency_s"] = round(latency_s, 3)
+    out["attempts"] = attempts
+    return out
 
 
 class Recorder:
@@ -68,33 +86,84 @@ class Recorder:
                       "PROMPT,COMPLETION (USD per million tokens) to price answers from "
                       "their tokens; the run goes on.")
 
-    # -- records -------------------------------------------------------------------------------
-    def success(self, p: Prompt, o: Outcome, cost: float | None, attempts: int,
-                seq: int) -> None:
-        """An answer: its record, then the counters (only once it is on disk)."""
-        self.last_success = time.monotonic()
-        self.failures_since_success = 0
+    # -- records ---------------------------------------------------------------------------------
+    def success(self, p: Prompt, messages: list[dict[str, Any]], o: Outcome,
+                cost: float | None, attempts: int, seq: int,
+                turns: list[Turn] | None = None) -> None:
+        """The answer that completes a prompt: its record, then the counters (only once it
+        is on disk). With --turns all, `turns` are the conversation's earlier turns and
+        `messages` its regenerated history (docs/records.md, "--turns all")."""
         r = o.result
-        usage = r["usage"]
-        line = encode_record({
-            "id": p.id, "usage": usage, "response": r["response"], "reasoning": r["reasoning"],
-            "finish_reason": r["finish_reason"], "provider": r["provider"],
-            "model": r["model"], "latency_s": round(o.latency_s, 3), "attempts": attempts,
-            "messages": p.messages})
+        if turns is None:
+            record: dict[str, Any] = {"id": p.id, "usage": r["usage"],
+                                      "finish_reason": r["finish_reason"],
+                                      "provider": r["provider"]}
+        else:
+            last = self.turn_fields(p, len(turns), len(messages), o, attempts)
+            every = [*turns, last]
+            usage: dict[str, Any] = {}
+            for t in every:
+                add_usage(usage, t["usage"])
+            record = {"id": p.id, "usage": usage, "finish_reason": r["finish_reason"],
+                      "provider": r["provider"],
+                      "turns": [{k: v for k, v in t.items() if k not in _TEXT} for t in every]}
+        record["response"] = r["response"]
+        record["reasoning"] = r["reasoning"]
+        record.update(_provenance(r, o.latency_s, attempts))
+        if turns is not None:
+            record["latency_s"] = round(sum(t["latency_s"] for t in (*turns, last)), 3)
+            record["attempts"] = sum(t["attempts"] for t in (*turns, last))
+        if p.meta:
+            record["meta"] = p.meta
+        record["messages"] = messages
         try:
-            self.writer.write_output(line)
+            self.writer.write_output(encode_record(record))
         except WriteFailed as exc:
             self.write_failed(exc)
             return
-        c = self.c
-        c.done += 1
-        c.done_this_run += 1
+        self.answered(o, cost, seq)
+        self.c.done += 1
+        self.c.done_this_run += 1
+
+    def turn(self, p: Prompt, k: int, where: int, o: Outcome, cost: float | None,
+             attempts: int, seq: int) -> Turn | None:
+        """A regenerated turn that is not its conversation's last: journaled before the next
+        turn is asked (None when it could not be written: the run stops)."""
+        t = self.turn_fields(p, k, where, o, attempts)
+        try:
+            self.writer.write_turn(encode_record(t))
+        except WriteFailed as exc:
+            self.write_failed(exc)
+            return None
+        self.answered(o, cost, seq)
+        return t
+
+    @staticmethod
+    def turn_fields(p: Prompt, k: int, where: int, o: Outcome, attempts: int) -> Turn:
+        """One turn as the journal keeps it: `id` first and `usage` second (as records)."""
+        r = o.result
+        t: Turn = {"id": p.id, "usage": r["usage"], "finish_reason": r["finish_reason"],
+                   "provider": r["provider"], "turn": k, "index": where,
+                   "response": r["response"], "reasoning": r["reasoning"]}
+        t.update(_provenance(r, o.latency_s, attempts))
+        return t
+
+    def answered(self, o: Outcome, cost: float | None, seq: int) -> None:
+        """The counters of one answer on disk (a turn, or a prompt's last answer)."""
+        self.last_success = time.monotonic()
+        self.failures_since_success = 0
+        c, r = self.c, o.result
+        usage = r["usage"]
         if cost:
             c.cost += cost
         pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
         c.prompt_tokens += pt if isinstance(pt, int) else 0
         c.completion_tokens += ct if isinstance(ct, int) else 0
         c.tokens_this_run += ct if isinstance(ct, int) else 0
+        provider, finish = r["provider"], r["finish_reason"]
+        c.by_provider[str(provider) if provider is not None else "unknown"] += 1
+        c.by_finish_reason[str(finish) if finish is not None else "unknown"] += 1
+        c.think_split += o.think_split
         self.systematic.success(seq)
 
     def error_answer(self, o: Outcome, cost: float | None) -> None:
@@ -114,11 +183,12 @@ class Recorder:
     def write_held(self, item: Held) -> None:
         self.failure(item.prompt, item.outcome, item.attempts)
 
-    def failure(self, p: Prompt, o: Outcome, attempts: int, *, gave_up: bool = False) -> None:
-        """The errors record of a prompt that failed for good."""
+    def failure(self, p: Prompt, o: Outcome, attempts: int, *, gave_up: bool = False,
+                why: str | None = None) -> None:
+        """The errors record of a prompt that failed for good (`why` it was given up)."""
         message = o.message
         if gave_up:
-            message = f"gave up after {attempts} attempts; last: {message}"
+            message = f"gave up after {why or f'{attempts} attempts'}; last: {message}"
         line = encode_record({"id": p.id, "error": {"status": o.status, "type": o.type,
                                                     "message": redact(message)},
                               "attempts": attempts})

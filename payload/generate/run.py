@@ -39,6 +39,7 @@ from payload.generate.progress import Counters, Display, StatusWriter
 from payload.generate.recorder import Recorder
 from payload.generate.settings import FIRST_COMPLETION_GUESS, Settings, check_paths
 from payload.generate.stop import Stop
+from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
 from payload.report import Reporter
 
@@ -60,6 +61,7 @@ class Generator:
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}
         self.recorder: Recorder | None = None
+        self.resumed: dict[int, list[Turn]] = {}  # --turns all: journaled turns by id hash
         self._mean_line_bytes = 0
 
     # -- the pipeline --------------------------------------------------------------------------
@@ -159,13 +161,18 @@ class Generator:
             self.say.say(f"--retry-failed: {dropped} recorded failures will be retried")
         t0 = time.monotonic()
         self.index = load_index(s.output, s.errors, reporter=self.say)
+        if s.turn_journal is not None:
+            self.resumed = load_turns(s.turn_journal, self.index, self.say)
         if self.index.truncated_bytes:
             self.say.say(f"resume: cut a torn last line ({self.index.truncated_bytes} bytes)")
         c.done, c.failed = len(self.index.done), len(self.index.failed)
         c.cost, c.prompt_tokens = self.index.cost, self.index.prompt_tokens
         c.completion_tokens = self.index.completion_tokens
-        if c.done or c.failed:
-            self.say.say(f"resume: {c.done} done, {c.failed} failed already recorded "
+        c.by_provider, c.by_finish_reason = self.index.by_provider, self.index.by_finish_reason
+        if c.done or c.failed or self.resumed:
+            turns = (f", {sum(map(len, self.resumed.values()))} turns of "
+                     f"{len(self.resumed)} conversations" if self.resumed else "")
+            self.say.say(f"resume: {c.done} done, {c.failed} failed already recorded{turns} "
                          f"(index built in {time.monotonic() - t0:.2f}s)")
 
     def _first_expectation(self) -> float:
@@ -221,7 +228,7 @@ class Generator:
         connector = aiohttp.TCPConnector(limit=s.concurrency, limit_per_host=s.concurrency,
                                          ttl_dns_cache=300, enable_cleanup_closed=True)
         display = Display(c, self.say)
-        writer = Writer(s.output, s.errors)
+        writer = Writer(s.output, s.errors, s.turn_journal)
         completed: bool | None = False
         try:
             # trust_env stays off: it costs two thread hops per request (netrc and proxy
@@ -290,7 +297,7 @@ class Generator:
         s, stop = self.s, self.stop
         assert self.recorder is not None
         attempts = Attempts(s, self.c, self.limiter, self.breaker, self.budget, self.recorder,
-                            stop, endpoint, self.say)
+                            stop, endpoint, self.say, self.resumed)
         # More workers than slots: a prompt that waits out a throttle without a slot (sporadic
         # throttling, a long Retry-After, a backoff) keeps its worker, and the slots it left
         # should still fill.

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from payload.errors import UsageError
 from payload.generate.budget import Prices
+from payload.generate.turns import turns_path
 from payload.records import ALL, Shard, errors_path
 
 # Completion tokens assumed for the budget's first expectation when --max-tokens is unset.
@@ -93,10 +94,18 @@ class Settings:
     max_failed: MaxFailed = MaxFailed(fraction=0.01)
     preflight: bool = True
     status_every: float = STATUS_EVERY_S
+    max_timeouts: int = 1  # a prompt's timeouts retried at most this often (each may be billed)
+    think_in_content: str = "split"  # <think> in content with no reasoning: split | refuse
+    turns: str = "last"  # last | all: which assistant turns are regenerated
 
     @property
     def errors(self) -> Path:
         return errors_path(self.output)
+
+    @property
+    def turn_journal(self) -> Path | None:
+        """The journal of regenerated turns, with --turns all only."""
+        return turns_path(self.output) if self.turns == "all" else None
 
 
 def check_paths(s: Settings) -> None:
@@ -108,7 +117,7 @@ def check_paths(s: Settings) -> None:
             raise UsageError(f"input file {s.input} is empty: nothing to generate")
     if s.output.resolve() == s.input.resolve():
         raise UsageError("--output must differ from --input")
-    for path in (s.output, s.errors, s.status_file):
+    for path in (s.output, s.errors, s.status_file, s.turn_journal):
         if path is None:
             continue
         try:

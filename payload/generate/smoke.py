@@ -5,8 +5,13 @@ filter) and prints what an engineer checks by hand: model, serving provider, lat
 tokens, cost, the endpoint list's prices, and the key's usage and limit left (`GET /key`).
 `fab smoke-test` records latency, tokens, cost and prices for `fab launch`'s estimate.
 
-Exit 0 only if the answer has content; 3 on 401 (key refused) or 402 (out of credit /
-key limit), naming the cause; 1 for any other failure.
+A thinking model may spend a short `--max-tokens` (64) on reasoning alone: an answer cut
+there (`finish_reason: "length"`) with reasoning and no content proves the path as well,
+and passes; the tokens line splits the completion into reasoning and content tokens
+(`fab launch`'s estimate counts both).
+
+Exit 0 only if the answer has content or reasoning; 3 on 401 (key refused) or 402 (out
+of credit / key limit), naming the cause; 1 for any other failure (an empty answer too).
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ async def _prices(session: aiohttp.ClientSession, base_url: str, model: str,
             f"request ${found.request:.6f}")
 
 
+def _split(usage: dict[str, Any]) -> str:
+    """` (reasoning R, content C)` from `completion_tokens_details.reasoning_tokens`."""
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    completion = usage.get("completion_tokens")
+    if not isinstance(reasoning, int) or not isinstance(completion, int):
+        return ""
+    return f" (reasoning {reasoning}, content {completion - reasoning})"
+
+
 def _money(value: Any) -> str:
     return f"${value:.6f}" if isinstance(value, (int, float)) else "unknown"
 
@@ -73,16 +88,22 @@ async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, An
         key_status, key = await _key_info(session, base_url, headers)
         prices = await _prices(session, base_url, model, provider, headers, err)
     out.say(f"model:     {model}")
+    empty = outcome.kind is Kind.OK and not (outcome.result.get("response") or "").strip() \
+        and not (outcome.result.get("reasoning") or "").strip()
     if outcome.kind is Kind.OK:
         r = outcome.result
         usage = r.get("usage") or {}
         out.say(f"served by: {r.get('provider') or 'unknown'} ({r.get('model') or model})")
         out.say(f"latency:   {outcome.latency_s:.2f} s")
         out.say(f"tokens:    prompt {usage.get('prompt_tokens', '?')}, "
-                f"completion {usage.get('completion_tokens', '?')}")
+                f"completion {usage.get('completion_tokens', '?')}{_split(usage)}")
         out.say(f"cost:      {_money(usage.get('cost'))}")
+        out.say(f"finish:    {r.get('finish_reason')}"
+                + (" (cut by --max-tokens)" if outcome.cut else ""))
         # Redacted before it is cut: a key split by the cut would no longer be recognised.
         out.say(f"answer:    {redact(str(r.get('response')))[:200]!r}")
+        if r.get("reasoning"):
+            out.say(f"reasoning: {redact(str(r.get('reasoning')))[:200]!r}")
     out.say(f"prices:    {prices}")
     if key is not None:
         limit = key.get("limit")
@@ -94,6 +115,10 @@ async def _smoke(base_url: str, api_key: str, model: str, provider: dict[str, An
                 f"{expires if isinstance(expires, str) and expires else 'never'}")
     else:
         out.say(f"key:       usage unknown (GET /key answered {key_status or 'nothing'})")
+    if empty:
+        err.say(f"smoke: FAILED: empty answer (finish_reason {outcome.result.get('finish_reason')!r},"
+                " no content and no reasoning)")
+        return 1
     if outcome.kind is Kind.OK:
         out.say("smoke: OK")
         return 0

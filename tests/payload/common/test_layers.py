@@ -25,7 +25,7 @@ COMMON = ["errors", "defaults", "redact", "units", "atomic", "report", "records"
 ENGINES = ["generate", "extract"]
 TOP = ["cli", "__main__"]
 GENERATE = ["client", "outage", "limiter", "budget", "systematic", "journal", "inputs",
-            "preflight", "progress", "settings", "stop", "recorder", "attempts", "smoke", "run"]
+            "turns", "preflight", "progress", "settings", "stop", "recorder", "attempts", "smoke", "run"]
 
 
 def module_name(path: Path) -> str:

@@ -35,7 +35,8 @@ def err_body(code: int, **meta) -> bytes:
 @pytest.mark.parametrize(("status", "body", "retry_after", "kind", "etype"), [
     (200, ok_body(), None, Kind.OK, "ok"),
     (200, ok_body("partial", "length"), None, Kind.OK, "ok"),  # truncated but has content
-    (200, ok_body("", "length"), None, Kind.RETRY, "empty_content"),
+    # Cut by max_tokens with nothing but reasoning: an answer (DESIGN round 3), not a retry.
+    (200, ok_body("", "length"), None, Kind.OK, "ok"),
     (200, ok_body(None), None, Kind.RETRY, "empty_content"),
     (200, ok_body("  \n"), None, Kind.RETRY, "empty_content"),
     (200, ok_body("x", "error"), None, Kind.RETRY, "provider_error"),
@@ -123,3 +124,44 @@ def test_ok_outcome_carries_the_record_fields():
     assert o.cost == 0.25
     assert o.result == {"usage": {"cost": 0.25, "prompt_tokens": 3}, "finish_reason": "stop",
                         "provider": "P", "model": "m", "response": "a", "reasoning": "r"}
+
+
+# -- thinking answers (DESIGN round 3, "Thinking models") ---------------------------------------
+def think_body(content: object, reasoning: object = None, finish: str = "stop", **top) -> bytes:
+    return json.dumps({"choices": [{"finish_reason": finish, "native_finish_reason": "eos",
+                                    "message": {"content": content, "reasoning": reasoning}}],
+                       "usage": {"cost": 0.1}, "provider": "P", "model": "m", **top}).encode()
+
+
+@pytest.mark.parametrize(("content", "reasoning", "answer"), [
+    ("<think>step 1\nstep 2</think>\n\nThe answer.", "step 1\nstep 2", "The answer."),
+    ("step 1</think>The answer.", "step 1", "The answer."),  # the block opened in the prompt
+    ("<think>still thinking when cut", "still thinking when cut", ""),  # cut while thinking
+])
+def test_think_markers_in_content_are_split(content, reasoning, answer):
+    finish = "length" if not answer else "stop"
+    o = classify_body(200, think_body(content, finish=finish), None)
+    assert o.kind is Kind.OK and o.think_split
+    assert (o.result["reasoning"], o.result["response"]) == (reasoning, answer)
+    refused = classify_body(200, think_body(content, finish=finish), None, think="refuse")
+    assert (refused.kind, refused.type) == (Kind.PERMANENT, "think_in_content")
+    assert "--think-in-content" in refused.message
+
+
+def test_markers_are_left_alone_when_reasoning_came_in_its_field():
+    o = classify_body(200, think_body("<think>x</think>y", reasoning="real"), None)
+    assert not o.think_split and o.result["response"] == "<think>x</think>y"
+    plain = classify_body(200, think_body("no markers here"), None)
+    assert not plain.think_split and plain.result["reasoning"] is None
+
+
+def test_a_cut_answer_is_done_even_empty_and_keeps_its_provenance():
+    o = classify_body(200, think_body("", reasoning="all of it", finish="length",
+                                      id="gen-123"), None)
+    assert (o.kind, o.cut) == (Kind.OK, True)
+    assert o.result["response"] == "" and o.result["reasoning"] == "all of it"
+    assert (o.result["generation_id"], o.result["native_finish_reason"]) == ("gen-123", "eos")
+    # The header stands in for a body without an id; an empty stop is still retried.
+    h = classify_body(200, think_body("a"), None, generation_id="gen-h")
+    assert h.result["generation_id"] == "gen-h"
+    assert classify_body(200, think_body("", finish="stop"), None).type == "empty_content"

@@ -66,8 +66,10 @@ def test_exactly_once_under_fault_mix_and_repeated_kill9(fake_factory, key_file,
                         latency_s=0.01)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 1500)
+    # Hangs time out: asked again as often as any retryable error here (the default
+    # --max-timeouts 1 would fail a prompt hung twice; that rule has its own test).
     args = gen_args(fake, key_file, inp, out, "--concurrency", "100", "--request-timeout", "1",
-                    "--max-attempts", "30", "--max-failed", "10%")
+                    "--max-attempts", "30", "--max-failed", "10%", "--max-timeouts", "30")
     rng = random.Random(3)
     for round_no in range(1, 5):
         proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(),

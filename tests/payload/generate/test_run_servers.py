@@ -34,9 +34,13 @@ from tests.payload.helpers import (
 pytestmark = pytest.mark.timeout(180)
 
 
-def no_paid_twice(fake, done: list[dict]) -> None:
+def no_paid_twice(fake, done: list[dict], out=None) -> None:
     """No prompt's answer was paid for twice (no duplicate success at the server)."""
-    assert all(fake.stats.successes_by_prompt[derive_id(r["messages"])] == 1 for r in done)
+    twice = [r for r in done if fake.stats.successes_by_prompt[derive_id(r["messages"])] != 1]
+    why = (status_of(out)["errors_by_kind"] if out is not None else None)  # timeouts? resets?
+    assert all(fake.stats.successes_by_prompt[derive_id(r["messages"])] == 1 for r in done), (
+        f"{len(twice)} paid twice, e.g. attempts {[r['attempts'] for r in twice[:5]]}; "
+        f"errors by kind: {why}")
 
 
 # -- outages -------------------------------------------------------------------------------------
@@ -58,7 +62,7 @@ def test_outage_at_2000_in_flight_costs_no_id(fake_factory, key_file, tmp_path, 
     done, failed = assert_exactly_once(ids, out)
     assert not failed
     assert_paired(done)
-    no_paid_twice(fake, done)
+    no_paid_twice(fake, done, out)
     assert fake.stats.peak_concurrency >= 1500  # slow start had opened the window wide
     assert "dispatch paused, one probe at a time" in proc.stderr
     assert "outage over after" in proc.stderr
@@ -241,7 +245,7 @@ def test_capacity_limit_exactly_once_with_few_refusals(fake_factory, key_file, t
     assert proc.returncode == 0, proc.stderr[-2000:]
     done, failed = assert_exactly_once(ids, out)
     assert not failed
-    no_paid_twice(fake, done)
+    no_paid_twice(fake, done, out)
     assert fake.stats.capacity_refusals < 0.5 * 2000, fake.stats.capacity_refusals
     assert all(r["attempts"] >= 1 for r in done)
 
