@@ -71,3 +71,28 @@ def test_idset_is_exact_across_merges():
     assert len(ids) == 1050
     assert all(id_hash(str(i)) in ids for i in range(1050))
     assert not any(id_hash(str(i)) in ids for i in range(1050, 3000))
+
+
+def test_the_index_counts_answers_by_provider_and_finish_reason(tmp_path):
+    """From the short prefix the payload writes (decoded once per distinct value), from a
+    full parse of a record written by something else, and per turn with --turns all."""
+    out, err = tmp_path / "o.jsonl", tmp_path / "o.errors.jsonl"
+    with out.open("wb") as fh:
+        for i in range(6):
+            fh.write(encode_record({"id": i, "usage": {"cost": 0.01},
+                                    "finish_reason": "length" if i < 2 else "stop",
+                                    "provider": "A" if i % 2 else "B", "response": "x",
+                                    "messages": []}))
+        fh.write(encode_record({"id": "t", "usage": {"cost": 0.03}, "finish_reason": "stop",
+                                "provider": "A", "turns": [
+                                    {"index": 2, "finish_reason": "length", "provider": "B"},
+                                    {"index": 4, "finish_reason": "stop", "provider": "A"}],
+                                "response": "y", "messages": []}))
+        fh.write(json.dumps({"response": "z", "id": 99, "usage": {},
+                             "provider": "C", "finish_reason": "stop"}).encode() + b"\n")
+        fh.write(encode_record({"id": "old", "usage": {}, "response": "w", "messages": []}))
+    index = load_index(out, err)
+    assert len(index.done) == 9
+    assert index.by_provider == {"A": 4, "B": 4, "C": 1, "unknown": 1}
+    assert index.by_finish_reason == {"length": 3, "stop": 6, "unknown": 1}
+    assert index.cost == pytest.approx(0.09)

@@ -124,3 +124,19 @@ def test_turns_last_keeps_the_given_history(fake_factory, key_file, tmp_path):
     assert all("an old answer" in b["messages"][2]["content"] for b in fake.stats.bodies)
     assert all("turns" not in r and len(r["messages"]) == 6 for r in done)
     assert not (tmp_path / "out.turns.jsonl").exists()
+
+
+def test_which_turns_and_on_what_history():
+    from payload.generate.turns import history, positions
+    from payload.records import prompt_of
+    conv = [{"role": "assistant", "content": "hello, ask me"},  # a greeting: kept as given
+            {"role": "user", "content": "q1"}, {"role": "assistant", "content": "old1"},
+            {"role": "user", "content": "q2"}]
+    p = prompt_of({"id": 1, "messages": conv}, 1)
+    assert positions(p, "last") == [4] and positions(p, "all") == [2, 4]
+    done = [{"response": "new1", "reasoning": "why"}]
+    assert history(p, [2, 4], done, 1) == [conv[0], conv[1],
+                                           {"role": "assistant", "content": "new1"}, conv[3]]
+    assert history(p, [2, 4], done, 1, with_reasoning=True)[2]["reasoning"] == "why"
+    ended = prompt_of({"id": 2, "messages": conv[1:3]}, 1)  # ends with an assistant turn
+    assert positions(ended, "last") == [1] == positions(ended, "all")
