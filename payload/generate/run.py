@@ -3,7 +3,8 @@
 Shape: a survey reads the input once (valid records, bad lines, this shard's total) before
 anything is sent; then one producer streams it (never loading it whole) into a bounded
 queue; `--concurrency` workers each take one prompt at a time through its attempts
-(`attempts`); a Limiter gates how many are in flight (slow start, throttling, the outage
+(`attempts`; with `--turns all` a conversation, turn after turn, resumed from the turn
+journal); a Limiter gates how many are in flight (slow start, throttling, the outage
 breaker); a Budget gates what may be spent; the `recorder` writes what comes back; `stop`
 holds the one decision to stop. Memory is bounded by the concurrency, not the input
 size: the only thing that grows with the input is a set of 64-bit id hashes.

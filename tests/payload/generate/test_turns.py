@@ -58,7 +58,7 @@ def lines(path) -> int:
 
 def test_every_turn_regenerated_once_across_two_kill9(fake_factory, key_file, tmp_path):
     n = 300
-    fake = fake_factory(latency_s=0.05, check_history=True)
+    fake = fake_factory(latency_s=0.1, check_history=True)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     journal = tmp_path / "out.turns.jsonl"
     ids = write_conversations(inp, n)
