@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=_positive(int))
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int, help="sampling seed, passed through (providers may "
+                   "ignore it)")
     g.add_argument("--reasoning", type=_json_object("--reasoning"),
                    help="reasoning JSON passed through, e.g. '{\"effort\": \"high\"}'")
     g.add_argument("--max-cost", type=_positive(float), help="USD budget (cumulative over "
@@ -229,7 +231,8 @@ def _generate(args: argparse.Namespace) -> int:
         status_file=args.status_file or sibling_path(args.output, ".status.json"),
         model=args.model, base_url=args.base_url, api_key=key,
         concurrency=args.concurrency, max_tokens=args.max_tokens,
-        temperature=args.temperature, top_p=args.top_p, provider=_provider(args),
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        provider=_provider(args),
         reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices, shard=args.shard,
         retry_failed=args.retry_failed, request_timeout=args.request_timeout,
         max_attempts=args.max_attempts, backoff_base=args.backoff_base,

@@ -79,7 +79,7 @@ class Attempts:
         s = self.s
         return json.dumps(client.build_body(
             messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
-            temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning),
+            temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning, seed=s.seed),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     async def handle(self, p: Prompt) -> None:

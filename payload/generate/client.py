@@ -91,7 +91,7 @@ def split_think(content: str) -> tuple[str, str] | None:
 
 def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str, Any] | None,
                max_tokens: int | None, temperature: float | None, top_p: float | None,
-               reasoning: dict[str, Any] | None) -> dict[str, Any]:
+               reasoning: dict[str, Any] | None, seed: int | None = None) -> dict[str, Any]:
     """The request body: only fields OpenRouter's ChatRequest schema defines."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if provider is not None:
@@ -104,6 +104,8 @@ def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str
         body["top_p"] = top_p
     if reasoning is not None:
         body["reasoning"] = reasoning
+    if seed is not None:
+        body["seed"] = seed
     return body
 
 

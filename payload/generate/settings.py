@@ -80,6 +80,7 @@ class Settings:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    seed: int | None = None
     provider: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     max_cost: float | None = None
