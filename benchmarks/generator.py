@@ -430,7 +430,8 @@ def scenario_sporadic(tmp: Path, key_file: Path, env: dict[str, str], args: argp
 
 
 def make_big_output(path: Path, gigabytes: float) -> int:
-    """A synthetic output file shaped like real records (~8 KB: prompt, reasoning, answer)."""
+    """A synthetic output file shaped like real records (~8 KB: prompt, reasoning, answer),
+    in the payload's key order (the breakdown fields before `response`)."""
     sys.path.insert(0, str(REPO))
     from payload.generate.journal import encode_record
     target = int(gigabytes * (1 << 30))
@@ -443,8 +444,9 @@ def make_big_output(path: Path, gigabytes: float) -> int:
                 "usage": {"prompt_tokens": 812, "completion_tokens": 1500,
                           "total_tokens": 2312, "cost": 0.0021,
                           "completion_tokens_details": {"reasoning_tokens": 700}},
+                "finish_reason": "stop" if n % 7 else "length", "provider": "DeepInfra",
                 "response": filler[: 3000 + n % 500], "reasoning": filler[:2400],
-                "finish_reason": "stop", "provider": "DeepInfra", "model": "m",
+                "native_finish_reason": "stop", "model": "m", "generation_id": f"gen-{n}",
                 "latency_s": 12.5, "attempts": 1,
                 "messages": [{"role": "user", "content": filler[:2000]}]}))
             n += 1
