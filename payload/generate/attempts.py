@@ -154,15 +154,10 @@ class Attempts:
             if outcome.kind is Kind.OK:
                 return outcome, cost, sent, seq
             self.rec.error_answer(outcome, cost)
-            if outcome.type == "timeout" and outcome.status is None:
-                # Abandoned by us, likely billed in full: asked again at most --max-timeouts.
-                timeouts += 1
-                c.timeouts += 1
-                if timeouts > s.max_timeouts:
-                    self.rec.failure(p, outcome, sent, gave_up=True, why=(
-                        f"{timeouts} timeouts (--max-timeouts {s.max_timeouts}: each may "
-                        "have been billed)"))
-                    return None
+            # A request we abandoned may have been billed in full: asked again at most
+            # --max-timeouts times, unless the server was failing as a whole (below).
+            timed_out = outcome.type == "timeout" and outcome.status is None
+            c.timeouts += timed_out
             if outcome.kind is Kind.AUTH:
                 stop.abandon("auth", f"the API key was refused (401: {outcome.message}); "
                              "check the key file / $OPENROUTER_API_KEY. Nothing more is "
@@ -211,7 +206,14 @@ class Attempts:
                 return None
             slot.probe, slot.held = await lim.acquire(), True
             if outcome.server_failure and not self.breaker.free_failure(generation, was_open):
-                charged += 1  # the server was not down as a whole: this one counts
+                # The server was not down as a whole: this one counts.
+                timeouts += timed_out
+                if timeouts > s.max_timeouts:
+                    self.rec.failure(p, outcome, sent, gave_up=True, why=(
+                        f"{timeouts} timeouts (--max-timeouts {s.max_timeouts}: each may "
+                        "have been billed)"))
+                    return None
+                charged += 1
                 if charged >= s.max_attempts:
                     self.rec.failure(p, outcome, sent, gave_up=True)
                     return None
