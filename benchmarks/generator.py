@@ -430,7 +430,8 @@ def scenario_sporadic(tmp: Path, key_file: Path, env: dict[str, str], args: argp
 
 
 def make_big_output(path: Path, gigabytes: float) -> int:
-    """A synthetic output file shaped like real records (~8 KB: prompt, reasoning, answer)."""
+    """A synthetic output file shaped like real records (~8 KB: prompt, reasoning, answer),
+    in the payload's key order (the breakdown fields before `response`)."""
     sys.path.insert(0, str(REPO))
     from payload.generate.journal import encode_record
     target = int(gigabytes * (1 << 30))
@@ -443,8 +444,9 @@ def make_big_output(path: Path, gigabytes: float) -> int:
                 "usage": {"prompt_tokens": 812, "completion_tokens": 1500,
                           "total_tokens": 2312, "cost": 0.0021,
                           "completion_tokens_details": {"reasoning_tokens": 700}},
+                "finish_reason": "stop" if n % 7 else "length", "provider": "DeepInfra",
                 "response": filler[: 3000 + n % 500], "reasoning": filler[:2400],
-                "finish_reason": "stop", "provider": "DeepInfra", "model": "m",
+                "native_finish_reason": "stop", "model": "m", "generation_id": f"gen-{n}",
                 "latency_s": 12.5, "attempts": 1,
                 "messages": [{"role": "user", "content": filler[:2000]}]}))
             n += 1
@@ -561,14 +563,14 @@ NOTES = """### Reading these figures
   prompts throttled waiting the second the server asked for (some twice), which no
   client that honours Retry-After avoids.
 - Capacity target (wall ≤ 1.15× ideal): 1.16× here, 0.01 short. Where the rest goes, on
-  the model (`simulate(..., trace=0.5)` in tests/payload/limiter_sim.py): the server is
+  the model (`simulate(..., trace=0.5)` in tests/payload/generate/limiter_sim.py): the server is
   full from 1.5 s on (slow start from 32, tripling per round trip: ~1 s of capacity), and
   the last few prompts refused near the end wait the second they were told (~0.6 s).
   Tried, same command with `--scenarios capacity,outage --cap-reps 3`: growing ×4 per
   round trip gave 1.15× wall but 1.12× requests (the 1.10× waste target missed), ×3.5
   1.15× and 1.14×; kept ×3 (1.16×, 1.06×). The start of 32 is what keeps a run whose
   every answer is an error to a few dozen requests.
-- The same rules on a noise-free virtual-time model (tests/payload/test_limiter_model.py):
+- The same rules on a noise-free virtual-time model (tests/payload/generate/test_limiter_model.py):
   capacity 1.11x ideal and 1.04x requests; outage recovery 3.1 s with 35 requests in the
   first second; 5% 429 1.52x (20k) / 1.57x (2k); 50% 429 without Retry-After 1.49-1.86x
   over 20 seeds (median 1.6x) with the window never shrunk.

@@ -4,6 +4,12 @@ Everything printed goes through redaction of the API key: stdout and stderr are 
 for the duration of `main`, so no code path can print the key by accident. The wrapper
 also drops what cannot be written (the log on a full disk): a message lost is better
 than a run that dies, or loops, on its own log.
+
+This is the top of the payload: it parses flags into each command's settings, and maps
+every expected failure (a `payload.errors.PayloadError`, whatever raised it) to its exit
+code and one `error: …` line, in `main` only. Each command's modules are imported when
+it runs (the extractor's heavy ones only inside `extract.run`), so `generate` and `smoke`
+never need torch.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import defaults
-from .errors import ExitCode, PayloadError
-from .records import parse_shard, sibling_path
-from .redact import RedactingStream, redact
+from payload import defaults
+from payload.errors import ExitCode, PayloadError
+from payload.records import parse_shard, sibling_path
+from payload.redact import RedactingStream
+from payload.report import Reporter
 
 EXIT_USAGE = ExitCode.USAGE
+_REPORT = Reporter()  # what the command entry itself says (stderr, redacted)
 
 
 class _LogStream(RedactingStream):
@@ -45,7 +53,7 @@ _UNSET: Any = object()
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse exits 2 too; keep its message redacted
         self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {redact(message)}", file=sys.stderr)
+        _REPORT.say(f"{self.prog}: error: {message}")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -82,6 +90,16 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _checked(parse: Any) -> Any:
     def run(text: str) -> Any:
         try:
@@ -92,17 +110,17 @@ def _checked(parse: Any) -> Any:
 
 
 def parse_prices_arg(text: str) -> Any:
-    from .generate.budget import parse_prices
+    from payload.generate.budget import parse_prices
     return parse_prices(text)
 
 
 def parse_max_failed_arg(text: str) -> Any:
-    from .generate.run import parse_max_failed
+    from payload.generate.settings import parse_max_failed
     return parse_max_failed(text)
 
 
 def _provider(args: argparse.Namespace) -> dict[str, Any] | None:
-    from .generate.run import provider_for
+    from payload.generate.settings import provider_for
     explicit = args.provider is not _UNSET
     return provider_for(args.base_url, args.provider if explicit else defaults.PROVIDER,
                         explicit)
@@ -134,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=_positive(int))
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int, help="sampling seed, passed through (providers may "
+                   "ignore it)")
     g.add_argument("--reasoning", type=_json_object("--reasoning"),
                    help="reasoning JSON passed through, e.g. '{\"effort\": \"high\"}'")
     g.add_argument("--max-cost", type=_positive(float), help="USD budget (cumulative over "
@@ -166,6 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/402/budget, seconds to wait for in-flight requests")
     g.add_argument("--no-preflight", action="store_true",
                    help="skip the endpoints check of the provider filter")
+    g.add_argument("--max-timeouts", type=_count, default=1,
+                   help="times a prompt that timed out is asked again (each timed-out "
+                        "request may have been billed in full); default 1")
+    g.add_argument("--think-in-content", choices=("split", "refuse"), default="split",
+                   help="an answer with <think> markers in content and no reasoning field: "
+                        "split them into reasoning (default) or refuse it (a permanent "
+                        "error think_in_content)")
+    g.add_argument("--turns", choices=("last", "all"), default="last",
+                   help="last: regenerate the final assistant turn (default); all: every "
+                        "assistant turn in order, each on the regenerated history")
+    g.add_argument("--status-every", type=_positive(float), default=2.0,
+                   help="seconds between status file updates (and the outage and stall "
+                        "checks); default 2")
 
     sm = sub.add_parser("smoke", help="one request: model, provider, latency, tokens, cost, "
                         "key credit left")
@@ -175,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("extract", help="EAGLE-3 features from generated conversations (GPU)")
     try:
-        from . import extract
+        from payload import extract
     except ImportError as exc:
         ex.set_defaults(_extract_missing=str(exc))
     else:
@@ -183,42 +216,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_key(args: argparse.Namespace) -> str | None:
-    """The key from --api-key-file or $OPENROUTER_API_KEY; None (after saying why) if refused."""
-    from .keyfile import KeyFileError, load_key
-    try:
-        return load_key(args.api_key_file, consume=args.consume_key)
-    except KeyFileError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return None
+def _load_key(args: argparse.Namespace) -> str:
+    """The key from --api-key-file or $OPENROUTER_API_KEY (a KeyFileError, exit 2, if refused)."""
+    from payload.keyfile import load_key
+    return load_key(args.api_key_file, consume=args.consume_key)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .generate.run import Settings, run
+    from payload.generate.run import run
+    from payload.generate.settings import Settings
     key = _load_key(args)
-    if key is None:
-        return EXIT_USAGE
     settings = Settings(
         input=args.input, output=args.output,
         status_file=args.status_file or sibling_path(args.output, ".status.json"),
         model=args.model, base_url=args.base_url, api_key=key,
         concurrency=args.concurrency, max_tokens=args.max_tokens,
-        temperature=args.temperature, top_p=args.top_p, provider=_provider(args),
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        provider=_provider(args),
         reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices, shard=args.shard,
         retry_failed=args.retry_failed, request_timeout=args.request_timeout,
         max_attempts=args.max_attempts, backoff_base=args.backoff_base,
         drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
         max_failed=args.max_failed if not isinstance(args.max_failed, str)
         else parse_max_failed_arg(args.max_failed),
-        preflight=not args.no_preflight)
+        preflight=not args.no_preflight, status_every=args.status_every,
+        max_timeouts=args.max_timeouts, think_in_content=args.think_in_content,
+        turns=args.turns)
     return run(settings)
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    from .smoke import run_smoke
+    from payload.generate.smoke import run_smoke
     key = _load_key(args)
-    if key is None:
-        return EXIT_USAGE
     return run_smoke(base_url=args.base_url, api_key=key, model=args.model,
                      provider=_provider(args), max_tokens=args.max_tokens,
                      timeout=args.request_timeout)
@@ -227,10 +256,9 @@ def _smoke(args: argparse.Namespace) -> int:
 def _extract(args: argparse.Namespace) -> int:
     missing = getattr(args, "_extract_missing", None)
     if missing is not None:
-        print(f"error: the extract command is not available in this payload ({missing})",
-              file=sys.stderr)
+        _REPORT.error(f"the extract command is not available in this payload ({missing})")
         return EXIT_USAGE
-    from . import extract
+    from payload import extract
     return int(extract.run(args))
 
 
@@ -247,13 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except PayloadError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        _REPORT.error(str(exc))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 3
     except Exception:  # an unexpected failure: a redacted traceback, never the raw one
         import traceback
-        print(redact(traceback.format_exc()), file=sys.stderr)
+        _REPORT.say(traceback.format_exc().rstrip("\n"))
         return 1
     finally:
         for stream in (sys.stdout, sys.stderr):

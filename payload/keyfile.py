@@ -12,13 +12,12 @@ import os
 import stat
 from pathlib import Path
 
-from .redact import REDACTOR
+from payload.errors import KeyFileError
+from payload.redact import REDACTOR
+
+__all__ = ["ENV_VAR", "KeyFileError", "load_key"]
 
 ENV_VAR = "OPENROUTER_API_KEY"
-
-
-class KeyFileError(Exception):
-    """No usable key; the message says how to fix it (exit 2)."""
 
 
 def load_key(path: str | None, *, consume: bool = False) -> str:

@@ -14,20 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from payload.errors import BadRecord
+
+# The fields that make the prompt; every other field of an input record is carried into
+# the output record under `meta` (e.g. `source`, `kind`), so a merged dataset can be split.
+PROMPT_FIELDS = frozenset({"id", "messages", "conversations", "prompt"})
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "tool": "tool"}
-
-
-class BadRecord(ValueError):
-    """A line that cannot become a prompt; the message says why, for the user."""
 
 
 @dataclass(frozen=True)
 class Prompt:
     id: Any  # keeps its JSON type for the output record
     key: str  # str(id): what resume and sharding compare
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # the prompt: the conversation less a trailing assistant turn
     line_no: int
+    # The whole conversation as given, trailing assistant turn included (`--turns all`
+    # regenerates each assistant turn of it); None when it is the prompt itself.
+    conversation: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = None  # the record's other fields, None when it has none
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,11 @@ def to_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def to_prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The prompt: the conversation less a trailing assistant turn (that turn is regenerated)."""
-    msgs = to_messages(record)
+    return prompt_messages(to_messages(record))
+
+
+def prompt_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`to_prompt_messages` of a conversation already read."""
     if msgs and msgs[-1].get("role") == "assistant":
         msgs = msgs[:-1]
     if not msgs:
@@ -139,13 +148,17 @@ def parse_prompt(line: str, line_no: int) -> Prompt:
 
 def prompt_of(record: dict[str, Any], line_no: int) -> Prompt:
     """A parsed record as a Prompt (its id checked or derived), or a BadRecord."""
-    messages = to_prompt_messages(record)
+    conversation = to_messages(record)
+    messages = prompt_messages(conversation)
     rid = record.get("id")
     if rid is None:
         rid = derive_id(messages)
     elif not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise BadRecord(f"'id' must be a string or an integer, got {type(rid).__name__}")
-    return Prompt(id=rid, key=str(rid), messages=messages, line_no=line_no)
+    meta = {k: v for k, v in record.items() if k not in PROMPT_FIELDS} or None
+    return Prompt(id=rid, key=str(rid), messages=messages, line_no=line_no,
+                  conversation=conversation if len(conversation) != len(messages) else None,
+                  meta=meta)
 
 
 def iter_input(path: Path) -> Iterator[tuple[int, str | BadRecord]]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from types import ModuleType
 from typing import Any
@@ -31,6 +29,7 @@ from handoff.errors import (
     NoKeyringBackend,
     PlaintextKeyring,
 )
+from handoff.threads import soon
 from payload.redact import REDACTOR
 
 
@@ -110,29 +109,10 @@ def read_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) ->
     return key
 
 
-def soon(work: Callable[[], Any], name: str) -> Future[Any]:
-    """`work()` on a thread: keyring's backend discovery and the Secret Service round trip
-    (0.1-0.3 s) then overlap the SSH connections and probes, and only the first step that
-    changes a host waits for it.
-
-    A daemon thread rather than an executor: a keyring that hangs (a locked collection
-    waiting for an unlock prompt) must not keep the process alive after Ctrl-C.
-    """
-    future: Future[Any] = Future()
-    future.set_running_or_notify_cancel()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:  # delivered to whoever waits on the future
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
-
-
 def read_key_soon(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> Future[str]:
-    """`read_key` on a thread (see `soon`)."""
+    """`read_key` on a thread (handoff.threads.soon): keyring's backend discovery and the
+    Secret Service round trip (0.1-0.3 s) then overlap the SSH connections and probes, and
+    only the first step that changes a host waits for it."""
     return soon(lambda: read_key(service, username), "keyring-read")
 
 
@@ -162,4 +142,4 @@ def fingerprint(key: str) -> str:
 
 
 __all__ = ["PLAINTEXT_OPT_IN", "backend", "fingerprint", "read_key", "read_key_soon", "read_optional",
-           "sha256", "soon", "store_key"]
+           "sha256", "store_key"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from handoff import threads
 from handoff.config import state
 from handoff.config.inventory import Host, Inventory
 from handoff.config.layout import RemoteLayout
@@ -146,10 +146,9 @@ def resolve(
         )
     # Each name may cost a fork of `ssh -G`: resolve them side by side.
     if len(specs) > 1:
-        with ThreadPoolExecutor(max_workers=min(8, len(specs))) as pool:
-            futures = [pool.submit(resolve_one, spec, inv, role_flag, flags, saved_role)
-                       for spec in specs]
-            resolved = [f.result() for f in futures]
+        resolved = threads.each(specs, lambda spec: resolve_one(spec, inv, role_flag, flags,
+                                                                saved_role),
+                                workers=8, name="resolve")
     else:
         resolved = [resolve_one(specs[0], inv, role_flag, flags, saved_role)]
     targets: list[Target] = []

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handoff import console
+from handoff import console, threads
 from handoff.config.layout import sftp_path
 from handoff.errors import HandoffError, RemoteError
 from handoff.host import remote_code, untrusted
@@ -215,12 +214,11 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
     """Bring one host's job folder to `local_dir`."""
     have = local_copies(local_dir)
     # The workstation hashes its prefixes while the host hashes its own (the listing).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(local_hashes, local_dir, have)
-        listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job),
-                                                      "local": asked(have)},
-                             "listing the job's files")
-        hashes = hashing.result()
+    hashing = threads.soon(lambda: local_hashes(local_dir, have), "hash-local")
+    listing = s.run_code(remote_code.FETCH_LIST, {"job_dir": s.target.layout.job(job),
+                                                  "local": asked(have)},
+                         "listing the job's files")
+    hashes = hashing.result()
     if not isinstance(listing, dict) or listing.get("exists") is not True:
         raise RemoteError(f"{s.label}: no job {job!r} at {s.target.layout.job(job)} (launched?)")
     return fetch_listed(s, listing, local_dir, have, hashes, job)
@@ -231,12 +229,12 @@ def fetch_all(s: Session, host_dir: Path) -> tuple[dict[str, Fetched], list[str]
     also the job folders refused (a name that is not a plain folder name, a symlink)."""
     have = ({p.name: local_copies(p) for p in host_dir.iterdir() if p.is_dir() and not p.is_symlink()}
             if host_dir.is_dir() else {})
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(lambda: {job: local_hashes(host_dir / job, h) for job, h in have.items()})
-        listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs,
-                                                      "local": {job: asked(h) for job, h in have.items()}},
-                             "listing the jobs' files")
-        hashes = hashing.result()
+    hashing = threads.soon(lambda: {job: local_hashes(host_dir / job, h) for job, h in have.items()},
+                           "hash-local")
+    listing = s.run_code(remote_code.FETCH_LIST, {"jobs_dir": s.target.layout.jobs,
+                                                  "local": {job: asked(h) for job, h in have.items()}},
+                         "listing the jobs' files")
+    hashes = hashing.result()
     jobs = listing.get("jobs") if isinstance(listing, dict) else None
     jobs = jobs if isinstance(jobs, dict) else {}
     refused = [f"job folder {untrusted.visible(name, 200)}: a symlink on the host: not followed"

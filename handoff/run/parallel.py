@@ -12,7 +12,6 @@ ends within a second; no thread blocked on a silent host keeps the process alive
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import traceback
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from handoff import console
+from handoff import console, threads
 from handoff.errors import HandoffError
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
@@ -112,41 +111,19 @@ def run_parallel(
 
 def _run_all(reports: list[HostReport], one: Callable[[HostReport], HostReport],
              workers: int, stopping: threading.Event) -> None:
-    """`one(report)` for every report on at most `workers` daemon threads; the main thread
-    waits in short steps so that Ctrl-C interrupts it at once. On Ctrl-C the hosts not done
-    are marked interrupted and every connection is closed before KeyboardInterrupt goes on."""
-    todo: queue.SimpleQueue[HostReport] = queue.SimpleQueue()
-    for report in reports:
-        todo.put(report)
-    finished = threading.Semaphore(0)
-    done: set[int] = set()
+    """`one(report)` for every report on at most `workers` daemon threads (handoff.threads):
+    the main thread waits in short steps so that Ctrl-C interrupts it at once. On Ctrl-C the
+    hosts not done are marked interrupted and every connection is closed before
+    KeyboardInterrupt goes on."""
 
-    def worker() -> None:
-        while True:
-            try:
-                report = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                one(report)
-            finally:
-                done.add(id(report))
-                finished.release()
-
-    threads = [threading.Thread(target=worker, name=f"host-{i}", daemon=True) for i in range(workers)]
-    for thread in threads:
-        thread.start()
-    try:
-        for _ in reports:
-            while not finished.acquire(timeout=0.1):
-                pass
-    except KeyboardInterrupt:
+    def interrupted(done: set[int]) -> None:
         stopping.set()
-        for report in reports:
-            if id(report) not in done:
+        for i, report in enumerate(reports):
+            if i not in done:
                 report.fail("interrupted")
         connect.abort_all()
-        raise
+
+    threads.each(reports, one, workers=workers, name="host", on_interrupt=interrupted)
 
 
 def run_on_hosts(

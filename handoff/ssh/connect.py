@@ -5,11 +5,13 @@ A connection is built here on paramiko's Transport, not Fabric's Connection, bec
 step must be ours to order and to time:
 
 1. the socket: TCP (ConnectTimeout, default 10 s), a `direct-tcpip` channel through the
-   previous hop of a ProxyJump chain, or a ProxyCommand's pipes;
+   previous hop of a ProxyJump chain (the route: handoff.ssh.endpoint), or a
+   ProxyCommand's pipes;
 2. the key exchange, with the host key algorithms ordered by what known_hosts already holds
    for the host (handoff.ssh.hostkeys), then the host key check: a refused key ends the
    connection here, before any authentication;
-3. the login: the IdentityFiles ssh would use, agent keys unless `IdentitiesOnly yes`.
+3. the login (handoff.ssh.auth): the IdentityFiles ssh would use, agent keys unless
+   `IdentitiesOnly yes`.
 
 Every wait is bounded (no banner, banner then silence, a stalled login) and every failure
 becomes a ConnectError that says what happened and what to do; paramiko's own log lines

@@ -1,8 +1,14 @@
 """`python -m payload generate`: the resumable, exactly-once async generator.
 
-client (one attempt + error taxonomy and answer shapes) · inputs (the input survey: valid
-records, bad lines, totals) · journal (resume index, single writer) · budget (--max-cost
-from expected costs) · limiter (slow start, throttling, the slots) · outage (the outage
-breaker) · systematic (early stop on one error for every prompt) · preflight (endpoint
-filter check, prices) · progress (status file, progress display) · run (the orchestrator).
+Modules, lowest first (each imports only from those above it and from the common modules
+in `payload/`):
+client (one attempt: the request body, the error taxonomy and answer shapes) · outage
+(the outage breaker) · limiter (slow start, throttling, the slots) · budget (--max-cost
+from expected costs) · systematic (early stop on one error for every prompt) · journal
+(resume index, single writer) · inputs (the input survey: valid records, bad lines,
+totals) · turns (`--turns last|all`: the turns regenerated, their histories, the turn
+journal) · preflight (endpoint filter check, prices) · progress (counters, status file,
+progress display) · settings (what a run was asked, checked) · stop (the one decision to
+stop) · recorder (costs and records) · attempts (one prompt through its attempts) · run
+(the orchestrator).
 """

@@ -23,6 +23,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from payload.errors import BudgetReached
+
+__all__ = ["DEFAULT_FIRST_EXPECTATION", "DEFAULT_PRICES", "Budget", "BudgetReached", "Prices",
+           "parse_prices"]
+
 # USD per token (prompt, completion) when nothing better is known: $10 / M prompt tokens,
 # $40 / M completion tokens (above Kimi-K2.5's hosted prices). Used only for the
 # expectation before the first answers.
@@ -68,10 +73,6 @@ def parse_prices(text: str) -> Prices:
                          "and completion tokens (and USD per request), e.g. 0.6,2.5")
     request = values[2] if len(values) == 3 else 0.0
     return Prices(values[0] / 1e6, values[1] / 1e6, request)
-
-
-class BudgetReached(Exception):
-    """Spent + one more expected request would pass --max-cost, with nothing in flight."""
 
 
 class Budget:

@@ -12,6 +12,13 @@ error; `content` may be a list of text parts; an error may be `{"detail": ...}`
 answers a plain request with an SSE body. Two flags on every outcome feed the run's
 controls: `throttled` (the server asked us to slow down: 429, or 402 with Retry-After)
 and `server_failure` (the server as a whole may be down: no connection, a timeout, 5xx).
+
+Thinking models (docs/generator.md "Thinking answers"): an answer cut by `max_tokens`
+(`finish_reason: "length"`) is an answer, also with empty content (the budget went to
+reasoning): it is a valid prefix of the model's output, and asking again would bill it
+again. `<think>…</think>` in `content` with no `reasoning` is split into the two fields
+(or refused, `think="refuse"`: a permanent `think_in_content`). The generation id (body
+`id`, else the `X-Generation-Id` header) and `native_finish_reason` are kept when sent.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from ..redact import redact
+from payload.redact import redact
 
 # 409 (a lock or conflict) is retried as the openai SDK does; 5xx are retried below.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
@@ -57,11 +64,34 @@ class Outcome:
     cost: float | None = None  # usage.cost when the answer reported one
     usage: dict[str, Any] | None = None  # usage as returned (tokens price an uncosted answer)
     latency_s: float = 0.0
+    cut: bool = False  # an answer cut by max_tokens (finish_reason "length")
+    think_split: bool = False  # <think> markers were moved from content to reasoning
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINK_MODES = ("split", "refuse")
+
+
+def split_think(content: str) -> tuple[str, str] | None:
+    """(reasoning, answer) of a `content` that holds think markers: `<think>R</think>A`,
+    `R</think>A` (a template that opened the block in the generation prompt), or an
+    unclosed `<think>R` (cut while thinking); None without markers."""
+    close = content.find(THINK_CLOSE)
+    if close >= 0:
+        before, after = content[:close], content[close + len(THINK_CLOSE):]
+        start = before.find(THINK_OPEN)
+        prefix = before[:start] if start >= 0 else ""
+        reasoning = before[start + len(THINK_OPEN):] if start >= 0 else before
+        return reasoning.strip(), (prefix + after).lstrip()
+    head = content.lstrip()
+    if head.startswith(THINK_OPEN):
+        return head[len(THINK_OPEN):].strip(), ""
+    return None
 
 
 def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str, Any] | None,
                max_tokens: int | None, temperature: float | None, top_p: float | None,
-               reasoning: dict[str, Any] | None) -> dict[str, Any]:
+               reasoning: dict[str, Any] | None, seed: int | None = None) -> dict[str, Any]:
     """The request body: only fields OpenRouter's ChatRequest schema defines."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if provider is not None:
@@ -74,6 +104,8 @@ def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str
         body["top_p"] = top_p
     if reasoning is not None:
         body["reasoning"] = reasoning
+    if seed is not None:
+        body["seed"] = seed
     return body
 
 
@@ -186,8 +218,10 @@ def _text_of(content: Any) -> str | None:
 
 
 def classify_body(status: int, raw: bytes, retry_after: float | None,
-                  content_type: str | None = None) -> Outcome:
-    """Classify a complete HTTP answer from its status and body."""
+                  content_type: str | None = None, generation_id: str | None = None,
+                  think: str = "split") -> Outcome:
+    """Classify a complete HTTP answer from its status and body (`generation_id`: the
+    `X-Generation-Id` header; `think`: what to do with `<think>` in content)."""
     try:
         data = json.loads(raw)
     except ValueError:
@@ -226,19 +260,35 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
     message_obj: dict[str, Any] = (choice["message"] if isinstance(choice.get("message"), dict)
                                    else {})
     content = _text_of(message_obj.get("content"))
+    reasoning = message_obj.get("reasoning")
     usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
     cost = usage.get("cost")
     cost_f = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \
         else None
-    if content is None or not content.strip():
-        # An empty answer (also finish_reason "length" with no content: the budget went to
-        # reasoning) is not a success; it may still have been billed.
+    split = False
+    if content and not reasoning and (parts := split_think(content)) is not None:
+        if think == "refuse":
+            return Outcome(Kind.PERMANENT, status, "think_in_content",
+                           "the answer has <think> markers in content and no reasoning field "
+                           "(--think-in-content refuse; `split` moves them to reasoning)",
+                           cost=cost_f, usage=usage)
+        reasoning, content = parts
+        split = True
+    cut = finish == "length"
+    if not cut and (content is None or not content.strip()):
+        # An empty answer that was not cut is not a success; it may still have been billed.
         return Outcome(Kind.RETRY, status, "empty_content",
                        f"empty content (finish_reason {finish!r})", cost=cost_f, usage=usage)
     result = {"usage": usage, "finish_reason": finish, "provider": data.get("provider"),
-              "model": data.get("model"), "response": content,
-              "reasoning": message_obj.get("reasoning")}
-    return Outcome(Kind.OK, status, "ok", result=result, cost=cost_f, usage=usage)
+              "model": data.get("model"), "response": content or "", "reasoning": reasoning}
+    gen_id = data.get("id") if isinstance(data.get("id"), str) else generation_id
+    if gen_id:
+        result["generation_id"] = gen_id
+    native = choice.get("native_finish_reason")
+    if native is not None:
+        result["native_finish_reason"] = native
+    return Outcome(Kind.OK, status, "ok", result=result, cost=cost_f, usage=usage, cut=cut,
+                   think_split=split)
 
 
 def env_proxy(url: str) -> str | None:
@@ -254,7 +304,7 @@ def env_proxy(url: str) -> str | None:
 
 async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
                   headers: dict[str, str], timeout: aiohttp.ClientTimeout,
-                  proxy: str | None = None) -> Outcome:
+                  proxy: str | None = None, think: str = "split") -> Outcome:
     """One POST; never raises for network trouble (it becomes a RETRY outcome)."""
     started = time.monotonic()
     try:
@@ -265,7 +315,7 @@ async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
             outcome = classify_body(resp.status, raw,
                                     parse_retry_after(h.get("Retry-After"),
                                                       h.get("retry-after-ms")),
-                                    h.get("Content-Type"))
+                                    h.get("Content-Type"), h.get("X-Generation-Id"), think)
     except asyncio.TimeoutError:
         outcome = Outcome(Kind.RETRY, None, "timeout", "request timed out", server_failure=True)
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:

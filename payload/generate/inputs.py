@@ -16,13 +16,13 @@ typical line (about 1-3 s for 200k lines), and 8 bytes per owned id.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..records import BadRecord, Shard, iter_input, parse_prompt
-from .journal import IdSet, Index, id_hash
+from payload.generate.journal import IdSet, Index, id_hash
+from payload.records import BadRecord, Shard, iter_input, parse_prompt
+from payload.report import Reporter
 
 LOG_BAD_LINES = 10
 SAMPLE_BAD_LINES = 20
@@ -33,14 +33,14 @@ class BadLines:
     """Counts bad lines; logs the first few and keeps a capped sample for the status file."""
 
     source: Path
+    reporter: Reporter
     count: int = 0
     samples: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, line_no: int, reason: str) -> None:
         self.count += 1
         if self.count <= LOG_BAD_LINES:
-            print(f"{self.source}: line {line_no}: bad record skipped: {reason}",
-                  file=sys.stderr)
+            self.reporter.say(f"{self.source}: line {line_no}: bad record skipped: {reason}")
         if len(self.samples) < SAMPLE_BAD_LINES:
             self.samples.append({"line": line_no, "reason": reason[:200]})
 
@@ -60,9 +60,10 @@ class Survey:
     recorded: int = 0  # of those, already in the output or errors file (resume)
 
 
-def survey(path: Path, shard: Shard, index: Index, bad: BadLines) -> Survey:
+def survey(path: Path, shard: Shard, index: Index, bad: BadLines, reporter: Reporter
+           ) -> Survey:
     """Read the whole input once (streamed): count, validate, dedupe. Reports bad lines
-    and duplicate ids through `bad` / stderr; nothing is kept but 8 bytes per owned id."""
+    (through `bad`) and duplicate ids; nothing is kept but 8 bytes per owned id."""
     out = Survey()
     seen = IdSet()
     dup_reports = 0
@@ -84,14 +85,13 @@ def survey(path: Path, shard: Shard, index: Index, bad: BadLines) -> Survey:
             out.duplicates += 1
             if dup_reports < LOG_BAD_LINES:
                 dup_reports += 1
-                print(f"{path}: line {line_no}: duplicate id {prompt.key!r} skipped",
-                      file=sys.stderr)
+                reporter.say(f"{path}: line {line_no}: duplicate id {prompt.key!r} skipped")
             continue
         seen.add(h)
         out.owned += 1
         if h in index.done or h in index.failed:
             out.recorded += 1
     if out.duplicates > dup_reports:
-        print(f"{path}: {out.duplicates} duplicate ids in all (the first {dup_reports} shown)",
-              file=sys.stderr)
+        reporter.say(f"{path}: {out.duplicates} duplicate ids in all (the first "
+                     f"{dup_reports} shown)")
     return out

@@ -6,29 +6,34 @@ only leave the last line torn (no trailing newline); it is truncated away before
 is appended, so that id is simply asked again.
 
 The resume index must be fast on a 1 GB output: records are written with `"id"` as the
-FIRST key, `"usage"` second and `"response"` third, so the id and the cost are read in
-place (mmap) from a short prefix of each line without parsing the whole record (a full parse is the fallback for lines written
-by anything else). Ids are kept as 64-bit blake2b digests of `str(id)` in an IdSet (~8
-bytes each), which keeps memory flat on large inputs.
+FIRST key, `"usage"` second, then the short fields the status breaks answers down by
+(`finish_reason`, `provider`, and with `--turns all` the per-turn `turns`), then
+`"response"`; so the id, the cost and the breakdown are read in place (mmap) from a short
+prefix of each line without parsing the whole record (a full parse is the fallback for
+lines written by anything else). The breakdown prefix of most lines is one of a handful
+of strings: it is counted as bytes and decoded once per distinct value. Ids are kept as
+64-bit blake2b digests of `str(id)` in an IdSet (~8 bytes each), which keeps memory flat
+on large inputs.
 """
 
 from __future__ import annotations
 
 import array
 import bisect
+import collections
 import errno
 import hashlib
 import heapq
 import json
 import mmap
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
+from payload import atomic
+from payload.report import Reporter
 
 _DECODER = json.JSONDecoder()
 _PREFIX = b'{"id":'
@@ -88,6 +93,23 @@ class Index:
     uncosted_records: int = 0
     skipped_lines: int = 0  # unreadable lines (reported, not fatal)
     truncated_bytes: int = 0
+    # Answers by provider and by finish reason (one per turn with --turns all).
+    by_provider: collections.Counter[str] = field(default_factory=collections.Counter)
+    by_finish_reason: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def count_answer(self, provider: Any, finish_reason: Any, n: int = 1) -> None:
+        self.by_provider[str(provider) if provider is not None else "unknown"] += n
+        self.by_finish_reason[str(finish_reason) if finish_reason is not None else "unknown"] += n
+
+    def count_record(self, fields: dict[str, Any], n: int = 1) -> None:
+        """An output record's answers, from its fields (`turns` when it has them)."""
+        turns = fields.get("turns")
+        if isinstance(turns, list) and turns:
+            for t in turns:
+                if isinstance(t, dict):
+                    self.count_answer(t.get("provider"), t.get("finish_reason"), n)
+            return
+        self.count_answer(fields.get("provider"), fields.get("finish_reason"), n)
 
 
 def truncate_torn_tail(path: Path) -> int:
@@ -117,7 +139,7 @@ def truncate_torn_tail(path: Path) -> int:
         return size
 
 
-def _iter_lines(path: Path) -> Iterator[bytes]:
+def iter_raw_lines(path: Path) -> Iterator[bytes]:
     """Lines of a big file, read in 8 MB chunks (faster than readline on 1 GB)."""
     with path.open("rb") as fh:
         rest = b""
@@ -146,10 +168,14 @@ def _fast_id(line: bytes) -> tuple[str, str] | None:
     return str(value), head[end:]
 
 
+Fields = dict[str, Any] | str  # a record's breakdown fields, or their raw JSON prefix
+
+
 def _fast_record(mm: mmap.mmap, pos: int, end: int, is_output: bool
-                 ) -> tuple[str, dict[str, Any] | None] | None:
-    """(key, usage) read in place from a line `{"id":…,"usage":{…},"response":…`; None when the
-    line has another layout (the caller then parses it whole). No copy of the whole line."""
+                 ) -> tuple[str, dict[str, Any] | None, Fields | None] | None:
+    """(key, usage, breakdown prefix) read in place from a line
+    `{"id":…,"usage":{…},"finish_reason":…,"provider":…,"response":…`; None when the line
+    has another layout (the caller then parses it whole). No copy of the whole line."""
     if mm[pos:pos + 6] != _PREFIX:
         return None
     p = pos + 6
@@ -172,24 +198,31 @@ def _fast_record(mm: mmap.mmap, pos: int, end: int, is_output: bool
             return None
         after = q
     if not is_output:
-        return key, None
+        return key, None, None
     if mm[after:after + 9] != b',"usage":':
         return None
     u = after + 9
-    r = mm.find(b',"response":', u, min(end, u + 16384))
+    r = mm.find(b',"response":', u, min(end, u + 65536))
     if r < 0:
         return None
     try:
-        usage = _DECODER.decode(mm[u:r].decode("utf-8"))
+        text = mm[u:r].decode("utf-8")
+        usage, k = _DECODER.raw_decode(text)
     except (ValueError, UnicodeDecodeError):
         return None
-    return (key, usage) if isinstance(usage, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    # The breakdown fields between usage and response: `,"finish_reason":…,"provider":…`
+    # ("" in records written before they were there).
+    return key, usage, text[k:]
 
 
-def _scan(path: Path, target: IdSet, is_output: bool, index: Index, warn: bool) -> None:
+def _scan(path: Path, target: IdSet, is_output: bool, index: Index,
+          reporter: Reporter | None) -> None:
     size = path.stat().st_size
     if size == 0:
         return
+    middles: collections.Counter[str] = collections.Counter()  # breakdown prefixes, raw
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         pos = line_no = 0
         while pos < size:
@@ -204,15 +237,21 @@ def _scan(path: Path, target: IdSet, is_output: bool, index: Index, warn: bool) 
                 if got is None:
                     if mm[pos:end].strip():
                         index.skipped_lines += 1
-                        if warn:
-                            print(f"warning: {path}:{line_no}: unreadable record skipped",
-                                  file=sys.stderr)
+                        if reporter is not None:
+                            reporter.warn(f"{path}:{line_no}: unreadable record skipped")
                 else:
-                    key, usage = got
+                    key, usage, fields = got
                     h = id_hash(key)
                     # A duplicate line (an edited file?) is counted once.
                     fresh = h not in target
                     target.add(h)
+                    if fresh and is_output:
+                        if isinstance(fields, str) and '"turns":' in fields:
+                            index.count_record(_prefix_fields(fields))  # unique: decode now
+                        elif isinstance(fields, str):
+                            middles[fields] += 1
+                        elif fields is not None:
+                            index.count_record(fields)
                     if fresh and is_output and usage:
                         cost = usage.get("cost")
                         pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -227,16 +266,30 @@ def _scan(path: Path, target: IdSet, is_output: bool, index: Index, warn: bool) 
                             index.uncosted_prompt_tokens += pt
                             index.uncosted_completion_tokens += ct
             pos = end + 1
+    for middle, n in middles.items():
+        index.count_record(_prefix_fields(middle), n)
 
 
-def _slow_record(line: bytes) -> tuple[str, dict[str, Any] | None] | None:
+def _prefix_fields(middle: str) -> dict[str, Any]:
+    """`,"finish_reason":"stop","provider":"P"` (the text between usage and response) as a
+    dict; {} for an empty or unreadable one."""
+    if not middle.startswith(","):
+        return {}
+    try:
+        fields = json.loads("{" + middle[1:] + "}")
+    except ValueError:
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def _slow_record(line: bytes) -> tuple[str, dict[str, Any] | None, Fields | None] | None:
     try:
         record = json.loads(line)
         key = str(record["id"])
     except (ValueError, KeyError, TypeError):
         return None
     usage = record.get("usage")
-    return key, usage if isinstance(usage, dict) else None
+    return key, usage if isinstance(usage, dict) else None, record
 
 
 def leading_id(head: bytes) -> str | None:
@@ -257,13 +310,19 @@ def record_key(line: bytes) -> str | None:
     return slow[0] if slow is not None else None
 
 
-def load_index(output: Path, errors: Path, *, warn: bool = True) -> Index:
-    """Read both files (truncating torn tails first) into an Index."""
+def load_index(output: Path, errors: Path, *, warn: bool = True,
+               reporter: Reporter | None = None) -> Index:
+    """Read both files (truncating torn tails first) into an Index. Unreadable lines are
+    skipped, and said (to `reporter`, else stderr) unless `warn` is off."""
+    if warn and reporter is None:
+        reporter = Reporter()
+    elif not warn:
+        reporter = None
     index = Index()
     for path, target, is_output in ((output, index.done, True), (errors, index.failed, False)):
         index.truncated_bytes += truncate_torn_tail(path)
         if path.exists():
-            _scan(path, target, is_output, index, warn)
+            _scan(path, target, is_output, index, reporter)
     return index
 
 
@@ -277,7 +336,7 @@ def drop_failures(errors: Path, should_drop: Any) -> int:
         return 0
     dropped = 0
     with atomic.atomic_file(errors) as out:
-        for line in _iter_lines(errors):
+        for line in iter_raw_lines(errors):
             if not line.strip():
                 continue
             fast = _fast_id(line)
@@ -317,11 +376,13 @@ class Writer:
     so a kill -9 loses at most the line being written (which the next run truncates), and a
     full disk surfaces on the very record that did not fit, never later from a buffer."""
 
-    def __init__(self, output: Path, errors: Path) -> None:
-        self._paths = (output, errors)
+    def __init__(self, output: Path, errors: Path, turns: Path | None = None) -> None:
+        self._paths = (output, errors, turns)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         self._out = os.open(output, flags, 0o644)
         self._err = os.open(errors, flags, 0o644)
+        # The turn journal of --turns all (opened only then: no empty file beside others).
+        self._turns = -1 if turns is None else os.open(turns, flags, 0o644)
         self.failed: WriteFailed | None = None
 
     def _write(self, fd: int, path: Path, line: bytes) -> None:
@@ -341,8 +402,15 @@ class Writer:
     def write_error(self, line: bytes) -> None:
         self._write(self._err, self._paths[1], line)
 
+    def write_turn(self, line: bytes) -> None:
+        path = self._paths[2]
+        assert path is not None, "a turn journal is opened only for --turns all"
+        self._write(self._turns, path, line)
+
     def close(self) -> None:
-        for fd in (self._out, self._err):
+        for fd in (self._out, self._err, self._turns):
+            if fd < 0:
+                continue
             try:
                 os.fsync(fd)
             except OSError:

@@ -34,7 +34,7 @@ The outage breaker (outage.py) gates the same slots: while it is open only one p
 flight, and when the server answers again the window restarts from `initial_window` and
 grows back (slow start) to where it was, instead of releasing 2000 requests at once.
 
-tests/payload/test_limiter_model.py checks these rules on a virtual-time model of a
+tests/payload/generate/test_limiter_model.py checks these rules on a virtual-time model of a
 provider (capacity, outages, sporadic 429s); the benchmark measures them for real.
 """
 
@@ -46,8 +46,8 @@ import contextlib
 import math
 import random
 
-from .client import Kind, Outcome
-from .outage import Breaker
+from payload.generate.client import Kind, Outcome
+from payload.generate.outage import Breaker
 
 INITIAL_WINDOW = 32
 # Slots added per success in slow start: the window triples every round trip (32, 96,

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Any
 
 import aiohttp
 
-from ..redact import redact
-from .budget import Prices
+from payload.errors import PreflightRefused
+from payload.generate.budget import Prices
+from payload.report import Reporter
 
-
-class PreflightRefused(Exception):
-    """The filter leaves no endpoint: the message names the filter and what exists (exit 2)."""
+__all__ = ["PreflightRefused", "check_endpoints", "endpoint_allowed"]
 
 
 def _names(ep: dict[str, Any]) -> set[str]:
@@ -59,11 +57,16 @@ def _price(value: Any) -> float:
 
 
 async def check_endpoints(session: aiohttp.ClientSession, base_url: str, model: str,
-                          provider: dict[str, Any] | None, headers: dict[str, str]
+                          provider: dict[str, Any] | None, headers: dict[str, str],
+                          reporter: Reporter | None = None
                           ) -> tuple[Prices | None, int | None]:
     """(price bound, max completion tokens) over the allowed endpoints, or (None, None) when
     the list is not served. Raises PreflightRefused when the filter leaves nothing."""
+    say = reporter or Reporter()
     if model.count("/") != 1:
+        say.say(f"preflight: model {model!r} is not author/slug, so its endpoint list "
+                "(GET /models/{author}/{slug}/endpoints) cannot be asked; the provider "
+                "filter and the prices are not checked")
         return None, None
     author, slug = model.split(":")[0].split("/")
     url = f"{base_url.rstrip('/')}/models/{author}/{slug}/endpoints"
@@ -73,8 +76,7 @@ async def check_endpoints(session: aiohttp.ClientSession, base_url: str, model: 
             raw = await resp.read()
             status = resp.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        print(redact(f"preflight: endpoint list unreachable ({type(exc).__name__}); skipped"),
-              file=sys.stderr)
+        say.say(f"preflight: endpoint list unreachable ({type(exc).__name__}); skipped")
         return None, None
     try:
         data = json.loads(raw)
@@ -82,8 +84,7 @@ async def check_endpoints(session: aiohttp.ClientSession, base_url: str, model: 
         if status != 200 or not isinstance(endpoints, list):
             raise ValueError
     except (ValueError, KeyError, TypeError):
-        print(f"preflight: endpoint list not served (HTTP {status}); check skipped",
-              file=sys.stderr)
+        say.say(f"preflight: endpoint list not served (HTTP {status}); check skipped")
         return None, None
     allowed = [ep for ep in endpoints if isinstance(ep, dict) and endpoint_allowed(ep, provider)]
     if not allowed:

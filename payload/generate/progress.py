@@ -4,8 +4,8 @@ The status file is the contract `fab status` reads (DESIGN: state, done, failed,
 in_flight, total, tokens, cost, rates, times, last_error; docs/records.md lists every
 field), replaced atomically (temp file + rename) so a reader never sees half a file. On
 a TTY a rich progress bar shows the same numbers; without a TTY (a detached job writing
-a log), or where rich is not installed on the container, plain lines are printed every
-few seconds.
+a log), or where rich is not installed on the container, plain lines go to the run's
+reporter every few seconds.
 
 A full disk must not silence the status: the writer keeps a small reserve file beside
 the status file from the start and gives it up to write the final status, and it says
@@ -18,15 +18,15 @@ import collections
 import contextlib
 import errno
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, units
-from ..redact import REDACTOR
+from payload import atomic, units
+from payload.redact import REDACTOR
+from payload.report import Reporter
 
 
 def _iso(ts: float) -> str:
@@ -49,6 +49,12 @@ class Counters:
     done_this_run: int = 0
     tokens_this_run: int = 0
     errors_by_kind: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Answers (one per turn with --turns all) by provider and finish reason, cumulative
+    # across resumed runs; `cut` is the answers cut by max_tokens (finish_reason "length").
+    by_provider: collections.Counter[str] = field(default_factory=collections.Counter)
+    by_finish_reason: collections.Counter[str] = field(default_factory=collections.Counter)
+    timeouts: int = 0  # requests of this run that timed out (each retried <= --max-timeouts)
+    think_split: int = 0  # answers of this run whose <think> markers were split from content
     last_error: str | None = None
     stop_reason: str | None = None  # auth, credit, budget, signal, disk_full, outage, ...
     exit_code: int | None = None  # set in the final status
@@ -78,6 +84,10 @@ class Counters:
             "bad_lines": self.bad_lines, "bad_line_samples": self.bad_line_samples,
             "duplicates": self.duplicates, "retries": self.retries,
             "errors_by_kind": dict(self.errors_by_kind), "stop_reason": self.stop_reason,
+            "by_provider": dict(self.by_provider),
+            "by_finish_reason": dict(self.by_finish_reason),
+            "cut": self.by_finish_reason.get("length", 0), "timeouts": self.timeouts,
+            "think_split": self.think_split,
             "exit_code": self.exit_code, "max_failed": self.max_failed,
             "max_cost": self.max_cost, "budget_enforced": self.budget_enforced,
             "outage_s": None if self.outage_s is None else round(self.outage_s, 1),
@@ -91,8 +101,9 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 class StatusWriter:
     """Writes the status file; holds the disk-space reserve that guarantees the last one."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, reporter: Reporter) -> None:
         self.path = path
+        self.say = reporter
         self.reserve = None if path is None else path.with_name(f".{path.name}.reserve")
         self._warned: set[int] = set()
         self.disk_full = False
@@ -129,8 +140,7 @@ class StatusWriter:
                 self.disk_full = True
             if exc.errno not in self._warned:
                 self._warned.add(exc.errno or 0)
-                print(f"warning: cannot write status file {self.path}: {exc.strerror}",
-                      file=sys.stderr)
+                self.say.warn(f"cannot write status file {self.path}: {exc.strerror}")
             return exc
         return None
 
@@ -153,13 +163,16 @@ def describe(c: Counters) -> str:
 class Display:
     """A rich bar on a TTY (if rich is importable), else a plain line every `plain_every` s."""
 
-    def __init__(self, counters: Counters, *, plain_every: float = 10.0) -> None:
+    def __init__(self, counters: Counters, reporter: Reporter, *,
+                 plain_every: float = 10.0) -> None:
         self.c = counters
+        self.say = reporter
         self.plain_every = plain_every
         self._last_plain = time.monotonic()
         self._progress: Any = None
         self._task: Any = None
-        if sys.stderr.isatty():
+        stream = reporter.stream
+        if stream.isatty():
             with contextlib.suppress(ImportError):
                 from rich.console import Console
                 from rich.progress import (
@@ -172,7 +185,7 @@ class Display:
                 self._progress = Progress(
                     TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                    console=Console(file=sys.stderr), transient=False)
+                    console=Console(file=stream), transient=False)
 
     def start(self) -> None:
         if self._progress is not None:
@@ -192,10 +205,10 @@ class Display:
         now = time.monotonic()
         if now - self._last_plain >= self.plain_every:
             self._last_plain = now
-            print(describe(c), file=sys.stderr, flush=True)
+            self.say.say(describe(c))
 
     def stop(self) -> None:
         if self._progress is not None:
             self.update()
             self._progress.stop()
-        print(describe(self.c), file=sys.stderr, flush=True)
+        self.say.say(describe(self.c))

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Outcome
+from payload.generate.client import Outcome
 
 FIRST_ANSWERS = 8
 RUN_OF_ANSWERS = 64

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +72,36 @@ def run_payload(*args: str, env: dict[str, str] | None = None, timeout: float = 
                           capture_output=True, timeout=timeout)
 
 
+# The status file (and the outage and stall checks) every 0.2 s instead of 2 s: a test
+# that waits for the status to show something, or for --outage-timeout to pass, waits for
+# that, not for the next tick.
+STATUS_EVERY = "0.2"
+
+
 def gen_args(fake: FakeOpenRouter, key_file: Path, inp: Path, out: Path, *extra: str
              ) -> list[str]:
     return ["generate", "--input", str(inp), "--output", str(out), "--base-url", fake.base_url,
             "--api-key-file", str(key_file), "--backoff-base", "0.02",
-            "--request-timeout", "5", *extra]
+            "--request-timeout", "5", "--status-every", STATUS_EVERY, *extra]
 
 
 def status_of(out: Path) -> dict[str, Any]:
     """The status file beside `out` (`out.jsonl` -> `out.status.json`)."""
     return json.loads(out.with_name(out.name.replace(".jsonl", ".status.json")).read_text())
+
+
+def wait_for_status(out: Path, ready: Callable[[dict[str, Any]], bool], timeout: float = 30
+                    ) -> dict[str, Any]:
+    """Poll the status file until `ready(status)` (or `timeout` s): the last one read."""
+    deadline = time.monotonic() + timeout
+    st: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):  # not written yet / being replaced
+            st = status_of(out)
+            if ready(st):
+                break
+        time.sleep(0.05)
+    return st
 
 
 def assert_paired(records: list[dict[str, Any]]) -> None:

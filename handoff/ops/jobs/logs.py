@@ -5,9 +5,8 @@ each under a `== JOB` line (`tail -F` heads each file itself)."""
 from __future__ import annotations
 
 import threading
-import time
 
-from handoff import console
+from handoff import console, threads
 from handoff.errors import HandoffError, RemoteError
 from handoff.host import untrusted
 from handoff.host.session import Connector, Session, sh_path
@@ -82,12 +81,8 @@ def follow(targets: list[Target], job_flag: str | None, lines: int, connect: Con
             errors.append(f"{target.label}: {exc}")
             console.error(f"{target.label}: {exc}")
 
-    threads = [threading.Thread(target=pump, args=(t,), daemon=True) for t in targets]
-    for t in threads:
-        t.start()
-    try:
-        while any(t.is_alive() for t in threads):
-            time.sleep(0.2)
+    try:  # every host streams at once, until Ctrl-C or all of them ended
+        threads.each(targets, pump, workers=len(targets), name="logs")
     except KeyboardInterrupt:
         stop.set()
         # Ctrl-C is how --follow ends (exit 0): only the watching stops.

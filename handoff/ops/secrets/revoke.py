@@ -5,12 +5,11 @@ key is revoked all the same: its file may remain, dead.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from handoff import console
+from handoff import console, threads
 from handoff.config import state
 from handoff.defaults import (
     SECRET_SERVICE,
@@ -94,12 +93,7 @@ def revoke_all(todo: list[Revocation], keys: ManagementKeys) -> list[Revoked]:
                                        event="revoked", key_hash=r.key_hash, api=r.api,
                                        service=r.service, name=r.name))
 
-    threads = [threading.Thread(target=one, args=(res,), name="revoke", daemon=True)
-               for res in results]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads.each(results, one, workers=len(results), name="revoke")
     return results
 
 

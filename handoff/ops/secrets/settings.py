@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.config import flags, state
-from handoff.config.os_keyring import read_key, read_optional, soon
+from handoff.config.os_keyring import read_key, read_optional
 from handoff.defaults import (
     BUILTIN_VARS,
     KEY_MODES,
@@ -31,6 +31,7 @@ from handoff.errors import (
 from handoff.host import keyrecord, untrusted
 from handoff.host.targets import Target
 from handoff.ops import keyapi
+from handoff.threads import soon
 
 
 def keyring_entry(targets: list[Target], required: bool) -> tuple[str, str] | None:
@@ -139,7 +140,7 @@ def read_credentials(service: str, username: str, modes: Iterable[str]) -> Crede
 
 
 def read_credentials_soon(service: str, username: str, modes: Iterable[str]) -> Future[Credentials]:
-    """`read_credentials` on a thread (see `soon`)."""
+    """`read_credentials` on a thread (handoff.threads.soon; see read_key_soon)."""
     wanted = set(modes)
     return soon(lambda: read_credentials(service, username, wanted), "keyring-read")
 

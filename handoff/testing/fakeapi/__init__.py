@@ -29,7 +29,19 @@ Modes that stand in for real servers and real trouble (all off by default):
   `{"detail": ...}` error), `sse`; `fast_faults=True` draws them at the door, before the
   latency, as a rate limiter in front of a server answers;
 - `timeline=True` records, per 100 ms, arrivals, successes, refusals and the peak number
-  of requests in the server (the benchmark reads recovery after an outage from it).
+  of requests in the server (the benchmark reads recovery after an outage from it);
+- a thinking model: `thinking="field"` (reasoning in `message.reasoning`) or `"tags"`
+  (`<think>…</think>` inside `content`, `reasoning: null`), `reasoning_tokens` of it before
+  the answer, so a request whose `max_tokens` does not cover them ends
+  `finish_reason: "length"` with empty content (`native_finish_reason: "max_tokens"`);
+  `generation_header=True` also sends `X-Generation-Id` (`body_id=False`: only there);
+  `providers=[...]` spreads answers over several provider names (by prompt);
+- `check_history=True`: every assistant turn in a request's history must be what the fake
+  answered for the history before it (its visible content), as `--turns all` sends it;
+  mismatches are counted (`history_mismatches`, checked turns in `history_checked`).
+
+Every chat request is counted per prompt (`requests_by_prompt`, by the request's
+`derive_id(messages)`), answered or not.
 
 Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
 `base_url=...` on stdout once listening. The accepted key comes from `--key-file` or

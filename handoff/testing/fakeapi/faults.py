@@ -15,11 +15,12 @@ from typing import Any
 PREFIX = "/api/v1"
 
 # Fault kinds the plan understands. Retryable ones first: `FaultPlan.mix` spreads over them.
+# `length_empty` (cut by max_tokens, no content) is not one: it is an answer, done at once.
 RETRYABLE_FAULTS = ("429", "500", "502", "503", "504", "524", "529", "reset", "malformed",
-                    "choice_error", "finish_error", "empty", "length_empty", "402_inflight")
+                    "choice_error", "finish_error", "empty", "402_inflight")
 
 OTHER_FAULTS = ("hang", "401", "402", "400", "403", "404", "429_bare", "429_quota",
-                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse")
+                "429_huge", "429_date", "429_ms", "409", "422_detail", "sse", "length_empty")
 
 ALL_FAULTS = RETRYABLE_FAULTS + OTHER_FAULTS
 
@@ -105,6 +106,9 @@ class FakeStats:
     bodies: list[dict[str, Any]] = field(default_factory=list)  # only when record_bodies
     endpoint_calls: int = 0
     key_calls: int = 0
+    requests_by_prompt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    history_checked: int = 0  # assistant turns in histories checked (check_history)
+    history_mismatches: int = 0  # ... that were not what the fake had answered
     # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
     timeline: dict[int, list[int]] = field(default_factory=dict)
     outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
@@ -113,6 +117,7 @@ class FakeStats:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["faults"] = dict(self.faults)
         out["successes_by_prompt"] = dict(self.successes_by_prompt)
+        out["requests_by_prompt"] = dict(self.requests_by_prompt)
         out["bodies"] = list(self.bodies)
         out["timeline"] = {str(k): v for k, v in self.timeline.items()}
         out["outage_windows"] = [list(w) for w in self.outage_windows]

@@ -43,7 +43,10 @@ class FakeOpenRouter:
                  outage_kind: str = "503", known_models: set[str] | None = None,
                  stream_only: bool = False, error_null: bool = False,
                  content_parts: bool = False, report_cost: bool = True, pricing: bool = True,
-                 fast_faults: bool = False, timeline: bool = False) -> None:
+                 fast_faults: bool = False, timeline: bool = False,
+                 thinking: str | None = None, reasoning_tokens: int = 48,
+                 generation_header: bool = False, body_id: bool = True,
+                 providers: list[str] | None = None, check_history: bool = False) -> None:
         if not host.startswith("127.") and host not in ("localhost", "::1"):
             raise ValueError("the fake API only listens on loopback")
         self.api_key = api_key
@@ -76,6 +79,15 @@ class FakeOpenRouter:
         self.pricing = pricing
         self.fast_faults = fast_faults
         self.record_timeline = timeline
+        if thinking not in (None, "field", "tags"):
+            raise ValueError("thinking is None, 'field' or 'tags'")
+        self.thinking = thinking
+        self.reasoning_tokens = reasoning_tokens
+        self.generation_header = generation_header
+        self.body_id = body_id
+        self.providers = providers or ["DeepInfra"]
+        self.check_history = check_history
+        self._answered: dict[str, str] = {}  # derive_id(history) -> the visible answer given
         self.serving = 0  # requests past the capacity gate
         self._t0: float | None = None  # first chat request (monotonic)
         self._outage_until = 0.0
@@ -253,6 +265,10 @@ class FakeOpenRouter:
             return self._error(400, "request body is not a chat completion request")
         if self.record_bodies:
             self.stats.bodies.append(body)
+        if isinstance(messages, list):
+            self.stats.requests_by_prompt[derive_id(messages)] += 1
+            if self.check_history:
+                self._check_history(messages)
         if self.known_models is not None and body.get("model") not in self.known_models:
             return self._error(400, f"Invalid model name passed in model={body.get('model')}. "
                                "Call `/v1/models` to view available models for your key.")
@@ -295,7 +311,57 @@ class FakeOpenRouter:
         content = f"answer {answer_digest(messages)}"
         if self.stream_only:
             return self._sse(body, content)
-        return web.json_response(self._result(body, content, "stop"))
+        if self.thinking is not None:
+            return self._thinking_answer(body, messages, content)
+        if self.check_history:
+            self._answered[prompt_id] = content
+        return self._json(self._result(body, content, "stop", provider=self._provider(messages)))
+
+    def _provider(self, messages: list[dict[str, Any]]) -> str:
+        return self.providers[int(answer_digest(messages), 16) % len(self.providers)]
+
+    def _json(self, result: dict[str, Any]) -> web.Response:
+        headers = None
+        if self.generation_header:
+            headers = {"X-Generation-Id": f"gen-h-{self.stats.requests}"}
+        if not self.body_id:
+            result.pop("id", None)
+        return web.json_response(result, headers=headers)
+
+    def _thinking_answer(self, body: dict[str, Any], messages: list[dict[str, Any]],
+                         answer: str) -> web.Response:
+        """`reasoning_tokens` of reasoning (one word a token), then the answer; cut where the
+        request's max_tokens ends, as a thinking model served by OpenRouter is."""
+        words = [f"r{i}" for i in range(self.reasoning_tokens)]
+        asked = body.get("max_tokens")
+        whole = len(words) + self.completion_tokens
+        used = asked if isinstance(asked, int) and asked < whole else whole
+        cut = used < whole
+        reasoning = " ".join(words[:used])
+        in_reasoning = used <= len(words)  # the budget ran out before the answer began
+        content = "" if in_reasoning else answer
+        finish = "length" if cut else "stop"
+        if self.thinking == "tags":
+            closed = "" if in_reasoning else "</think>"
+            text = f"<think>{reasoning}{closed}{content}"
+            result = self._result(body, text, finish, provider=self._provider(messages),
+                                  reasoning=None, completion=used)
+        else:
+            result = self._result(body, content, finish, provider=self._provider(messages),
+                                  reasoning=reasoning, completion=used)
+        result["usage"]["completion_tokens_details"] = {
+            "reasoning_tokens": min(used, len(words))}
+        if self.check_history:
+            self._answered[derive_id(messages)] = content
+        return self._json(result)
+
+    def _check_history(self, messages: list[dict[str, Any]]) -> None:
+        for j, m in enumerate(messages):
+            if m.get("role") != "assistant":
+                continue
+            self.stats.history_checked += 1
+            if self._answered.get(derive_id(messages[:j])) != m.get("content"):
+                self.stats.history_mismatches += 1
 
     def _sse(self, body: dict[str, Any], content: str) -> web.Response:
         chunk = {"id": f"gen-{self.stats.requests}", "object": "chat.completion.chunk",
@@ -306,28 +372,34 @@ class FakeOpenRouter:
         return web.Response(status=200, text=text, content_type="text/event-stream")
 
     def _result(self, body: dict[str, Any], content: str | None, finish: str,
-                choice_error: dict[str, Any] | None = None) -> dict[str, Any]:
+                choice_error: dict[str, Any] | None = None, *, provider: str = "DeepInfra",
+                reasoning: str | bool | None = True, completion: int | None = None
+                ) -> dict[str, Any]:
         prompt_tokens = sum(len(str(m.get("content", ""))) // 4 + 1 for m in body["messages"])
         content_field: Any = content
         if self.content_parts and content:
             half = len(content) // 2
             content_field = [{"type": "text", "text": content[:half]},
                              {"type": "text", "text": content[half:]}]
+        if reasoning is True:  # the plain fake's stand-in
+            reasoning = "thinking" if content else None
+        native = "max_tokens" if finish == "length" and self.thinking else finish
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                  "native_finish_reason": finish,
+                                  "native_finish_reason": native,
                                   "message": {"role": "assistant", "content": content_field,
-                                              "reasoning": "thinking" if content else None}}
+                                              "reasoning": reasoning}}
         if choice_error is not None:
             choice["error"] = choice_error
-        completion = self.completion_tokens if content else 0
+        if completion is None:
+            completion = self.completion_tokens if content else 0
         usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                                  "total_tokens": prompt_tokens + completion, "is_byok": False}
         if self.report_cost:
-            usage["cost"] = self.cost_per_request if content else 0.0
+            usage["cost"] = self.cost_per_request if content or completion else 0.0
         result: dict[str, Any] = {
             "id": f"gen-{self.stats.requests}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", "fake/model"),
-            "provider": "DeepInfra", "system_fingerprint": None, "choices": [choice],
+            "provider": provider, "system_fingerprint": None, "choices": [choice],
             "usage": usage}
         if self.error_null:
             result["error"] = None

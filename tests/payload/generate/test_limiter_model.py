@@ -1,4 +1,4 @@
-"""The flow-control rules, checked exactly on a virtual-time model (tests/payload/limiter_sim.py):
+"""The flow-control rules, checked exactly on a virtual-time model (tests/payload/generate/limiter_sim.py):
 the real Limiter and Breaker against a modelled provider, seeded, free of machine noise.
 
 The targets are issue 12's and 13's; the benchmark measures the same scenarios with the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.payload.limiter_sim import Server, simulate
+from tests.payload.generate.limiter_sim import Server, simulate
 
 pytestmark = pytest.mark.timeout(60)
 

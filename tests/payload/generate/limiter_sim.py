@@ -9,7 +9,7 @@ same result every time (seeded). The end-to-end tests and the benchmark run the 
 payload against the real fake API; this model lets the controller's rules be checked
 exactly, free of a busy machine's noise.
 
-`prompt()` mirrors `Generator._attempts` (payload/generate/run.py) for what matters to flow
+`prompt()` mirrors `Attempts._attempts` (payload/generate/attempts.py) for what matters to flow
 control: a slot per prompt, HOLD/RELEASE/YIELD after a throttle (a retry made on a kept slot
 is the `repeat` the limiter learns from), the wait the limiter asks for, and a slot given
 back during a backoff or an outage.

@@ -45,7 +45,7 @@ def test_request_bodies_validate_against_chat_request(spec, fake_factory, key_fi
         fh.write((tmp_path / "more.jsonl").read_text())
     proc = run_payload(*gen_args(
         fake, key_file, inp, out, "--max-tokens", "256", "--temperature", "0.6", "--top-p",
-        "0.95", "--reasoning", '{"effort": "high"}', "--provider",
+        "0.95", "--seed", "7", "--reasoning", '{"effort": "high"}', "--provider",
         '{"quantizations": ["int4"], "ignore": ["fireworks", "baseten"], "sort": "throughput",'
         ' "allow_fallbacks": true}'))
     assert proc.returncode == 0, proc.stderr
@@ -56,6 +56,7 @@ def test_request_bodies_validate_against_chat_request(spec, fake_factory, key_fi
         assert not errors, [e.message for e in errors]
         assert body["provider"]["sort"] == "throughput"  # sent as given
         assert body["reasoning"] == {"effort": "high"}
+        assert body["seed"] == 7
     # Requests go out concurrently: find the ShareGPT prompt by content, not by position.
     assert [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}] in [
         b["messages"] for b in fake.stats.bodies]

@@ -1,0 +1,234 @@
+"""One prompt through its attempts: admit, send, classify, then answer, retry or give up.
+
+The policy per answer (docs/generator.md "How requests are paced" and "Error taxonomy"):
+- an answer is recorded; a 401 stops the run at once, a 402 stops dispatching;
+- a permanent error is held by the systematic-error detector (which may stop the run);
+- a throttled answer spends no attempt: the prompt waits as told, keeping its slot
+  through a short wait and giving it back for a longer one;
+- any other retryable error backs off without the slot and spends an attempt, unless the
+  outage breaker says the server as a whole was down (then the failure is free).
+
+Every request in flight holds one limiter slot and one budget admission; both are given
+back on every path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from payload.errors import BudgetReached
+from payload.generate import client
+from payload.generate.budget import Budget
+from payload.generate.client import Kind, Outcome
+from payload.generate.journal import id_hash
+from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter, backoff_delay
+from payload.generate.outage import Breaker
+from payload.generate.progress import Counters
+from payload.generate.recorder import Recorder
+from payload.generate.settings import Settings
+from payload.generate.stop import Stop
+from payload.generate.systematic import Held
+from payload.generate.turns import Turn, history, positions
+from payload.records import Prompt
+from payload.report import Reporter
+
+
+@dataclass
+class Endpoint:
+    """Where and how requests go: the one session, the URL, headers (with the key), the
+    per-request timeout and the proxy resolved once for the run."""
+
+    session: aiohttp.ClientSession
+    url: str
+    headers: dict[str, str]
+    timeout: aiohttp.ClientTimeout
+    proxy: str | None
+
+
+@dataclass
+class _Slot:
+    """A prompt's place in the limiter: whether it holds one, and whether it is the probe."""
+
+    probe: bool = False
+    held: bool = True
+
+
+class Attempts:
+    def __init__(self, s: Settings, counters: Counters, limiter: Limiter, breaker: Breaker,
+                 budget: Budget, recorder: Recorder, stop: Stop, endpoint: Endpoint,
+                 reporter: Reporter, resumed: dict[int, list[Turn]] | None = None) -> None:
+        self.s = s
+        # --turns all: the journaled turns of conversations not yet recorded, by id hash.
+        self.resumed = resumed or {}
+        self.c = counters
+        self.limiter = limiter
+        self.breaker = breaker
+        self.budget = budget
+        self.rec = recorder
+        self.stop = stop
+        self.ep = endpoint
+        self.say = reporter
+        self._dispatched = 0  # sequence number of the last request sent
+        self._outage_reported = 0
+
+    def body(self, messages: list[dict[str, Any]]) -> bytes:
+        s = self.s
+        return json.dumps(client.build_body(
+            messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
+            temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning, seed=s.seed),
+            ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    async def handle(self, p: Prompt) -> None:
+        """One prompt: each turn it regenerates (one with --turns last), in order, each on
+        the regenerated history before it, through its attempts. A turn's slot is held
+        across a short throttle wait and given back for anything longer (backoff, an
+        outage, a long Retry-After) and between turns."""
+        where = positions(p, self.s.turns)
+        done: list[Turn] = (self.resumed.pop(id_hash(p.key), [])[:len(where) - 1]
+                            if self.resumed else [])
+        for k in range(len(done), len(where)):
+            messages = history(p, where, done, k)
+            slot = _Slot(probe=await self.limiter.acquire())
+            try:
+                got = await self._attempts(p, slot, self.body(messages))
+            finally:
+                if slot.held:
+                    self.limiter.release()
+            if got is None:
+                return  # recorded as failed, held, or stopped
+            outcome, cost, sent, seq = got
+            if k + 1 < len(where):
+                turn = self.rec.turn(p, k, where[k], outcome, cost, sent, seq)
+                if turn is None:
+                    return
+                done.append(turn)
+            elif self.s.turns == "all":
+                self.rec.success(p, history(p, where, done, k, with_reasoning=True), outcome,
+                                 cost, sent, seq, done)
+            else:
+                self.rec.success(p, messages, outcome, cost, sent, seq)
+
+    async def _send(self, body: bytes) -> Outcome:
+        """One request, counted in flight; the budget admission is given back if it is
+        cancelled before an answer (a stop that does not wait)."""
+        c, ep = self.c, self.ep
+        c.in_flight += 1
+        self.limiter.sending()
+        try:
+            return await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
+                                        ep.proxy, self.s.think_in_content)
+        except BaseException:  # cancelled: never answered
+            self.budget.cancel()
+            raise
+        finally:
+            c.in_flight -= 1
+
+    async def _attempts(self, p: Prompt, slot: _Slot, body: bytes
+                        ) -> tuple[Outcome, float | None, int, int] | None:
+        """One request through its attempts: (the answer, its cost, requests sent, its
+        dispatch number), or None when the prompt ended otherwise (failed, held, stopped)."""
+        s, c, lim, stop = self.s, self.c, self.limiter, self.stop
+        sent = charged = throttles = timeouts = 0
+        held = False  # this prompt kept its slot through a throttle wait: its retry tells
+        while True:
+            if stop.stopping:
+                return None
+            try:
+                await self.budget.admit()
+            except BudgetReached as exc:
+                stop.request("budget", f"stopping: {exc}; the run is resumable "
+                             "(raise --max-cost and rerun the same command)")
+                return None
+            sent += 1
+            self._dispatched += 1
+            seq = self._dispatched
+            outcome = await self._send(body)
+            cost = self.rec.settle(outcome)
+            decision = lim.answered(outcome, probe=slot.probe, repeat=held)
+            slot.probe = held = False
+            self._note_outage(outcome)
+            if outcome.kind is Kind.OK:
+                return outcome, cost, sent, seq
+            self.rec.error_answer(outcome, cost)
+            # A request we abandoned may have been billed in full: asked again at most
+            # --max-timeouts times, unless the server was failing as a whole (below).
+            timed_out = outcome.type == "timeout" and outcome.status is None
+            c.timeouts += timed_out
+            if outcome.kind is Kind.AUTH:
+                stop.abandon("auth", f"the API key was refused (401: {outcome.message}); "
+                             "check the key file / $OPENROUTER_API_KEY. Nothing more is "
+                             "sent; the run is resumable.")
+                return None
+            if outcome.kind is Kind.CREDIT:
+                stop.request("credit", "out of credit or key limit reached "
+                             f"({outcome.status} {outcome.type}: {outcome.message}); "
+                             "in-flight requests finish, the run is resumable with the "
+                             "same command once credit is added.")
+                return None
+            if outcome.kind is Kind.PERMANENT:
+                if self.rec.permanent(Held(p, outcome, sent, seq)):
+                    stop.request("systematic_error", self.rec.systematic.describe())
+                return None
+            if outcome.throttled:
+                # Not the prompt's fault: no attempt is spent; it waits as told.
+                throttles += 1
+                c.retries += 1
+                wait = lim.throttle_wait(outcome.retry_after, throttles)
+                if decision != HOLD or wait > HOLD_MAX_S:
+                    if decision == HOLD:  # otherwise the limiter took the slot back already
+                        lim.release()
+                    slot.held = False
+                    await stop.sleep(wait)
+                    if stop.stopping:
+                        return None
+                    slot.probe, slot.held = await lim.acquire(), True
+                else:
+                    await stop.sleep(wait)
+                    held = True
+                continue
+            throttles = 0
+            # Any other retryable error: back off without the slot.
+            generation, was_open = self.breaker.generation, self.breaker.is_open
+            if not outcome.server_failure:
+                charged += 1
+                if charged >= s.max_attempts:
+                    self.rec.failure(p, outcome, sent, gave_up=True)
+                    return None
+            lim.release()
+            slot.held = False
+            await stop.sleep(
+                backoff_delay(charged + 1, s.backoff_base, retry_after=outcome.retry_after))
+            if stop.stopping:
+                return None
+            slot.probe, slot.held = await lim.acquire(), True
+            if outcome.server_failure and not self.breaker.free_failure(generation, was_open):
+                # The server was not down as a whole: this one counts.
+                timeouts += timed_out
+                if timeouts > s.max_timeouts:
+                    self.rec.failure(p, outcome, sent, gave_up=True, why=(
+                        f"{timeouts} timeouts (--max-timeouts {s.max_timeouts}: each may "
+                        "have been billed)"))
+                    return None
+                charged += 1
+                if charged >= s.max_attempts:
+                    self.rec.failure(p, outcome, sent, gave_up=True)
+                    return None
+            c.retries += 1
+
+    def _note_outage(self, o: Outcome) -> None:
+        """Say when an outage begins and ends (once each), and keep the status's gauge."""
+        b, c = self.breaker, self.c
+        if b.is_open and self._outage_reported != b.outages:
+            self._outage_reported = b.outages
+            c.outage_s, c.outages = 0.0, b.outages
+            self.say.say(f"outage: {b.streak} answers in a row failed (last: {o.status or ''} "
+                         f"{o.type}: {o.message[:200]}); dispatch paused, one probe at a "
+                         f"time; stops after {self.s.outage_timeout:g}s (--outage-timeout)")
+        elif not b.is_open and c.outage_s is not None:
+            self.say.say(f"outage over after {b.closed_at - b.opened_at:.1f}s: resuming "
+                         "(slow start)")
+            c.outage_s = None

@@ -1,0 +1,74 @@
+"""How a `generate` run stops: one decision, one reason, one exit code.
+
+Many things end a run early (a refused key, credit, the budget, a signal, a systematic
+error, an outage, a full disk); each calls `Stop.request` with its reason and a message
+that names the way out. The first reason wins (it is what the status file and the exit
+code say); later ones only make sure dispatch has stopped. `request` stops dispatching
+and lets requests in flight finish (they are drained by the run); `abandon` also
+cancels the workers at once, for the stops where waiting would only cost money (the key
+is refused, answers can no longer be written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from payload.errors import ExitCode
+from payload.generate.limiter import Limiter
+from payload.generate.progress import Counters
+from payload.redact import redact
+from payload.report import Reporter
+
+
+class Stop:
+    def __init__(self, counters: Counters, limiter: Limiter, reporter: Reporter) -> None:
+        self.c = counters
+        self.limiter = limiter
+        self.say = reporter
+        self.event = asyncio.Event()
+        self.reason: str | None = None
+        self.exit_code: int = ExitCode.OK
+        self.workers: list[asyncio.Task[None]] = []  # the run's prompt workers, for `abandon`
+
+    @property
+    def stopping(self) -> bool:
+        return self.event.is_set()
+
+    def request(self, reason: str, message: str, code: int = ExitCode.STOPPED) -> None:
+        """Stop dispatching; in-flight requests finish (drained by the run)."""
+        if self.reason is None:
+            self.reason = reason
+            self.c.stop_reason = reason
+            self.c.last_error = redact(message)
+            self.say.say(message)
+            self.exit_code = code
+        self.event.set()
+        self.limiter.stop()
+
+    def abandon(self, reason: str, message: str) -> None:
+        """Stop now: requests in flight are cancelled, not waited for."""
+        self.request(reason, message)
+        self.cancel_workers()
+
+    def cancel_workers(self) -> None:
+        current = asyncio.current_task()
+        for task in self.workers:
+            if task is not current:
+                task.cancel()
+
+    def on_signal(self, signame: str, drain_timeout: float) -> None:
+        """SIGTERM/SIGINT: drain, resumable; the same signal again: stop at once."""
+        if self.reason == "signal":
+            self.say.say(f"{signame} again: not waiting for in-flight requests")
+            self.cancel_workers()
+            return
+        self.request("signal", f"{signame}: stopping; waiting up to {drain_timeout:g}s for "
+                     "in-flight requests (resumable)")
+
+    async def sleep(self, delay: float) -> None:
+        """Wait `delay` seconds, or less if the run stops meanwhile."""
+        if delay <= 0:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.event.wait(), delay)

@@ -1,0 +1,107 @@
+"""The limiter's per-answer decisions: slow start, throttled prompts and their slots,
+throttle waits, the outage gate, backoff (over time: test_limiter_model.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from payload.generate.client import (
+    Kind,
+    Outcome,
+)
+from payload.generate.limiter import HOLD, RELEASE, Limiter, backoff_delay
+from payload.generate.outage import Breaker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_backoff():
+    assert all(0 <= backoff_delay(3, 1.0) <= 4.0 for _ in range(100))
+    assert all(backoff_delay(1, 1.0, retry_after=7) >= 7 for _ in range(20))
+    assert max(backoff_delay(30, 1.0) for _ in range(200)) <= 60
+
+
+OK = Outcome(Kind.OK)
+
+
+def throttle(retry_after: float | None = 1.0) -> Outcome:
+    return Outcome(Kind.RETRY, 429, "rate_limited", retry_after=retry_after, throttled=True)
+
+
+def fail() -> Outcome:
+    return Outcome(Kind.RETRY, 503, "unavailable", server_failure=True)
+
+
+def test_slow_start_doubles_per_round_trip_up_to_the_concurrency():
+    """Each success adds two slots while prompts wait for one: the window triples every
+    round trip (32, 96, 288, ...) and stops at --concurrency."""
+    async def scenario() -> None:
+        lim = Limiter(300)
+        answers = 0
+
+        async def worker() -> None:
+            nonlocal answers
+            for _ in range(3):
+                await lim.acquire()
+                await asyncio.sleep(0.001)
+                lim.answered(OK)
+                answers += 1
+                if answers <= (300 - 32) // 2:
+                    assert lim.allowed == 32 + 2 * answers  # +2 per success
+                lim.release()
+
+        assert lim.allowed == 32
+        await asyncio.gather(*(worker() for _ in range(400)))
+        assert lim.allowed == 300
+    asyncio.run(scenario())
+
+
+def test_throttled_prompts_hold_their_slot_unless_the_wait_is_long():
+    """Capacity and sporadic throttling, over time, are checked on the model
+    (test_limiter_model.py); here the per-answer decisions."""
+    async def scenario() -> None:
+        lim = Limiter(100)
+        for _ in range(10):
+            await lim.acquire()
+        assert lim.answered(throttle(1.0)) == HOLD and lim.in_flight == 10  # slot kept
+        assert lim.answered(throttle(60.0)) == RELEASE and lim.in_flight == 9  # too long
+        assert lim.answered(throttle(None)) == HOLD
+        assert lim.answered(throttle(1.0), repeat=True) == HOLD  # no evidence yet: undecided
+    asyncio.run(scenario())
+
+
+def test_throttle_wait_honours_retry_after_else_grows_with_the_share():
+    lim = Limiter(10)
+    assert lim.throttle_wait(7.5, 1) == 7.5
+    assert all(0.025 <= lim.throttle_wait(None, 1) <= 0.05 for _ in range(50))
+    assert all(lim.throttle_wait(None, 9) <= 0.11 for _ in range(50))  # a few % throttled
+    lim.share_slow = 0.99  # nearly everything is throttled: wait much longer
+    assert max(lim.throttle_wait(None, 12) for _ in range(50)) > 5
+
+
+def test_limiter_outage_gate_lets_one_probe_through_then_restarts_small():
+    async def scenario() -> None:
+        lim = Limiter(1000, breaker=Breaker(open_after=4, probe_first_s=0.05, probe_max_s=0.05))
+        lim.window = lim.ssthresh = 600.0  # a window found before the outage
+        for _ in range(4):
+            await lim.acquire()
+            lim.answered(fail())
+            lim.release()
+        assert lim.breaker.is_open
+        waiters = [asyncio.create_task(lim.acquire()) for _ in range(50)]
+        await asyncio.sleep(0.02)
+        assert not any(w.done() for w in waiters)  # nobody dispatches during the outage
+        await asyncio.sleep(0.1)
+        probes = [w for w in waiters if w.done()]
+        assert len(probes) == 1 and probes[0].result() is True  # one probe, marked as such
+        lim.answered(OK, probe=True)
+        lim.release()
+        assert not lim.breaker.is_open and 32 <= lim.allowed <= 34  # restart small...
+        assert lim.ssthresh == 600  # ...growing back to where it was
+        await asyncio.sleep(0)
+        assert sum(w.done() for w in waiters) == 1 + lim.allowed  # the probe + the window
+        lim.stop()
+        await asyncio.gather(*waiters)
+    asyncio.run(scenario())
