@@ -297,7 +297,10 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
         views = watcher.collect()
         if wait:
             try:
-                views = st.watch(watcher, views, every, live)
+                # Off a terminal (piped, logged) one line per job per refresh, so the
+                # watch shows progress instead of nothing until the end.
+                views = st.watch(watcher, views, every, live,
+                                 say=None if as_json else console.say)
             except KeyboardInterrupt:
                 raise Interrupted(
                     "stopped watching; the jobs keep running on the hosts (`fab status` shows "
@@ -314,7 +317,12 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {', '.join(bad)}")
-    return 1 if bad else 0
+    # A shard not seen (its host unreachable, or not asked) is never a success.
+    missing = st.unaccounted(views)
+    for line in missing:
+        console.warn(f"{line}; `fab status` over every host of the job accounts for them "
+                     f"(or `fab forget --job JOB` for an abandoned one)")
+    return 1 if bad or missing else 0
 
 
 @guarded

@@ -31,7 +31,7 @@ from handoff.host import remote_code
 from handoff.host.session import Session
 from handoff.host.transfer import completes, download, is_partial, partial
 from handoff.ops import merge as merging
-from handoff.ops.jobs.state import job_name
+from handoff.ops.jobs.state import job_name, unknown_job
 from handoff.run.parallel import HostReport
 
 APPEND_ONLY_SUFFIXES = (".jsonl",)
@@ -150,7 +150,7 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
                              "listing the job's files")
         hashes = hashing.result()
     if not listing["exists"]:
-        raise RemoteError(f"{s.label}: no job {job!r} at {listing['job_dir']} (launched?)")
+        raise unknown_job(s, job)  # lists the jobs the host has (a typo is the usual cause)
     return fetch_listed(s, listing, local_dir, have, hashes)
 
 

@@ -119,6 +119,10 @@ class StartJob:
     hosts: int
     max_cost: float | None
     share: str | None
+    # Every host of the launch, in shard order, and the input's prompt count (when read
+    # here): job.json records them so `status` can tell a missing shard from a small job.
+    shard_hosts: tuple[str, ...] = ()
+    prompts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -237,7 +241,9 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                 f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(j.job)}/pid; "
                 f"~ is the login user's home)",
                 "once every host passed its probe",
-                StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"]),
+                StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"],
+                         tuple(t.label for t in targets),
+                         j.dataset.check.prompts if j.dataset is not None else None),
                 run=_start))
         steps.append(Step(
             "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
@@ -365,6 +371,7 @@ def _start(ctx: HostContext, step: Step) -> str:
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
     meta = {"job": job, "role": role.name, "shard": shard, "hosts": p.hosts,
+            "shard_hosts": list(p.shard_hosts), "prompts": p.prompts,
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
             "max_cost": p.max_cost, "host_max_cost": p.share,

@@ -11,7 +11,7 @@ from handoff import console
 from handoff.errors import HandoffError, RemoteError
 from handoff.host.session import Connector, Session, sh_path
 from handoff.host.targets import Target
-from handoff.ops.jobs.state import job_name
+from handoff.ops.jobs.state import job_name, read_all, unknown_job
 from handoff.run.parallel import HostReport, run_on_hosts
 
 
@@ -42,6 +42,8 @@ def tail(targets: list[Target], job_flag: str | None, lines: int, connect: Conne
             log = log_path(s.target, job)
             res = s.exec(f"tail -n {int(lines)} {sh_path(log)}")
             if res.rc != 0:
+                if job not in read_all(s).jobs:
+                    raise unknown_job(s, job)
                 raise RemoteError(f"{s.label}: no log for job {job!r} at {log} (not launched yet?)")
         for line in res.out.splitlines():
             report.log(console.r(line))

@@ -30,7 +30,15 @@ from handoff.host import keyrecord
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
 from handoff.ops import keyapi
-from handoff.ops.jobs.state import ACTIVE_STATES, OK_STATES, JobState, job_name, read, read_all
+from handoff.ops.jobs.state import (
+    ACTIVE_STATES,
+    OK_STATES,
+    JobState,
+    job_name,
+    read,
+    read_all,
+    unknown_job,
+)
 from handoff.run.parallel import HostReport, run_parallel
 from payload import units
 
@@ -174,26 +182,91 @@ def note(v: JobView) -> str:
     return str(st.get("last_error") or "")
 
 
-def combined(views: list[JobView]) -> list[JobView]:
-    """One "all" view per job that has shards on several hosts: done, failed, total, cost and
-    tok/s summed; the ETA of the slowest shard (rate_rps chosen so `eta` gives it)."""
+@dataclass(frozen=True)
+class Shards:
+    """Where a job's shards are, from its job.json (`hosts`: how many, `shard_hosts`: which
+    hosts, in shard order) against the hosts that answered."""
+
+    count: int  # shards the job was launched with (1: not sharded)
+    seen: list[JobView]  # the rows of the hosts holding a shard
+    missing: list[str]  # the shards not seen: "HOST (why)", or "shard i/n" when unrecorded
+    unreachable: bool  # a missing shard's host was asked and could not be read
+    prompts: int | None  # the whole input's distinct prompts, when launch knew it
+
+    @property
+    def state(self) -> str | None:
+        """`unknown` (a shard's host could not be read), `partial` (a shard's host was not
+        asked), or None: every shard is here."""
+        if not self.missing:
+            return None
+        return "unknown" if self.unreachable else "partial"
+
+
+def _meta_int(meta: dict[str, Any], key: str) -> int | None:
+    value = meta.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def shards_of(views: list[JobView]) -> dict[str, Shards]:
+    """Per job seen on any host: how many shards it has, and which are not among `views`
+    (their host unreachable, or not asked: `status --host one`)."""
     by_job: dict[str, list[JobView]] = {}
     for v in views:
-        if v.job is not None and v.status:
+        if v.job is not None and (v.status or v.job_state.meta):
             by_job.setdefault(v.job, []).append(v)
+    unreachable = {v.host for v in views if v.state == "unreachable"}
+    out: dict[str, Shards] = {}
+    for job, seen in by_job.items():
+        metas = [v.job_state.meta for v in seen if v.job_state.meta]
+        # The newest launch's record says how the job is split now (a relaunch may reshard).
+        newest = max(metas, key=lambda m: _number(m.get("started")), default={})
+        count = _meta_int(newest, "hosts") or len(seen)
+        names = [str(h) for h in newest.get("shard_hosts") or []]
+        specs = {str(m.get("shard")) for m in metas if m.get("shard")}
+        missing: list[str] = []
+        gone = False
+        if specs and count > 1:  # sharded (--no-shard: every host has the whole input)
+            for i in range(count):
+                if f"{i}/{count}" in specs:
+                    continue
+                name = names[i] if len(names) == count else None
+                if name is None:
+                    missing.append(f"shard {i}/{count}")
+                    continue
+                why = "unreachable" if name in unreachable else "not asked"
+                gone = gone or name in unreachable
+                missing.append(f"{name} ({why})")
+        out[job] = Shards(count, seen, missing, gone, _meta_int(newest, "prompts"))
+    return out
+
+
+def combined(views: list[JobView]) -> list[JobView]:
+    """One "all" view per job that has shards on several hosts: done, failed, total, cost and
+    tok/s summed; the ETA of the slowest shard (rate_rps chosen so `eta` gives it). A shard
+    not seen makes it `partial` (its host not asked) or `unknown` (unreachable), with the
+    failures unknown (`?`) and the total the whole input's."""
     out = []
-    for job, shards in by_job.items():
-        if len(shards) < 2:
+    for job, shards in shards_of(views).items():
+        present = [v for v in shards.seen if v.status]
+        if shards.count < 2 and len(present) < 2:
             continue
-        sts = [v.status for v in shards]
+        sts = [v.status for v in present]
         summed: dict[str, Any] = {k: sum(_number(st.get(k)) for st in sts)
                                   for k in ("done", "failed", "cost", "tokens_per_s")}
         for k in ("done", "failed"):
             summed[k] = int(summed[k])
         # Every shard reads the whole file: its bad lines are the file's, not a share.
-        summed["bad_lines"] = max(int(_number(st.get("bad_lines"))) for st in sts)
+        summed["bad_lines"] = max((int(_number(st.get("bad_lines"))) for st in sts), default=0)
         totals = [t for t in (st.get("total") for st in sts) if isinstance(t, int)]
-        summed["total"] = sum(totals) if len(totals) == len(sts) else None
+        summed["total"] = sum(totals) if sts and len(totals) == len(sts) else None
+        label = f"all ({len(present)} host{'s' if len(present) != 1 else ''})"
+        if shards.state is not None:
+            summed.update(failed="?", total=shards.prompts if shards.prompts is not None else "?",
+                          state=shards.state)
+            label = f"all ({len(present)} of {shards.count} shards)"
+            out.append(JobView(label, job, shards.state, JobState("", status=summed),
+                               error=f"shards not seen: {', '.join(shards.missing)}"))
+            continue
         left = summed["total"] - summed["done"] - summed["failed"] if summed["total"] is not None else None
         etas = [_seconds_left(st) for st in sts]
         slowest = None if any(e is None for e in etas) else max(e or 0.0 for e in etas)
@@ -201,14 +274,21 @@ def combined(views: list[JobView]) -> list[JobView]:
             summed["rate_rps"] = left / slowest
         elif left == 0:
             summed["rate_rps"] = 1.0
-        states = {v.state for v in shards}
+        states = {v.state for v in present}
         active = [s for s in ("running", "stopping", "starting") if s in states]
         state = active[0] if active else states.pop() if len(states) == 1 else "mixed"
         summed["state"] = state
-        if state == "finished" and any(v.job_state.with_failures for v in shards):
+        if state == "finished" and any(v.job_state.with_failures for v in present):
             summed["exit_code"] = 1
-        out.append(JobView(f"all ({len(shards)} hosts)", job, state, JobState("", status=summed)))
+        out.append(JobView(label, job, state, JobState("", status=summed)))
     return out
+
+
+def unaccounted(views: list[JobView]) -> list[str]:
+    """"JOB: shards not seen: ..." for every job with a shard missing from `views`: such a
+    status is not a success, whatever the shards that answered say."""
+    return [f"{job}: {shards.state}, shards not seen: {', '.join(shards.missing)}"
+            for job, shards in shards_of(views).items() if shards.state is not None]
 
 
 def _seconds_left(st: dict[str, Any]) -> float | None:
@@ -243,7 +323,7 @@ def table(views: list[JobView]) -> Any:
             ((f"yes ({v.key.mode})" if v.key.placed else "no") if v.key and not v.error else "?")
             if not bold else "",
             (console.r(v.key.spend()) if v.key and not v.error else "?") if not bold else "",
-            console.r(note(v)) if not bold else "",
+            console.r(note(v)) if not bold or v.error else "",
         ]
         rows.append(row)
     columns = ["host", "job", "state", "done/fail/total", "tok/s", "$ spent", "ETA",
@@ -328,7 +408,9 @@ class Watcher:
         label = s.target.label
         if job is not None:
             current = read(s, job)
-            return [JobView(label, job, current.state, current, key=key_view(current, self.key_lookup))]
+            error = str(unknown_job(s, job)) if current.state == "none" else None
+            return [JobView(label, job, current.state, current, error=error,
+                            key=key_view(current, self.key_lookup))]
         host = read_all(s)
         key = key_view(host.keys, self.key_lookup)  # one lookup per host, shared by its jobs
         if not host.jobs:
@@ -342,11 +424,68 @@ class Watcher:
         self.sessions.clear()
 
 
-def watch(watcher: Watcher, views: list[JobView], interval: float, live: bool) -> list[JobView]:
-    """Refresh until no job runs; with `live`, one table updated in place on the terminal."""
+def progress_lines(views: list[JobView]) -> list[str]:
+    """One line per job (its "all" row when it has shards) and per unreachable host: what
+    `status --wait` prints at each refresh off a terminal, where no table is redrawn."""
+    rows = {v.job: v for v in combined(views)}
+    said: set[str] = set()
+    lines: list[str] = []
+    for v in views:
+        if v.state == "unreachable":
+            lines.append(f"{v.host}: unreachable ({v.error})")
+            continue
+        if v.job is None:
+            continue
+        shown = rows.get(v.job, v)
+        if shown is not v:
+            if v.job in said:
+                continue  # a job with shards: its one "all" line
+            said.add(v.job)
+        st = shown.status
+        where = shown.host if not shown.host.startswith("all (") else shown.host[5:-1]
+        text = (f"{v.job} {shown.shown_state} {st.get('done', '-')}/{st.get('failed', '-')}/"
+                f"{st.get('total', '?')} on {where}")
+        if isinstance(st.get("cost"), (int, float)):
+            text += f", {money(st.get('cost'))}"
+        if shown.state in ACTIVE_STATES:
+            text += f", ETA {eta(st)}"
+        lines.append(text)
+    return lines
+
+
+def watch(watcher: Watcher, views: list[JobView], interval: float, live: bool,
+          say: Callable[[str], None] | None = None, outage_s: float = 300.0) -> list[JobView]:
+    """Refresh until no job runs; with `live`, one table updated in place on the terminal,
+    else (`say`) one line per job per refresh. A host that cannot be read is waited for
+    (said once per outage) for up to `outage_s`: a network blip does not end the watch."""
+    first_unreachable: dict[str, float] = {}
+
+    def waiting() -> bool:
+        now = time.monotonic()
+        down = {v.host for v in views if v.state == "unreachable"}
+        for host in list(first_unreachable):
+            if host not in down:
+                first_unreachable.pop(host)
+                console.note(f"{host}: reachable again")
+        for host in sorted(down - set(first_unreachable)):
+            first_unreachable[host] = now
+            console.note(f"{host}: unreachable; still waiting (for up to {outage_s:.0f} s)")
+        outage = any(now - since < outage_s for since in first_unreachable.values())
+        if down and not outage:
+            console.warn(f"{', '.join(sorted(down))}: unreachable for {outage_s:.0f} s; "
+                         f"stopped waiting")
+        return any(v.state in ACTIVE_STATES for v in views) or outage
+
+    if say is not None and not live:
+        for line in progress_lines(views):
+            say(line)
     with console.live(table(views), enabled=live) as show:
-        while any(v.state in ACTIVE_STATES for v in views):
+        while waiting():
             time.sleep(max(0.2, float(interval)))
             views = watcher.collect()
             show(table(views))
+            if say is not None and not live:
+                stamp = time.strftime("%H:%M:%S")
+                for line in progress_lines(views):
+                    say(f"{stamp} {line}")
     return views

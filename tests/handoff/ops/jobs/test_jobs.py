@@ -107,7 +107,9 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     start_a = p.for_host("a")[-2]
     # One job per dataset, named after the file's stem.
     assert asdict(start_a.params) == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
-                              "hosts": 2, "max_cost": None, "share": None}
+                              "hosts": 2, "max_cost": None, "share": None,
+                              # where the shards are, for status (issue 22 #3)
+                              "shard_hosts": ("a", "b"), "prompts": 1}
     assert p.for_host("b")[-2].params.shard == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
@@ -545,3 +547,113 @@ def test_push_and_launch_check_free_disk_against_the_role(ws: Workstation, tmp_p
     out = capfd.readouterr().out.replace("\n", " ")
     assert "role huge needs" in out and "nothing was started" in out
     assert not (ws.remote_dir("s") / "jobs").exists()
+
+
+# --- shards: a job knows how many it has, and where (issue 22 #3) ----------------------------
+
+
+def test_status_accounts_for_every_shard_of_a_job(ws: Workstation, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """job.json records the shards' hosts: `status --host s` alone, or with t unreachable,
+    says the job is partial/unknown (done/?/whole input) and exits 1, never a quiet 0."""
+    data = tmp_path / "data"
+    data.mkdir()
+    dataset(data, "B3", 30)
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", "batch", local_input=[str(data / "B3.jsonl")], remote_input=None,
+                           flags={}) == 0
+    meta = json.loads((job_dir(ws, "s", "B3") / "job.json").read_text())
+    assert meta["shard_hosts"] == ["s", "t"] and meta["prompts"] == 30
+    assert wait_for(lambda: all("finished" in (job_dir(ws, h, "B3") / "status.json").read_text()
+                                for h in "st" if (job_dir(ws, h, "B3") / "status.json").exists())
+                    and all((job_dir(ws, h, "B3") / "status.json").exists() for h in "st"))
+    capfd.readouterr()
+    assert commands.status("s,t", "batch", job="B3") == 0
+    assert "all (2 hosts)" in capfd.readouterr().out
+
+    assert commands.status("s", "batch", job="B3") == 1  # t's shard not asked for
+    out = capfd.readouterr()
+    done = json.loads((job_dir(ws, "s", "B3") / "status.json").read_text())["done"]
+    assert "partial" in out.out and f"{done}/?/30" in out.out and "t (not asked)" in out.out
+    assert "B3: partial, shards not seen: t (not asked)" in out.err.replace("\n", " ")
+
+    real = commands.CONNECT
+
+    def flaky(target):  # type: ignore[no-untyped-def]
+        if target.label == "t":
+            from handoff.errors import ConnectError
+
+            raise ConnectError("t: connection refused; is sshd running and is the port right?")
+        return real(target)
+
+    commands.CONNECT = flaky
+    assert commands.status("s,t", "batch") == 1
+    out = capfd.readouterr()
+    assert "unknown" in out.out and "t (unreachable)" in out.out
+
+
+def test_an_unknown_job_is_an_error_for_every_command_taking_job(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`fab stop --job nosuch` said `ok │ not running (none)`, exit 0 (issue 22 #2): every
+    `--job` command now exits 1 naming the jobs the host has, with "did you mean"."""
+    data = tmp_path / "data"
+    data.mkdir()
+    dataset(data, "B3", 4)
+    deployed(ws, "s")
+    assert commands.launch("s", "batch", local_input=[str(data / "B3.jsonl")], remote_input=None,
+                           flags={}) == 0
+    capfd.readouterr()
+    for name, call in [("stop", lambda: commands.stop("s", "batch", job="B33", timeout=0)),
+                       ("status", lambda: commands.status("s", "batch", job="B33")),
+                       ("logs", lambda: commands.logs("s", "batch", job="B33")),
+                       ("fetch", lambda: commands.fetch("s", "batch", job="B33",
+                                                        dest=str(tmp_path / "r")))]:
+        assert call() == 1, name
+        out = capfd.readouterr()
+        text = (out.out + out.err).replace("\n", " ")
+        assert "no job 'B33' on the host; jobs there: B3; did you mean 'B3'?" in text, (name, text)
+
+
+def test_status_wait_off_a_terminal_prints_progress_and_outlasts_an_outage(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Piped, `status --wait` printed nothing until every job ended, and returned at once when
+    the host was briefly unreachable (issue 22 #4): now one line per job per refresh, and
+    the watch says the host is unreachable, waits, and says when it is back."""
+    import threading
+
+    from handoff.errors import ConnectError
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    pid = int((job_dir(ws, "s") / "pid").read_text())
+    capfd.readouterr()
+    outage = threading.Event()
+    real = commands.CONNECT
+
+    class Flaky:
+        def __init__(self, session) -> None:  # type: ignore[no-untyped-def]
+            self.session = session
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(self.session, name)
+
+        def run_code(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if outage.is_set():
+                raise ConnectError("s: connection reset by peer")
+            return self.session.run_code(*args, **kwargs)
+
+    commands.CONNECT = lambda target: Flaky(real(target))
+    threading.Timer(0.5, outage.set).start()
+    threading.Timer(1.3, outage.clear).start()
+    threading.Timer(2.2, os.kill, args=(pid, signal.SIGTERM)).start()
+    assert commands.status("s", None, wait=True, interval="0.2") == 1  # ends stopped
+    out = capfd.readouterr()
+    lines = out.out.splitlines()
+    running = [line for line in lines if "sleeper running" in line]
+    assert len(running) >= 3, out.out  # progress while it runs, not only at the end
+    assert any("s: unreachable (s: connection reset by peer)" in line for line in lines)
+    err = out.err.replace("\n", " ")
+    assert "s: unreachable; still waiting" in err and "s: reachable again" in err
+    assert "stopped" in out.out
