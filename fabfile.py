@@ -204,6 +204,31 @@ def stop(c: Context, host: str | None = None, role: str | None = None, job: str 
     _done(commands.stop(host, role, job=job, timeout=timeout, dry_run=dry_run))
 
 
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE})
+def jobs(c: Context, host: str | None = None, role: str | None = None) -> None:
+    """List the jobs on the hosts: input, shards → hosts, state."""
+    from handoff.cli import commands
+
+    host = _host(c, host)
+
+    _done(commands.jobs(host, role))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE, "job": "the job to forget (required)",
+    "yes": "remove without asking (its folder and outputs on every host: fetch first)",
+    "dry_run": DRY,
+})
+def forget(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+           yes: bool = False, dry_run: bool = False) -> None:
+    """Remove a stopped or finished job from its hosts."""
+    from handoff.cli import commands
+
+    host = _host(c, host)
+
+    _done(commands.forget(host, role, job=job, yes=yes, dry_run=dry_run))
+
+
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE, "job": JOB,
     "dest": "local folder: DEST/<host>/<job>/ per host, DEST/<job>/output.jsonl merged "

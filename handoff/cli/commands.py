@@ -326,6 +326,57 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
 
 
 @guarded
+def jobs(host: str | None, role: str | None) -> int:
+    """Every job on the hosts: input, shards → hosts, state (one round trip per host)."""
+    from handoff.ops.jobs import status as st
+
+    watcher = st.Watcher(targets_for(host, role), None, CONNECT)
+    try:
+        views = watcher.collect()
+    finally:
+        watcher.close()
+    console.say(st.jobs_table(views))
+    down = [v.host for v in views if v.state == "unreachable"]
+    for v in views:
+        if v.state == "unreachable":
+            console.error(str(v.error))
+    return 1 if down else 0
+
+
+@guarded
+def forget(host: str | None, role: str | None, *, job: str | None, yes: bool = False,
+           dry_run: bool = False) -> int:
+    """Remove a finished or abandoned job's folder from the hosts, after confirmation."""
+    from handoff.ops.jobs import forget as forgetting
+
+    if not job:
+        raise UsageError("fab forget needs --job NAME (the jobs: fab jobs)")
+    targets = targets_for(host, role)
+    p = forgetting.plan(targets, job_flag=job)
+    if dry_run:
+        return run_plan(p, dry_run=True)
+    if not yes:
+        where = ", ".join(t.label for t in targets)
+        if not sys.stdin.isatty():
+            raise UsageError(f"forgetting job {job!r} removes its folder and outputs on {where}; "
+                             f"pass --yes to confirm (fetch first: fab fetch --job {job})")
+        answer = ask(f"Remove job {job!r} and its outputs from {where}? (fetch first) [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.say("nothing removed")
+            return 1
+    return run_plan(p, dry_run=False)
+
+
+def ask(prompt: str) -> str:
+    """A line from the user; Ctrl-D (end of input) is a "no", never an EOFError traceback."""
+    try:
+        return input(prompt)
+    except EOFError:
+        print(file=sys.stderr)
+        return ""
+
+
+@guarded
 def logs(host: str | None, role: str | None, *, job: str | None = None, follow: bool = False,
          lines: int | str | None = None) -> int:
     """The job's last log lines; `follow` streams from every host until Ctrl-C."""

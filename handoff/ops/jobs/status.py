@@ -334,6 +334,27 @@ def table(views: list[JobView]) -> Any:
     return console.table("status", columns, rows)
 
 
+def jobs_table(views: list[JobView]) -> Any:
+    """`fab jobs`: one row per job: its input, its shards and their hosts (those not seen
+    named), and its state over all of them."""
+    shards = shards_of(views)
+    overall = {v.job: v for v in combined(views)}
+    rows = []
+    for job, sh in shards.items():
+        metas = [v.job_state.meta for v in sh.seen if v.job_state.meta]
+        meta = max(metas, key=lambda m: _number(m.get("started")), default={})
+        source = meta.get("dataset") or meta.get("input") or "?"
+        hosts = ", ".join(v.host for v in sh.seen)
+        where = f"{sh.count} → {hosts}" if sh.count > 1 else hosts
+        if sh.missing:
+            where += f"; not seen: {', '.join(sh.missing)}"
+        row = overall.get(job) or sh.seen[0]
+        color = "yellow" if row.job_state.with_failures else COLORS.get(row.state, "red")
+        rows.append([console.r(job), console.r(str(source)), console.r(where),
+                     f"[{color}]{console.r(row.shown_state)}[/]"])
+    return console.table("jobs", ["job", "input", "shards → hosts", "state"], rows)
+
+
 def bad_line_notes(views: list[JobView], shown: int = 3) -> list[str]:
     """Per job with bad input lines: the count and the first few, with reasons (said once
     for the shards of a job, which all read the same file)."""

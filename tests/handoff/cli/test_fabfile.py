@@ -13,7 +13,8 @@ import fabfile
 from tests.support.fab import FAB, REPO
 
 TASKS = ["deploy", "verify", "push-script", "push-key", "trust-host", "set-key", "smoke-test",
-         "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo"]
+         "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo",
+         "jobs", "forget"]
 
 
 def fab_tasks() -> dict[str, object]:
@@ -62,7 +63,8 @@ def test_a_finished_task_spares_the_exit_a_full_collection() -> None:
     assert out.stdout.strip() == "3"
 
 
-CHANGING = ["deploy", "verify", "push-script", "push-key", "launch", "stop", "cleanup-secrets"]
+CHANGING = ["deploy", "verify", "push-script", "push-key", "launch", "stop", "cleanup-secrets",
+            "forget"]
 
 
 def test_every_task_that_changes_a_host_has_dry_run() -> None:

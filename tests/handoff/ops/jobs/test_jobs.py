@@ -657,3 +657,57 @@ def test_status_wait_off_a_terminal_prints_progress_and_outlasts_an_outage(
     err = out.err.replace("\n", " ")
     assert "s: unreachable; still waiting" in err and "s: reachable again" in err
     assert "stopped" in out.out
+
+
+def test_fab_jobs_lists_and_forget_removes_a_stopped_job(ws: Workstation, tmp_path: Path,
+                                                         capfd: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """One stopped job made `status` exit 1 forever (issue 22 #3): `fab jobs` lists it with
+    its input and shards, `fab forget` removes it (asked first; never while it runs)."""
+    import io
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    capfd.readouterr()
+    assert commands.jobs("s,t", None) == 0
+    out = capfd.readouterr().out
+    assert "sleeper" in out and str(prompts) in out and "2 → s, t" in out and "running" in out
+
+    assert commands.forget("s,t", None, job="sleeper", yes=True) == 1  # running: refused
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "is running" in out and "fab stop --host s" in out
+    assert job_dir(ws, "s").is_dir()
+    assert commands.stop("s,t", None, timeout=20) == 0
+    assert commands.status("s,t", None) == 1  # stopped: not a success
+    capfd.readouterr()
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal, no --yes
+    assert commands.forget("s,t", None, job="sleeper") == 2
+    assert "pass --yes" in capfd.readouterr().err
+    assert commands.forget("s,t", None, job="sleeper", dry_run=True) == 0
+    assert job_dir(ws, "s").is_dir() and job_dir(ws, "t").is_dir()
+    assert commands.forget("s,t", None, job="sleeper", yes=True) == 0
+    assert not job_dir(ws, "s").exists() and not job_dir(ws, "t").exists()
+    assert not [p for p in (ws.remote_dir("s") / "jobs").iterdir()]
+    capfd.readouterr()
+    assert commands.status("s,t", None) == 1  # no job at all: "none", as before any launch
+    assert commands.forget("s", None, job="sleeper", yes=True) == 1  # gone: unknown now
+    assert "no job 'sleeper' on the host" in capfd.readouterr().out
+
+
+def test_forget_asks_and_ctrl_d_is_a_no(ws: Workstation, monkeypatch: pytest.MonkeyPatch,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Tty())
+
+    def eof(prompt: str) -> str:
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", eof)
+    assert commands.forget("s", None, job="sleeper") == 1
+    assert "nothing removed" in capfd.readouterr().out
