@@ -96,14 +96,18 @@ def push_key(c: Context, host: str | None = None, role: str | None = None, dry_r
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE,
-                                   "yes": "pin without asking (only after checking the fingerprint on the host)"})
-def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False) -> None:
+                                   "yes": "pin without asking (only after checking the fingerprint on the host)",
+                                   "known_hosts": "pin into your known_hosts (ssh's first UserKnownHostsFile, "
+                                                  "default ~/.ssh/known_hosts), where plain ssh finds it too "
+                                                  "(default: handoff's state dir)"})
+def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False,
+               known_hosts: bool = False) -> None:
     """Show a host's SSH key fingerprint; pin it once confirmed."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.trust_host(host, role, yes=yes))
+    _done(commands.trust_host(host, role, yes=yes, known_hosts=known_hosts))
 
 
 @task(auto_shortflags=False, help={"service": f"keyring service (default {defaults.SECRET_SERVICE})",

@@ -180,7 +180,11 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
     from handoff.config import os_keyring
 
     if sys.stdin.isatty():
-        key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
+        try:
+            key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
+        except EOFError:  # Ctrl-D at the prompt: nothing typed, never a traceback
+            print(file=sys.stderr)
+            key = ""
     else:
         key = sys.stdin.readline()
     key = key.strip()
@@ -194,14 +198,15 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
 
 
 @guarded
-def trust_host(host: str | None = None, role: str | None = None, yes: bool = False) -> int:
+def trust_host(host: str | None = None, role: str | None = None, yes: bool = False,
+               known_hosts: bool = False) -> int:
     """Show each target's host key fingerprint and pin it after confirmation."""
     from handoff.ops import trust
 
     failed = 0
     for t in targets_for(host, role):
         try:
-            trusted = trust.trust(t, yes)
+            trusted = trust.trust(t, yes, known_hosts)
         except HandoffError as exc:
             console.error(str(exc))
             trusted = False

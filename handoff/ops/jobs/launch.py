@@ -331,11 +331,20 @@ def identity_problem(s: Session, j: LaunchJob, current: JobState, remote_sha: st
 
 
 def ssh_command(target: Target, command: str) -> str:
-    """The plain `ssh` line that runs `command` on the host, for a message to paste."""
+    """The plain `ssh` line that runs `command` on the host, for a message to paste. When
+    the host's key is pinned in handoff's state dir (trust-host without --known-hosts),
+    the line names that file too: plain ssh would answer "Host key verification failed"."""
+    from handoff.ssh import hostkeys
+
     ep = target.endpoint
     hops = ",".join(ep.proxy_jump)
     opts = (f"-p {ep.port} " if ep.port != 22 else "") + "".join(
         f"-i {shlex.quote(i)} " for i in ep.identity[:1]) + (f"-J {shlex.quote(hops)} " if hops else "")
+    pinned = hostkeys.state.pinned_keys_path()
+    names = hostkeys.names_for(ep.hostname, ep.port, ep.host_key_alias)
+    if any(e.matches(names) for e in hostkeys.read_file(pinned)):
+        files = " ".join([str(pinned), *(ep.known_hosts or ("~/.ssh/known_hosts",))])
+        opts += f"-o {shlex.quote('UserKnownHostsFile=' + files)} "
     return f"`ssh {opts}{ep.user}@{ep.hostname} {shlex.quote(command)}`"
 
 

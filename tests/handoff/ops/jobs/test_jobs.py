@@ -711,3 +711,18 @@ def test_forget_asks_and_ctrl_d_is_a_no(ws: Workstation, monkeypatch: pytest.Mon
     monkeypatch.setattr("builtins.input", eof)
     assert commands.forget("s", None, job="sleeper") == 1
     assert "nothing removed" in capfd.readouterr().out
+
+
+def test_the_printed_ssh_command_names_handoffs_pinned_file(ws: Workstation) -> None:
+    """The `ssh …` fix a launch refusal prints failed with "Host key verification failed"
+    for a host pinned only in the state dir (issue 22 #5): it now names that file too."""
+    from handoff.config import state
+    from handoff.ssh import hostkeys
+    from tests.support.fakessh import ed25519_key
+
+    [target] = ws.targets("s")
+    plain = launch.ssh_command(target, "true")
+    assert "UserKnownHostsFile" not in plain and plain.startswith("`ssh -p 2203 ")
+    hostkeys.pin("127.0.0.4", 2203, ed25519_key())
+    pinned = launch.ssh_command(target, "true")
+    assert f"-o 'UserKnownHostsFile={state.pinned_keys_path()} " in pinned
