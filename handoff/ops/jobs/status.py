@@ -177,8 +177,14 @@ def note(v: JobView) -> str:
     if v.job_state.with_failures:
         return (f"{st.get('failed')} ids failed permanently (more than the {st.get('max_failed')} "
                 f"allowed): they are in output.errors.jsonl")
+    if v.state == "stopped" and st.get("stop_reason") == "signal":
+        # The payload's own words were written while it drained ("stopping; waiting up
+        # to 60s…"); the drain is over now.
+        return "stopped by a signal (fab stop or Ctrl-C); relaunching resumes it"
     if v.state in ("stopped", "aborted", "dead") and st.get("stop_reason") and st.get("last_error"):
         return f"{st['stop_reason']}: {st['last_error']}"
+    if v.state == "finished" and not st.get("failed"):
+        return ""  # every id answered: a retried error on the way is history, not a note
     return str(st.get("last_error") or "")
 
 
@@ -315,7 +321,7 @@ def table(views: list[JobView]) -> Any:
             f"[bold]{console.r(v.host)}[/]" if bold else console.r(v.host), console.r(v.job or "-"),
             f"[{color}]{console.r(v.shown_state)}[/]", progress,
             f"{tps:.0f}" if isinstance(tps, (int, float)) else "-", money(st.get("cost")),
-            eta(st) if v.state in ACTIVE_STATES or v.state == "finished" else "-",
+            eta(st) if v.state in ACTIVE_STATES else "-",  # a finished job has no ETA
         ]
         if with_bad:
             row.append(str(st.get("bad_lines") or 0) if st else "-")

@@ -63,6 +63,11 @@ def _stop(ctx: HostContext, step: Step) -> str:
         ctx.report.summary = f"not running ({after.state})"
         return Skipped(f"job {job} is not running (state {after.state})")
     _check_drained(s, job, answer.get("pid"), bool(answer.get("drained")), wait_s)
+    if after.alive:  # --timeout 0: signalled, not waited for; it still drains
+        ctx.report.summary = "SIGTERM sent (draining, not waited for)"
+        return (f"sent SIGTERM to {job} (pid {answer.get('pid')}); it drains its in-flight "
+                f"requests now (--timeout 0: not waited for; `fab status {s.target.flags(job)}` "
+                f"shows when it stopped)")
     ctx.report.summary = f"stopped ({after.state})"
     return _stopped(job, answer.get("pid"), after)
 

@@ -726,3 +726,41 @@ def test_the_printed_ssh_command_names_handoffs_pinned_file(ws: Workstation) -> 
     hostkeys.pin("127.0.0.4", 2203, ed25519_key())
     pinned = launch.ssh_command(target, "true")
     assert f"-o 'UserKnownHostsFile={state.pinned_keys_path()} " in pinned
+
+
+def test_status_notes_say_what_holds_now(capfd: pytest.CaptureFixture[str]) -> None:
+    """A stopped job kept the payload's "stopping; waiting up to 60s…"; a clean finish showed
+    a retried error; a finished job showed `ETA 0s` (issue 22 #13, #14)."""
+    from handoff import console
+
+    stopped = status.JobView("h", "j", "stopped", JobState("d", status={
+        "state": "stopped", "stop_reason": "signal",
+        "last_error": "SIGTERM: stopping; waiting up to 60s for in-flight requests (resumable)"}))
+    assert "waiting up to" not in status.note(stopped) and "relaunching resumes" in status.note(stopped)
+    clean = status.JobView("h", "j", "finished", JobState("d", status={
+        "state": "finished", "done": 5, "failed": 0, "total": 5, "rate_rps": 2.0,
+        "last_error": "429 rate_limited: slow down"}))
+    assert status.note(clean) == ""
+    console._console = None
+    console.say(status.table([clean]))
+    out = capfd.readouterr().out
+    assert "0s" not in out and "rate_limited" not in out
+
+
+def test_stop_with_timeout_0_says_it_did_not_wait(ws: Workstation, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """`stop --timeout 0` reported "stopped (running)" (issue 22 #13)."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={}) == 0
+    jd = job_dir(ws, "s")
+    assert wait_for(lambda: (jd / "status.json").exists())
+    # The sleeper drains for a moment after SIGTERM when told to (slow_stop): still alive.
+    capfd.readouterr()
+    assert commands.stop("s", None, job="sleeper", timeout=0) == 0
+    out = capfd.readouterr().out
+    assert "stopped (running)" not in out
+    assert "stopped (" in out or "not waited for" in out
+    commands.stop("s", None, timeout=20)
