@@ -414,8 +414,11 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
 
     from handoff.ops import fetch as fetching
 
-    targets = targets_for(host, role)
     folder = Path(dest).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--dest {dest}: a file, not a folder; give a folder (created when "
+                         f"missing), e.g. --dest results")
+    targets = targets_for(host, role)
     one = partial(fetching.fetch, job_flag=job, dest=folder)
     reports = run_on_hosts(targets, one, connect=CONNECT, title="fetch")
     problems = []
