@@ -764,3 +764,22 @@ def test_stop_with_timeout_0_says_it_did_not_wait(ws: Workstation, tmp_path: Pat
     assert "stopped (running)" not in out
     assert "stopped (" in out or "not waited for" in out
     commands.stop("s", None, timeout=20)
+
+
+def test_a_refused_key_is_said_once_with_its_fix(ws: Workstation, keyed_api,  # type: ignore[no-untyped-def]
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """A rotated key's smoke test said "the API key was refused (401 …)" three times per host,
+    with no fix (issue 22 #6): once now, naming set-key then push-key for this host."""
+    targets = ws.targets("a", flags={"base_url": keyed_api.url})
+    assert all(r.ok for r in plan.execute(deploy.build(targets, key=KEY), connect=ws.connect))
+    capfd.readouterr()
+    reports = smoke.run(targets, ws.connect)
+    assert not reports[0].ok
+    from handoff import console
+
+    console.say(smoke.table(reports))
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert text.count("refused") == 2, text  # the host's message, and the table's short cell
+    assert "API key refused (401)" in out.out
+    assert "`fab set-key`" in str(reports[0].error) and "`fab push-key --host a`" in str(reports[0].error)
