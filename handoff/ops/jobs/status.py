@@ -337,7 +337,47 @@ def table(views: list[JobView]) -> Any:
     if not any(row[-1] for row in rows):
         columns.pop()
         rows = [row[:-1] for row in rows]
-    return console.table("status", columns, rows)
+    return fitted("status", columns, rows)
+
+
+# The columns a narrow terminal loses first (kubectl's habit: the wide view is `--json`
+# here); what is left must fit without breaking a cell mid-word ("finis/hed").
+_DROPPABLE = ("key spend", "key placed", "tok/s", "bad lines", "ETA", "$ spent")
+
+
+def _min_width(columns: list[str], rows: list[list[Any]]) -> int:
+    """The width a table needs so that no cell breaks inside a word: each column as wide as
+    its longest word (header included), plus rich's borders and padding (3 per column + 1)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    def longest(cell: Any) -> int:
+        return max((cell_len(w) for w in Text.from_markup(str(cell)).plain.split()), default=0)
+
+    widths = [max([longest(col), *(longest(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    return sum(widths) + 3 * len(columns) + 1
+
+
+def fitted(title: str, columns: list[str], rows: list[list[Any]]) -> Any:
+    """The table, with the least needed columns dropped until every cell fits whole on a
+    terminal of its width (off a terminal nothing is cut: no width limit applies)."""
+    out = console.console()
+    t = console.table(title, columns, rows)
+    if not out.is_terminal:
+        return t
+    dropped = []
+    for name in _DROPPABLE:
+        if _min_width(columns, rows) <= out.width:
+            break
+        if name in columns:
+            i = columns.index(name)
+            columns = columns[:i] + columns[i + 1:]
+            rows = [row[:i] + row[i + 1:] for row in rows]
+            dropped.append(name)
+            t = console.table(title, columns, rows)
+    if dropped:
+        t.caption = f"narrow terminal: {', '.join(dropped)} not shown (widen it, or --json)"
+    return t
 
 
 def jobs_table(views: list[JobView]) -> Any:

@@ -783,3 +783,54 @@ def test_a_refused_key_is_said_once_with_its_fix(ws: Workstation, keyed_api,  # 
     assert text.count("refused") == 2, text  # the host's message, and the table's short cell
     assert "API key refused (401)" in out.out
     assert "`fab set-key`" in str(reports[0].error) and "`fab push-key --host a`" in str(reports[0].error)
+
+
+def test_an_80_column_status_drops_columns_instead_of_breaking_cells() -> None:
+    """On 80 columns `fab status` broke cells mid-token ("finis/hed", "$0.19/69")
+    (issue 22 #12): the least needed columns go, and the caption says which."""
+    import io
+
+    from rich.console import Console
+
+    from handoff import console
+
+    views = [status.JobView(f"sbx-{i}", "B3", "finished", JobState("d", status={
+        "state": "finished", "done": 101, "failed": 0, "total": 101, "cost": 0.196969,
+        "tokens_per_s": 1234.5})) for i in range(1, 4)]
+    buf = io.StringIO()
+    console._console = Console(file=buf, force_terminal=True, width=80, color_system=None)
+    try:
+        console.say(status.table(views))
+    finally:
+        console._console = None
+    text = buf.getvalue()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    assert "finished" in text and "101/0/101" in text and "sbx-1" in text, text
+    assert "narrow terminal:" in text and "key spend" in text.split("narrow terminal:")[1]
+
+
+def test_piped_output_is_never_wrapped_padded_or_700_columns_wide(
+        ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
+    """Piped: a caption wrapped ("failed: sbx-1, sbx-2,⏎ sbx-3"), headers carried trailing
+    spaces, a dry-run plan was a ~700-column table (issue 22 #12)."""
+    from handoff import console
+    from handoff.run import parallel
+
+    console._console = None
+    many = ",".join(f"u@127.0.0.{i}:9" for i in range(10, 20))
+    reports = [parallel.HostReport(t) for t in ws.targets(many)]
+    for rep in reports:
+        rep.fail("unreachable")
+    capfd.readouterr()
+    parallel.print_summary("deploy", reports)
+    out = capfd.readouterr().out
+    caption = next(line for line in out.splitlines() if "hosts ok" in line)
+    assert caption.endswith("u@127.0.0.19:9"), out  # one line, every host on it
+    assert all(line == line.rstrip() for line in out.splitlines()), out
+    assert commands.launch("s", None, local_input=None, remote_input="~/in.jsonl", flags={},
+                           dry_run=True) == 0
+    out = capfd.readouterr().out
+    assert "1. probe the host" in out and "     runs: " in out and "     when: " in out, out
+    assert max(len(line) for line in out.splitlines() if "runs:" not in line) < 200, out
+    assert all(line == line.rstrip() for line in out.splitlines())
