@@ -250,14 +250,16 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
 
 @task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists, "
                                            "every inventory host and the last deploy's hosts)",
+                                   "role": "only the inventory's hosts of this role",
                                    "dry_run": DRY})
-def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) -> None:
+def cleanup_secrets(c: Context, host: str | None = None, role: str | None = None,
+                    dry_run: bool = False) -> None:
     """Remove placed keys, revoke child keys, verify all gone."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.cleanup_secrets(host, dry_run=dry_run))
+    _done(commands.cleanup_secrets(host, dry_run=dry_run, role=role))
 
 
 @task(auto_shortflags=False, help={

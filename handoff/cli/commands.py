@@ -224,7 +224,8 @@ def smoke_test(host: str | None, role: str | None, model: str | None = None) -> 
     from handoff.ops.jobs import smoke
 
     reports = smoke.run(targets_for(host, role, {"model": model}), CONNECT)
-    console.say(smoke.table(reports))
+    if len(reports) > 1:  # one host: its block already shows every line the table would
+        console.say(smoke.table(reports))
     for rep in reports:  # launch's estimate reads what was measured, per API and model
         measured = smoke.measured(rep.data_as(smoke.Smoked).fields) if rep.ok else None
         if measured is not None:
@@ -433,7 +434,7 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
 
 
 @guarded
-def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
+def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | None = None) -> int:
     """Remove the key files (the ledger's, and key_path on every inventory and remembered
     host, or on the --host hosts), revoke the child keys, and verify each is gone."""
     from handoff.config import state
@@ -441,6 +442,13 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
     from handoff.ops.secrets import workflow
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
+    if role is not None:
+        # --role as every task takes it: the inventory's hosts of that role (within --host).
+        from handoff.config.inventory import check_role_name
+
+        check_role_name(role)
+        of_role = {h.name for h in load_inventory().hosts_for_role(role)}
+        wanted = of_role if wanted is None else wanted & of_role
     everywhere: list[str] = []
     if wanted is None:
         # The hosts themselves are checked, not only the ledger: a wiped state dir or another

@@ -834,3 +834,18 @@ def test_piped_output_is_never_wrapped_padded_or_700_columns_wide(
     assert "1. probe the host" in out and "     runs: " in out and "     when: " in out, out
     assert max(len(line) for line in out.splitlines() if "runs:" not in line) < 200, out
     assert all(line == line.rstrip() for line in out.splitlines())
+
+
+def test_smoke_test_of_one_host_prints_no_table(ws: Workstation, keyed_api,  # type: ignore[no-untyped-def]
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The docs say one host's block is not repeated by a table (issue 22 #16)."""
+    targets = ws.targets("a", flags={"base_url": keyed_api.url})
+    assert all(r.ok for r in plan.execute(deploy.build(targets, key=KEY), connect=ws.connect))
+    ws_inv = ws.root / "project" / "inventory" / "hosts.yml"
+    ws_inv.write_text(ws_inv.read_text().replace(
+        "  a: {address: 127.0.0.2,", f"  a: {{vars: {{base_url: '{keyed_api.url}'}}, address: 127.0.0.2,"))
+    capfd.readouterr()
+    assert commands.smoke_test("a", None) == 1
+    out = capfd.readouterr().out
+    assert "smoke-test" not in out.replace("── smoke-test", "") and "API key refused (401)" not in out, out
+    assert commands.smoke_test("a,a", None) == 1  # one host still, named twice
