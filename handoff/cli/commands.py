@@ -274,6 +274,8 @@ def launch(
     if loaded:
         rows, basis = estimate.rows_for(loaded, targets)
         console.say(estimate.table(rows, basis, len(targets), int(targets[0].vars.get("concurrency") or 1)))
+        for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
+            console.warn(warning)
     private = launch_plan.private_of(p)
     budget_line = launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
