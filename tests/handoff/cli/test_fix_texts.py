@@ -46,3 +46,19 @@ def test_verify_install_hint_keeps_the_host(ws: Workstation) -> None:
     verdict = evaluate(facts, get_role("generator"), {"python": "python3"}, "--host gen-1")
     [miss] = [c for c in verdict.missing if c.name == "module aiohttp"]
     assert miss.fix.startswith("fab verify --install --host gen-1 ("), miss.fix
+
+
+def test_a_second_demo_keeps_its_results_apart(tmp_path: Path) -> None:
+    """The demo's second run fetched into the first one's results and said "unchanged since
+    the last fetch" for a new sandbox (issue 22 #14)."""
+    from handoff.cli.demo import fresh_results
+
+    results = tmp_path / "demo-results"
+    assert fresh_results(results) is None  # nothing yet
+    (results / "sbx-1" / "demo").mkdir(parents=True)
+    (results / "sbx-1" / "demo" / "output.jsonl").write_text("{}\n")
+    aside = fresh_results(results)
+    assert aside == tmp_path / "demo-results.previous" and not results.exists()
+    assert (aside / "sbx-1" / "demo" / "output.jsonl").read_text() == "{}\n"
+    (results / "x").mkdir(parents=True)
+    assert fresh_results(results) == aside and (aside / "x").is_dir()  # the one before dropped
