@@ -65,6 +65,9 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
             console.error(str(exc))
             return exc.exit_code
         except KeyboardInterrupt as exc:
+            from handoff.host import progress
+
+            progress.stop_all()  # cursor back, and the message below on a line of its own
             connect.abort_all()
             message = exc.message if isinstance(exc, Interrupted) else (
                 "interrupted: what a host was doing may be half done; rerun the command (each "
