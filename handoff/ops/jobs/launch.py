@@ -44,9 +44,9 @@ from handoff.defaults import BUILTIN_VARS
 from handoff.errors import HandoffError, RemoteError, UsageError
 from handoff.host import remote_code
 from handoff.host.facts import KEY_FILE, disk_short, gather
-from handoff.host.session import Session
+from handoff.host.session import Session, sh_path
 from handoff.host.targets import Target
-from handoff.host.transfer import mkdirs, upload_file
+from handoff.host.transfer import mkdirs, upload_resumable
 from handoff.ops.jobs import budget, datasets
 from handoff.ops.jobs.datasets import Dataset
 from handoff.ops.jobs.state import (
@@ -219,7 +219,8 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                 steps.append(Step(
                     "push-input", f"push {ds.name} ({units.size(ds.size)}, {ds.check.prompts} "
                                   f"prompts, sha256 {ds.sha256[:12]}) to {j.input_path}",
-                    f"sftp put {lay.data}/.{ds.name}.tmp-* then rename to {j.input_path}",
+                    f"sftp put {lay.data}/.{ds.name}.tmp-part (a cut upload's part resumed "
+                    f"when its sha256 prefix matches) then rename to {j.input_path}",
                     "unless the host holds the same file (sha256 compared on the host)",
                     PushInput(j.job, j.input_path), run=_push_input))
         if share is not None and role.secret:
@@ -359,10 +360,20 @@ def _push_input(ctx: HostContext, step: Step) -> str:
     dest = s.abs(j.input_path)
     try:
         mkdirs(s.files, dest.rsplit("/", 1)[0], known=ctx.need_facts().dirs)
-        upload_file(s.files, ds.path, dest, label=s.label)
+        resumed = upload_resumable(s.files, ds.path, dest, label=s.label,
+                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n))
     except OSError as exc:
-        raise RemoteError(f"{s.label}: pushing {ds.name} to {dest} failed: {exc}") from None
-    return f"pushed {ds.name} → {dest}"
+        raise RemoteError(f"{s.label}: pushing {ds.name} to {dest} failed: {exc}; run the "
+                          f"launch again to resume the upload") from None
+    more = f" (resumed after {units.size(resumed)})" if resumed else ""
+    return f"pushed {ds.name} → {dest}{more}"
+
+
+def _prefix_sha256(s: Session, path: str, n: int) -> str | None:
+    """The sha256 of the first `n` bytes of `path` on the host (computed there: a resumed
+    upload checks its part file without reading it back)."""
+    res = s.exec(f"head -c {int(n)} {sh_path(path)} | sha256sum")
+    return res.out.split()[0] if res.rc == 0 and res.out.split() else None
 
 
 def _start(ctx: HostContext, step: Step) -> str:
