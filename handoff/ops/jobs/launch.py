@@ -291,7 +291,9 @@ def _probe(ctx: HostContext, step: Step) -> str:
             problems.append(problem)
     if problems:
         raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
-    states = ", ".join(f"{j.job} {host_jobs.get(j.job).state}" for j in jobs)
+    # "job B3: new" rather than the state's own word for a job never launched ("none").
+    states = ", ".join(f"job {j.job}: " + ("new" if host_jobs.get(j.job).state == "none" else
+                                          f"was {host_jobs.get(j.job).state}, resumes") for j in jobs)
     # A job resumed over another set of hosts gets another share of the ids: say so (ids
     # another host already did may be asked again here; the merge keeps each id once).
     shard = step.args(ProbeJobs).shard

@@ -849,3 +849,19 @@ def test_smoke_test_of_one_host_prints_no_table(ws: Workstation, keyed_api,  # t
     out = capfd.readouterr().out
     assert "smoke-test" not in out.replace("── smoke-test", "") and "API key refused (401)" not in out, out
     assert commands.smoke_test("a,a", None) == 1  # one host still, named twice
+
+
+def test_the_probe_says_a_job_is_new_not_none(ws: Workstation, tmp_path: Path,
+                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """The launch probe said "prompts none" for a job never launched (issue 22 #14)."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    out = capfd.readouterr().out
+    assert "free; job sleeper: new" in out and "sleeper none" not in out
+    assert commands.stop("s", None, timeout=20) == 0
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    assert "job sleeper: was stopped, resumes" in capfd.readouterr().out
+    assert commands.stop("s", None, timeout=20) == 0
