@@ -99,15 +99,18 @@ def push_key(c: Context, host: str | None = None, role: str | None = None, dry_r
                                    "yes": "pin without asking (only after checking the fingerprint on "
                                           "the host); never replaces a CHANGED key",
                                    "replace": "replace a CHANGED host key (prints the old and the new "
-                                              "fingerprint)"})
+                                              "fingerprint)",
+                                   "known_hosts": "pin into your known_hosts (ssh's first UserKnownHostsFile, "
+                                                  "default ~/.ssh/known_hosts), where plain ssh finds it too "
+                                                  "(default: handoff's state dir)"})
 def trust_host(c: Context, host: str | None = None, role: str | None = None, yes: bool = False,
-               replace: bool = False) -> None:
+               replace: bool = False, known_hosts: bool = False) -> None:
     """Show a host's SSH key fingerprint; pin it once confirmed."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.trust_host(host, role, yes=yes, replace=replace))
+    _done(commands.trust_host(host, role, yes=yes, replace=replace, known_hosts=known_hosts))
 
 
 @task(auto_shortflags=False, help={"service": f"keyring service (default {defaults.SECRET_SERVICE})",
@@ -208,6 +211,31 @@ def stop(c: Context, host: str | None = None, role: str | None = None, job: str 
     _done(commands.stop(host, role, job=job, timeout=timeout, dry_run=dry_run))
 
 
+@task(auto_shortflags=False, help={"host": HOST, "role": ROLE})
+def jobs(c: Context, host: str | None = None, role: str | None = None) -> None:
+    """List the jobs on the hosts: input, shards → hosts, state."""
+    from handoff.cli import commands
+
+    host = _host(c, host)
+
+    _done(commands.jobs(host, role))
+
+
+@task(auto_shortflags=False, help={
+    "host": HOST, "role": ROLE, "job": "the job to forget (required)",
+    "yes": "remove without asking (its folder and outputs on every host: fetch first)",
+    "dry_run": DRY,
+})
+def forget(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+           yes: bool = False, dry_run: bool = False) -> None:
+    """Remove a stopped or finished job from its hosts."""
+    from handoff.cli import commands
+
+    host = _host(c, host)
+
+    _done(commands.forget(host, role, job=job, yes=yes, dry_run=dry_run))
+
+
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE, "job": JOB,
     "dest": "local folder: DEST/<host>/<job>/ per host, DEST/<job>/output.jsonl merged "
@@ -225,14 +253,16 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
 
 @task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists, "
                                            "every inventory host and the last deploy's hosts)",
+                                   "role": "only the inventory's hosts of this role",
                                    "dry_run": DRY})
-def cleanup_secrets(c: Context, host: str | None = None, dry_run: bool = False) -> None:
+def cleanup_secrets(c: Context, host: str | None = None, role: str | None = None,
+                    dry_run: bool = False) -> None:
     """Remove placed keys, revoke child keys, verify all gone."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.cleanup_secrets(host, dry_run=dry_run))
+    _done(commands.cleanup_secrets(host, dry_run=dry_run, role=role))
 
 
 @task(auto_shortflags=False, help={

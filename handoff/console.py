@@ -121,10 +121,39 @@ def _redacted(obj: Any) -> Any:
     return REDACTOR.redact(visible(obj, newlines=True)) if isinstance(obj, str) else obj
 
 
+def _lines(obj: Any) -> list[Any]:
+    """A table's title and caption as lines of their own: rich wraps them to the table's
+    width ("failed: sbx-1, sbx-2,⏎ sbx-3"), which cuts a list of hosts mid-way."""
+    if not isinstance(obj, Table) or not (obj.title or obj.caption):
+        return [_redacted(obj)]
+    title, caption = obj.title, obj.caption
+    obj.title = obj.caption = None
+    return [x for x in (_redacted(title), obj, _redacted(caption)) if x is not None]
+
+
 def say(*objects: Any, **kwargs: Any) -> None:
     """Print markup (values inside already passed through `r`)."""
+    tables = any(isinstance(o, Table) for o in objects) and not kwargs
+    parts = [part for o in objects for part in _lines(o)] if tables else [_redacted(o) for o in objects]
+
+    def emit(out: Console) -> None:
+        if tables:  # title, table, caption: each on its own lines
+            for part in parts:
+                out.print(part)
+        else:
+            out.print(*parts, **kwargs)
+
     with _lock:
-        console().print(*(_redacted(o) for o in objects), **kwargs)
+        out = console()
+        if out.is_terminal:
+            emit(out)
+            return
+        # Not a terminal: no padding at the ends of lines (rich pads table headers and
+        # cells to their column's width; a log, a diff or a grep should not carry that).
+        with out.capture() as captured:
+            emit(out)
+        out.file.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+        out.file.flush()
 
 
 def warn(message: str) -> None:

@@ -8,6 +8,16 @@ and the console redacts anyway).
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """`; did you mean 'x'?` for the closest known name (difflib), else "": a misspelt
+    name is usually one or two letters off, and the fix is then the whole message."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
 
 class HandoffError(Exception):
     """Base class: an expected failure with a user-facing message."""

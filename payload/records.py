@@ -136,7 +136,9 @@ def load_object(line: str) -> dict[str, Any]:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise BadRecord(f"not JSON ({exc.msg} at column {exc.colno})") from None
+        # json's own text may end in "at" ("Unterminated string starting at"): one "at".
+        msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+        raise BadRecord(f"not JSON ({msg} at column {exc.colno})") from None
     if not isinstance(record, dict):
         raise BadRecord("a record must be a JSON object")
     return record

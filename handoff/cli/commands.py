@@ -66,6 +66,9 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
             console.error(str(exc))
             return exc.exit_code
         except KeyboardInterrupt as exc:
+            from handoff.host import progress
+
+            progress.stop_all()  # cursor back, and the message below on a line of its own
             connect.abort_all()
             message = exc.message if isinstance(exc, Interrupted) else (
                 "interrupted: what a host was doing may be half done; rerun the command (each "
@@ -181,7 +184,11 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
     from handoff.config import os_keyring
 
     if sys.stdin.isatty():
-        key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
+        try:
+            key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
+        except EOFError:  # Ctrl-D at the prompt: nothing typed, never a traceback
+            print(file=sys.stderr)
+            key = ""
     else:
         key = sys.stdin.readline()
     key = key.strip()
@@ -197,7 +204,7 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
 
 @guarded
 def trust_host(host: str | None = None, role: str | None = None, yes: bool = False,
-               replace: bool = False) -> int:
+               replace: bool = False, known_hosts: bool = False) -> int:
     """Show each target's host key fingerprint and pin it after confirmation; a changed
     key only with `replace`."""
     from handoff.ops import trust
@@ -205,7 +212,7 @@ def trust_host(host: str | None = None, role: str | None = None, yes: bool = Fal
     failed = 0
     for t in targets_for(host, role):
         try:
-            trusted = trust.trust(t, yes, replace)
+            trusted = trust.trust(t, yes, replace, known_hosts)
         except HandoffError as exc:
             console.error(str(exc))
             trusted = False
@@ -223,7 +230,8 @@ def smoke_test(host: str | None, role: str | None, model: str | None = None) -> 
     from handoff.ops.jobs import smoke
 
     reports = smoke.run(targets_for(host, role, {"model": model}), CONNECT)
-    console.say(smoke.table(reports))
+    if len(reports) > 1:  # one host: its block already shows every line the table would
+        console.say(smoke.table(reports))
     for rep in reports:  # launch's estimate reads what was measured, per API and model
         measured = smoke.measured(rep.data_as(smoke.Smoked).fields) if rep.ok else None
         if measured is not None:
@@ -272,6 +280,8 @@ def launch(
     if loaded:
         rows, basis = estimate.rows_for(loaded, targets)
         console.say(estimate.table(rows, basis, len(targets), int(targets[0].vars.get("concurrency") or 1)))
+        for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
+            console.warn(warning)
     private = launch_plan.private_of(p)
     budget_line = launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
@@ -301,7 +311,10 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
         views = watcher.collect()
         if wait:
             try:
-                views = st.watch(watcher, views, every, live)
+                # Off a terminal (piped, logged) one line per job per refresh, so the
+                # watch shows progress instead of nothing until the end.
+                views = st.watch(watcher, views, every, live,
+                                 say=None if as_json else console.say)
             except KeyboardInterrupt:
                 raise Interrupted(
                     "stopped watching; the jobs keep running on the hosts (`fab status` shows "
@@ -318,7 +331,63 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {console.r(', '.join(bad))}")
-    return 1 if bad else 0
+    # A shard not seen (its host unreachable, or not asked) is never a success.
+    missing = st.unaccounted(views)
+    for line in missing:
+        console.warn(f"{line}; `fab status` over every host of the job accounts for them "
+                     f"(or `fab forget --job JOB` for an abandoned one)")
+    return 1 if bad or missing else 0
+
+
+@guarded
+def jobs(host: str | None, role: str | None) -> int:
+    """Every job on the hosts: input, shards → hosts, state (one round trip per host)."""
+    from handoff.ops.jobs import status as st
+
+    watcher = st.Watcher(targets_for(host, role), None, CONNECT)
+    try:
+        views = watcher.collect()
+    finally:
+        watcher.close()
+    console.say(st.jobs_table(views))
+    down = [v.host for v in views if v.state == "unreachable"]
+    for v in views:
+        if v.state == "unreachable":
+            console.error(str(v.error))
+    return 1 if down else 0
+
+
+@guarded
+def forget(host: str | None, role: str | None, *, job: str | None, yes: bool = False,
+           dry_run: bool = False) -> int:
+    """Remove a finished or abandoned job's folder from the hosts, after confirmation."""
+    from handoff.ops.jobs import forget as forgetting
+
+    if not job:
+        raise UsageError("fab forget needs --job NAME (the jobs: fab jobs)")
+    targets = targets_for(host, role)
+    p = forgetting.plan(targets, job_flag=job)
+    if dry_run:
+        return run_plan(p, dry_run=True)
+    if not yes:
+        where = ", ".join(t.label for t in targets)
+        if not sys.stdin.isatty():
+            raise UsageError(f"forgetting job {job!r} removes its folder and outputs on {where}; "
+                             f"pass --yes to confirm (fetch first: fab fetch --job {job})")
+        answer = ask(f"Remove job {job!r} and its outputs from {where}? (fetch first) [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.say("nothing removed")
+            return 1
+    return run_plan(p, dry_run=False)
+
+
+def ask(prompt: str) -> str:
+    """A line from the user; Ctrl-D (end of input) is a "no", never an EOFError traceback."""
+    try:
+        return input(prompt)
+    except EOFError:
+        print(file=sys.stderr)
+        return ""
 
 
 @guarded
@@ -354,8 +423,11 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
 
     from handoff.ops import fetch as fetching
 
-    targets = targets_for(host, role)
     folder = Path(dest).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--dest {dest}: a file, not a folder; give a folder (created when "
+                         f"missing), e.g. --dest results")
+    targets = targets_for(host, role)
     one = partial(fetching.fetch, job_flag=job, dest=folder)
     reports = run_on_hosts(targets, one, connect=CONNECT, title="fetch")
     problems = []
@@ -376,7 +448,7 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
 
 
 @guarded
-def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
+def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | None = None) -> int:
     """Remove the key files (the ledger's, and key_path on every inventory and remembered
     host, or on the --host hosts), revoke the child keys, and verify each is gone."""
     from handoff.config import state
@@ -384,6 +456,13 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False) -> int:
     from handoff.ops.secrets import workflow
 
     wanted = {h.strip() for h in host.split(",") if h.strip()} if host else None
+    if role is not None:
+        # --role as every task takes it: the inventory's hosts of that role (within --host).
+        from handoff.config.inventory import check_role_name
+
+        check_role_name(role)
+        of_role = {h.name for h in load_inventory().hosts_for_role(role)}
+        wanted = of_role if wanted is None else wanted & of_role
     everywhere: list[str] = []
     if wanted is None:
         # The hosts themselves are checked, not only the ledger: a wiped state dir or another

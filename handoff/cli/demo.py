@@ -75,6 +75,9 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
     from handoff.testing.sandbox import Sandbox, SandboxError
 
     results_dir = Path(results).expanduser().resolve()
+    aside = fresh_results(results_dir)
+    if aside is not None:
+        console.note(f"the last demo's results moved to {aside}: this run's sandbox is new")
     root = Path(tempfile.mkdtemp(prefix="handoff-demo-"))
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     # Started in the background by a script, SIGINT may arrive ignored; the demo must still
@@ -130,6 +133,20 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
             shutil.rmtree(root, ignore_errors=True)
         else:
             console.say(f"kept {root}")
+
+
+def fresh_results(results_dir: Path) -> Path | None:
+    """A second demo fetched into the first one's results and called its new sandbox's
+    files "unchanged since the last fetch": the old results go to `<dir>.previous` (the
+    one before is dropped), so each demo's results are its own. Returns where they went."""
+    import shutil
+
+    if not results_dir.is_dir() or not any(results_dir.iterdir()):
+        return None
+    aside = results_dir.with_name(results_dir.name + ".previous")
+    shutil.rmtree(aside, ignore_errors=True)
+    results_dir.rename(aside)
+    return aside
 
 
 def _summary(results_dir: Path, seconds: float) -> None:

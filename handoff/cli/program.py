@@ -1,4 +1,17 @@
-"""How `fab` runs handoff's tasks: Fabric's own host flags mean what `--host` means.
+"""The `fab` program: Fabric's, owned by handoff, so every usage error is exit 2 with a fix.
+
+`Program` is Fabric's own `Fab` with handoff's Executor, installed as the venv's `fab`
+(pyproject `[project.scripts]`, replacing Fabric's script of the same name), so users still
+type `fab deploy`. What it adds to Fabric's:
+
+- every usage error (an unknown flag `--hsot`, an unknown task `deplyo`, a flag given twice
+  `--host a --host b`, a flag value of the wrong type `-t x`) ends with exit 2 and, where
+  one is close, "did you mean"; invoke's own answer was exit 1, or a traceback;
+- the project folder (the fabfile's) is the current folder or the nearest one above it,
+  else `--project DIR` or `$HANDOFF_PROJECT`; outside any, the error says so;
+- Ctrl-C anywhere (while modules load too) ends with 130, without a traceback.
+
+`Executor`: how `fab` runs handoff's tasks: Fabric's own host flags mean what `--host` means.
 
 Fabric's Executor runs a task once per `-H/--hosts` host, each time with a Connection it
 made itself (no host key check, its own ssh_config reading) and, for handoff's tasks, with
@@ -9,19 +22,25 @@ named hosts in parallel, with one summary; it refuses `-H` for a task that acts 
 and refuses Fabric's other connection flags (`-i`, `-S`, `-t`, the password prompts), which
 handoff does not use: the inventory and ~/.ssh/config say how to connect.
 
-The project's `fabric.yaml` selects it (`tasks.executor_class`). Ctrl-C anywhere in a task
-ends `fab` with exit code 130, without a traceback.
+The project's `fabric.yaml` selects the Executor too (`tasks.executor_class`), for a `fab`
+that is Fabric's own. Ctrl-C anywhere in a task ends `fab` with exit code 130, without a
+traceback.
 
 Kept free of heavy imports: `fab -l` loads it too.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from fabric import Config
 from fabric import Executor as FabricExecutor
-from invoke import Call, Exit, Task
+from fabric.main import Fab
+from invoke import Argument, Call, Exit, ParseError, Task
 
 # Fabric's core flags that would configure connections handoff does not make through Fabric.
 _IGNORED_CORE = {
@@ -85,3 +104,130 @@ class Executor(FabricExecutor):
             # rest (e.g. while modules load) so `fab` still ends with 130, no traceback.
             print("interrupted", file=sys.stderr)
             raise Exit(code=130) from None
+
+
+# --- the program ----------------------------------------------------------------------------
+
+PROJECT_ENV = "HANDOFF_PROJECT"
+_NO_IDEA = "No idea what "
+
+
+def _close(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class Program(Fab):
+    """Fabric's `fab`, with handoff's Executor, usage errors as exit 2, and `--project`."""
+
+    def core_args(self) -> list[Argument]:
+        return [*super().core_args(), Argument(
+            names=("project",),
+            help=f"the handoff project folder (the one with fabfile.py); default: this folder "
+                 f"or the nearest above it, else ${PROJECT_ENV}")]
+
+    def load_collection(self) -> None:
+        given = self.args["project"].value or os.environ.get(PROJECT_ENV)
+        if given and not self.args["search-root"].value:
+            folder = Path(given).expanduser()
+            if not (folder / "fabfile.py").is_file():
+                flag = "--project" if self.args["project"].value else f"${PROJECT_ENV}"
+                raise _usage(f"{flag} {given}: no fabfile.py there; give the handoff project "
+                             f"folder (the clone, with fabfile.py and inventory/)")
+            self.args["search-root"].value = str(folder)
+        try:
+            super().load_collection()
+        except Exit as exc:
+            if "Can't find any collection" not in str(exc.message or ""):
+                raise
+            raise _usage(f"no handoff project here: no fabfile.py in {Path.cwd()} or any folder "
+                         f"above it; cd into the project, or give --project DIR (or "
+                         f"{PROJECT_ENV}=DIR)") from None
+
+    def _flags_of(self, context: Any) -> list[str]:
+        names = list(getattr(context, "flags", {}) or {}) if context is not None else []
+        return names + list(self.initial_context.flags)
+
+    def _task_names(self) -> list[str]:
+        collection = getattr(self, "collection", None)
+        if collection is None:
+            return []
+        return [*collection.task_names, *(a for al in collection.task_names.values() for a in al)]
+
+    def _repeated_flag(self) -> str | None:
+        """A flag given twice (`--host a --host b`): invoke reads the second value as a task."""
+        seen: set[str] = set()
+        for token in self.argv[1:]:
+            if token == "--":
+                break
+            if token.startswith("-"):
+                name = token.split("=", 1)[0]
+                if name in seen and name not in ("--input",):  # --input may repeat
+                    return name
+                seen.add(name)
+            elif token in self._task_names():
+                seen = set()  # a new task: its flags start afresh
+        return None
+
+    def usage_error(self, exc: ParseError) -> Exit:
+        """invoke's parse error as handoff's: what was wrong, the fix, exit 2."""
+        text = str(exc)
+        twice = self._repeated_flag()
+        if twice:
+            hint = (" (several hosts go in one: --host a,b)" if twice in ("--host", "-H", "--hosts")
+                    else "")
+            return _usage(f"{twice} is given twice; give it once{hint}")
+        if text.startswith(_NO_IDEA) and text.endswith(" is!"):
+            word = text[len(_NO_IDEA) + 1:-5]
+            if word.startswith("-"):
+                known = self._flags_of(getattr(exc, "context", None))
+                return _usage(f"unknown flag {word!r}{_close(word, known)} (the task's flags: "
+                              f"fab --help TASK)")
+            return _usage(f"unknown task {word!r}{_close(word, self._task_names())} (the tasks: "
+                          f"fab -l)")
+        return _usage(f"{text} (see fab --help, or fab --help TASK)")
+
+    def parse_core(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().parse_core(*args, **kwargs)
+        except ValueError as exc:  # `-t x`: invoke's int() of the value, a traceback before
+            raise _usage(f"a flag's value has the wrong type ({exc}); see fab --help") from None
+        except ParseError as exc:
+            raise self.usage_error(exc) from None
+
+    def parse_tasks(self) -> None:
+        try:
+            super().parse_tasks()
+        except ValueError as exc:
+            raise _usage(f"a flag's value has the wrong type ({exc}); see fab --help TASK") from None
+        except ParseError as exc:
+            raise self.usage_error(exc) from None
+
+    def parse_cleanup(self) -> None:
+        try:
+            super().parse_cleanup()
+        except ParseError as exc:  # `fab --help deplyo`
+            raise self.usage_error(exc) from None
+
+    def run(self, argv: Any = None, exit: bool = True) -> None:
+        try:
+            super().run(argv, exit)
+        except KeyboardInterrupt:  # while modules load: invoke's own answer is exit 1
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+        except BrokenPipeError:  # `fab -l | head`: the reader is gone, nothing to tell it
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(1)
+
+
+def make_program() -> Program:
+    from fabric import __version__ as fabric_version
+
+    return Program(name="Fabric", binary="fab", binary_names=["fab"], version=fabric_version,
+                   executor_class=Executor, config_class=Config)
+
+
+def main() -> None:
+    """The `fab` console script."""
+    make_program().run()

@@ -16,10 +16,10 @@ from typing import Any
 from handoff.config import flags
 from handoff.config.layout import RemoteLayout
 from handoff.config.paths import inventory_path
-from handoff.config.roles import Role, known_roles
+from handoff.config.roles import Role, get_role, known_roles, var_names
 from handoff.config.yamlfile import YamlError, line_of, load
 from handoff.defaults import BUILTIN_VARS
-from handoff.errors import InventoryError, RoleError, UsageError
+from handoff.errors import InventoryError, RoleError, UsageError, did_you_mean
 
 __all__ = ["BUILTIN_VARS", "Group", "Host", "Inventory", "check_role_name", "inventory_path",
            "load_inventory"]
@@ -139,7 +139,20 @@ def check_var(name: str, value: Any, where: str) -> Any:
     return value
 
 
-def _vars(path: Path, node: Any, key: str) -> dict[str, Any]:
+def known_vars(roles: list[str]) -> set[str]:
+    """The var names an inventory may set: the built-in and standard ones, and every var
+    the given roles define or read. Anything else is a typo (`concurency: 8` would
+    otherwise be ignored in silence while the launch runs with the default)."""
+    names = set(BUILTIN_VARS) | set(_NUMBERS) | set(_STRINGS)
+    for name in roles:
+        try:
+            names |= var_names(get_role(name))
+        except RoleError:
+            continue  # a broken role file is reported where it is used, with its own line
+    return names
+
+
+def _vars(path: Path, node: Any, key: str, known: set[str] | None = None) -> dict[str, Any]:
     value = node.get(key)
     if value is None:
         return {}
@@ -148,7 +161,12 @@ def _vars(path: Path, node: Any, key: str) -> dict[str, Any]:
     checked = {}
     for name, item in value.items():
         line = line_of(value, name)
-        checked[name] = check_var(str(name), item, f"{path}:{line}" if line else str(path))
+        where = f"{path}:{line}" if line else str(path)
+        if known is not None and str(name) not in known:
+            raise InventoryError(f"{where}: unknown var {name!r}{did_you_mean(str(name), known)} "
+                                 f"(known: {', '.join(sorted(known))}; a role's vars are the "
+                                 f"`{{var}}`s its file uses)")
+        checked[name] = check_var(str(name), item, where)
     return checked
 
 
@@ -170,9 +188,10 @@ def load_inventory(path: Path | None = None, roles: list[str] | None = None) -> 
         raise InventoryError(f"{path}:1: the inventory must be a mapping with `hosts:`")
     for key in data:
         if key not in _TOP_KEYS:
-            raise _err(path, data, key, f"unknown section {key!r} (known: defaults, hosts, groups)")
+            raise _err(path, data, key, f"unknown section {key!r}{did_you_mean(str(key), _TOP_KEYS)} (known: defaults, hosts, groups)")
     valid_roles = roles if roles is not None else known_roles()
-    inv = Inventory(path=path, defaults=_vars(path, data, "defaults"))
+    known = known_vars(valid_roles)
+    inv = Inventory(path=path, defaults=_vars(path, data, "defaults", known))
 
     hosts = data.get("hosts") or {}
     if not isinstance(hosts, dict):
@@ -184,7 +203,7 @@ def load_inventory(path: Path | None = None, roles: list[str] | None = None) -> 
             raise _err(path, hosts, name, f"host {name!r} must be a mapping (address, port, user, ...)")
         for key in spec:
             if key not in _HOST_KEYS:
-                raise _err(path, spec, key, f"host {name!r}: unknown key {key!r} (known: {', '.join(sorted(_HOST_KEYS))}; other settings go under vars:)")
+                raise _err(path, spec, key, f"host {name!r}: unknown key {key!r}{did_you_mean(str(key), _HOST_KEYS)} (known: {', '.join(sorted(_HOST_KEYS))}; other settings go under vars:)")
         port = spec.get("port")
         if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
             raise _err(path, spec, "port", f"host {name!r}: port must be a number 1-65535, got {port!r}")
@@ -195,7 +214,7 @@ def load_inventory(path: Path | None = None, roles: list[str] | None = None) -> 
             raise _err(path, spec, "roles", f"host {name!r}: roles must be a list")
         for role in host_roles:
             if role not in valid_roles:
-                raise _err(path, spec, "roles", f"host {name!r}: unknown role {role!r}; known roles: {', '.join(valid_roles) or 'none'}")
+                raise _err(path, spec, "roles", f"host {name!r}: unknown role {role!r}; known roles: {', '.join(valid_roles) or 'none'}{did_you_mean(str(role), valid_roles)}")
         for key in ("address", "user", "identity"):
             if key in spec and not isinstance(spec[key], (str, int)):
                 raise _err(path, spec, key, f"host {name!r}: {key} must be a string")
@@ -206,7 +225,7 @@ def load_inventory(path: Path | None = None, roles: list[str] | None = None) -> 
             user=str(spec["user"]) if spec.get("user") is not None else None,
             identity=str(spec["identity"]) if spec.get("identity") else None,
             roles=tuple(str(r) for r in host_roles),
-            vars=_vars(path, spec, "vars"),
+            vars=_vars(path, spec, "vars", known),
             line=line_of(hosts, name),
         )
 
@@ -218,14 +237,14 @@ def load_inventory(path: Path | None = None, roles: list[str] | None = None) -> 
             raise _err(path, groups, name, f"group {name!r} must be a mapping with hosts: and vars:")
         for key in spec:
             if key not in _GROUP_KEYS:
-                raise _err(path, spec, key, f"group {name!r}: unknown key {key!r} (known: hosts, vars)")
+                raise _err(path, spec, key, f"group {name!r}: unknown key {key!r}{did_you_mean(str(key), _GROUP_KEYS)} (known: hosts, vars)")
         members = spec.get("hosts") or []
         if not isinstance(members, list):
             raise _err(path, spec, "hosts", f"group {name!r}: hosts must be a list")
         for member in members:
             if member not in inv.hosts:
                 raise _err(path, spec, "hosts", f"group {name!r}: unknown host {member!r}; known hosts: {', '.join(inv.hosts) or 'none'}")
-        inv.groups[str(name)] = Group(str(name), tuple(str(m) for m in members), _vars(path, spec, "vars"))
+        inv.groups[str(name)] = Group(str(name), tuple(str(m) for m in members), _vars(path, spec, "vars", known))
     return inv
 
 

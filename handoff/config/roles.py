@@ -39,7 +39,7 @@ from typing import Any
 
 from handoff.config import paths
 from handoff.config.yamlfile import YamlError, line_of, load
-from handoff.errors import RoleError
+from handoff.errors import RoleError, did_you_mean
 
 _ROLE_KEYS = {"description", "requires", "install", "secret", "vars", "launch", "smoke", "preflight"}
 _REQ_KEYS = {"python", "modules", "commands", "gpus", "disk_gb", "cuda_torch", "files"}
@@ -147,7 +147,8 @@ def _reject_unknown(path: Path, node: dict[Any, Any], known: frozenset[str] | se
     """A misspelt key would otherwise be ignored silently; name it and list the known ones."""
     for key in node:
         if key not in known:
-            raise _fail(path, node, key, f"unknown {what} {key!r} (known: {', '.join(sorted(known))})")
+            raise _fail(path, node, key, f"unknown {what} {key!r}{did_you_mean(str(key), known)} "
+                                         f"(known: {', '.join(sorted(known))})")
 
 
 def _modules(path: Path, req: dict[str, Any]) -> tuple[list[str], list[Module], dict[str, str]]:
@@ -269,6 +270,39 @@ def load_role(path: Path) -> Role:
         smoke=_tokens(path, data, "smoke"),
         preflight=_preflight(path, data),
     )
+
+
+def var_names(role: Role) -> set[str]:
+    """Every var the role defines or reads (`{var}` in its commands, conditions, fixes and
+    paths): the names an inventory may set for it besides the built-in ones."""
+    texts: list[str] = []
+
+    def tokens(items: tuple[Token, ...]) -> None:
+        for tok in items:
+            texts.extend(tok if isinstance(tok, list) else [tok])
+
+    tokens(role.launch)
+    tokens(role.smoke)
+    if role.preflight is not None:
+        tokens(role.preflight.run)
+        texts.extend(role.preflight.needs)
+    req = role.requires
+    if isinstance(req.gpus, str):
+        texts.append(req.gpus)
+    texts.extend(m.when for m in req.conditional if m.when)
+    texts.extend(req.fixes.values())
+    texts.extend(req.files)
+    texts.extend(str(v) for v in role.vars.values() if isinstance(v, str))
+    names = set(role.vars)
+    for text in texts:
+        if text.startswith("{?") and text.endswith("}"):
+            names.add(text[2:-1])
+            continue
+        try:
+            names.update(f.split(".")[0].split("[")[0] for f in _fields(text))
+        except ValueError:  # a literal brace in a fix text: no var there
+            continue
+    return names
 
 
 def _dirs(directory: Path | None) -> list[Path]:

@@ -135,6 +135,8 @@ class Display:
 
     def finished(self, task: TaskID, ok: bool) -> None:
         with self._lock:
+            if self._open == 0:
+                return  # stop_all ended the display already (Ctrl-C)
             if not ok:
                 description = self.bars.tasks[self.bars.task_ids.index(task)].description
                 self.bars.update(task, description=f"{description} [red](stopped)[/]")
@@ -157,6 +159,19 @@ def display() -> Display:
             _display = Display(out, bars=out.is_terminal and not out.is_dumb_terminal,
                                say=lambda line: console.say(console.r(line)))
         return _display
+
+
+def stop_all() -> None:
+    """End the bars at once (Ctrl-C): the terminal's cursor shown again and the last frame
+    left on its own lines, so the message that follows is not printed on a bar's line. The
+    transfers' threads still close their meters later; those find nothing open."""
+    with _display_lock:
+        current = _display
+    if current is None or not current.use_bars:
+        return
+    with current._lock:
+        current._open = 0
+        current.bars.stop()
 
 
 def meter(host: str, name: str, total: int, direction: str) -> Meter:

@@ -118,6 +118,10 @@ class RemoteFiles(ABC):
         """The bytes of `path` from `offset` up to `end`, in order, in chunks (valid until
         the next one is asked for); OSError if the file ends before `end`."""
 
+    @abstractmethod
+    def append(self, path: str, *, pipelined: bool = False) -> RemoteWriter:
+        """Open the existing `path` to write at its end (a resumed upload's part file)."""
+
 
 class Session(ABC):
     """A target and the means to act on it. Use as a context manager (connects, closes)."""

@@ -146,6 +146,16 @@ class _SFTPFiles(RemoteFiles):
                 raise
         return _SFTPWriter(self, handle, path, pipelined)
 
+    def append(self, path: str, *, pipelined: bool = False) -> RemoteWriter:
+        # Opened without truncating, written from its current end on: the writer sends
+        # explicit offsets, so "append" is the size at the start, not the APPEND flag.
+        with self.guard(f"opening {path}"):
+            end = int(self.sftp.stat(path).st_size or 0)
+            handle = self.sftp.open(path, "r+b")
+        writer = _SFTPWriter(self, handle, path, pipelined)
+        writer._writer.offset = end
+        return writer
+
     def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
         with self.guard(f"reading {path}"), self.sftp.open(path, "rb") as fh:
             yield from sftpio.read(self.sftp, fh.handle, offset, end, f"reading {path}")

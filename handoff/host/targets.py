@@ -89,6 +89,10 @@ def resolve_one(
     saved_role: str | None = None,
 ) -> Target:
     spec = spec.strip()
+    if any(c.isspace() for c in spec):
+        names = ",".join(spec.split())
+        raise TargetError(f"--host {spec!r}: a host name has no spaces; separate several hosts "
+                          f"with commas: --host {names}")
     host: Host | None = inv.hosts.get(spec)
     if host is not None:
         ep = endpoint(host.address, host.port, host.user, host.identity)

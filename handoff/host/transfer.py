@@ -21,7 +21,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets as pysecrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -112,6 +112,55 @@ def _upload(files: RemoteFiles, chunks: Iterable[bytes | memoryview], size: int,
         except Exception:
             pass
         raise
+
+
+def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o644, *,
+                     label: str = "", remote_sha256: Callable[[str, int], str | None]) -> int:
+    """Upload `local` to `final` as fetch downloads: into a stable part name beside it
+    (`.NAME.tmp-part`) renamed into place when whole, so a cut upload (Ctrl-C, a dropped
+    link) resumes: a part file whose first N bytes hash (on the host: `remote_sha256(path,
+    n)`) as the local file's first N do is continued from N, anything else starts over.
+    Older random temp names of the same file are removed. Returns the bytes resumed."""
+    import hashlib
+
+    folder, name = final.rsplit("/", 1)
+    part = f"{folder}/.{name}{PART_SUFFIX}"
+    for leftover in files.listdir(folder):
+        if leftover.startswith(temp_prefix(name)) and f"{folder}/{leftover}" != part:
+            try:
+                files.remove(f"{folder}/{leftover}")
+            except OSError:
+                pass
+    size = local.stat().st_size
+    try:
+        have = files.stat(part).size
+        if have == 0:
+            files.remove(part)  # an empty part: nothing to resume, and create is exclusive
+    except FileNotFoundError:
+        have = 0
+    if have:
+        digest = hashlib.sha256()
+        with local.open("rb") as src:
+            left = have
+            while left > 0 and (block := src.read(min(left, UPLOAD_CHUNK))):
+                digest.update(block)
+                left -= len(block)
+        if have > size or remote_sha256(part, have) != digest.hexdigest():
+            files.remove(part)
+            have = 0
+    with local.open("rb") as src:
+        src.seek(have)
+        with progress.meter(label, name, size, "upload") as meter:
+            meter.advance(have)
+            with (files.append(part, pipelined=True) if have
+                  else files.create(part, mode, pipelined=True)) as fh:
+                for chunk in iter(lambda: src.read(UPLOAD_CHUNK), b""):
+                    fh.write(chunk)
+                    meter.advance(len(chunk))
+    # The part is kept on failure (that is what resumes); only a whole file is renamed.
+    files.chmod(part, mode)
+    files.rename(part, final)
+    return have
 
 
 def remove_leftovers(files: RemoteFiles, folder: str, prefix: str) -> bool:

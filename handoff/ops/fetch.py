@@ -39,7 +39,7 @@ from handoff.host import remote_code, untrusted
 from handoff.host.session import Session
 from handoff.host.transfer import completes, download, is_partial, partial
 from handoff.ops import merge as merging
-from handoff.ops.jobs.state import job_name
+from handoff.ops.jobs.state import job_name, unknown_job
 from handoff.run.parallel import HostReport
 
 APPEND_ONLY_SUFFIXES = (".jsonl",)
@@ -219,8 +219,10 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
                                                   "local": asked(have)},
                          "listing the job's files")
     hashes = hashing.result()
-    if not isinstance(listing, dict) or listing.get("exists") is not True:
-        raise RemoteError(f"{s.label}: no job {job!r} at {s.target.layout.job(job)} (launched?)")
+    if not isinstance(listing, dict):
+        raise RemoteError(f"{s.label}: listing the job's files: the answer is not a JSON object")
+    if listing.get("exists") is not True:
+        raise unknown_job(s, job)  # lists the jobs the host has (a typo is the usual cause)
     return fetch_listed(s, listing, local_dir, have, hashes, job)
 
 

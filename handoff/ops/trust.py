@@ -6,7 +6,12 @@ host key algorithms ordered as for a real connection (the types already known fi
 the key shown is the one a connection would compare. A key already trusted is said so; a
 revoked one is never pinned; a CHANGED warning appears only when keys of the offered type
 are known and none matches (handoff.ssh.hostkeys). After a hop is trusted, trust-host logs in
-to it to reach the next one. Nothing is pinned (state dir) before the user confirmed.
+to it to reach the next one. Nothing is pinned before the user confirmed.
+
+Where the pin goes: the state dir's pinned file (handoff's own, the default), or with
+`--known-hosts` the user's known_hosts (ssh's first UserKnownHostsFile, else
+~/.ssh/known_hosts), where plain `ssh` and the `ssh …` commands handoff prints find it
+too, and which deleting `.handoff/` does not lose. The message names the file.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from handoff.ssh.endpoint import Hop, route
 
 
 def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
-            hint: str, replace: bool = False) -> bool:
+            hint: str, replace: bool = False, known_hosts: bool = False) -> bool:
     """Show `key` for `hop` and pin it if the user agrees; True when it is trusted after.
 
     A CHANGED key (one known for the host's key type, none matching) is never pinned by
     `--yes` or a "y": a script that always passes `--yes` must not accept a man in the
-    middle. Replacing it takes `--replace`, which prints the old and the new fingerprint."""
+    middle. Replacing it takes `--replace`, which prints the old and the new fingerprint.
+    `known_hosts`: pin into the user's known_hosts (where plain ssh reads it), not the
+    state dir."""
     ep = hop.endpoint
     fp = hostkeys.fingerprint(key)
     kind = hostkeys.offered_name(key)
@@ -50,7 +57,8 @@ def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
                 f"/etc/ssh/ssh_host_*_key.pub` run on the host itself, then replace the pin: "
                 f"`{hint} --replace`")
             return False
-        path = hostkeys.pin(ep.hostname, ep.port, key, known.name)
+        path = hostkeys.pin(ep.hostname, ep.port, key, known.name,
+                            hostkeys.user_known_hosts(ep.known_hosts) if known_hosts else None)
         console.say(f"replaced the trusted key of {console.r(hop.label)}: old "
                     f"{console.r(', '.join(exc.expected))} -> new {console.r(kind)} {fp}, "
                     f"pinned for {console.r(known.name)} in {path}")
@@ -65,6 +73,11 @@ def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
         return False
     else:
         console.say(f"{where}: {console.r(kind)} {fp} is already trusted ({console.r(how)})")
+        if known_hosts and how.startswith(str(hostkeys.state.pinned_keys_path())):
+            # Trusted by handoff's own pin only: copied where ssh looks, as asked.
+            path = hostkeys.pin(ep.hostname, ep.port, key, known.name,
+                                hostkeys.user_known_hosts(ep.known_hosts))
+            console.say(f"pinned {fp} for {console.r(known.name)} in {console.r(str(path))} too")
         return True
     console.say(f"{where} offers {console.r(kind)} key [bold]{fp}[/]")
     console.say("compare it with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the host itself")
@@ -72,16 +85,25 @@ def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
         if not sys.stdin.isatty():
             console.error("not pinned: confirm by re-running with --yes (stdin is not a terminal)")
             return False
-        answer = input(f"Pin this key for {hop.label}? [y/N] ").strip().lower()
+        try:
+            answer = input(f"Pin this key for {hop.label}? [y/N] ").strip().lower()
+        except EOFError:  # Ctrl-D: a "no", never a traceback
+            print(file=sys.stderr)
+            answer = ""
         if answer not in ("y", "yes"):
             console.say("not pinned")
             return False
-    path = hostkeys.pin(ep.hostname, ep.port, key, known.name)
-    console.say(f"pinned {fp} for {console.r(known.name)} in {path}")
+    into = hostkeys.user_known_hosts(ep.known_hosts) if known_hosts else None
+    path = hostkeys.pin(ep.hostname, ep.port, key, known.name, into)
+    console.say(f"pinned {fp} for {console.r(known.name)} in {console.r(str(path))}")
+    if into is None:
+        console.note(f"that file is handoff's own: plain ssh does not read it, and deleting the "
+                     f"state dir forgets the pin; `fab trust-host --known-hosts` pins into "
+                     f"{hostkeys.user_known_hosts(ep.known_hosts)} instead")
     return True
 
 
-def trust(target: Target, yes: bool, replace: bool = False) -> bool:
+def trust(target: Target, yes: bool, replace: bool = False, known_hosts: bool = False) -> bool:
     """`fab trust-host` for one target (and every jump host on its way); True when all
     their keys are trusted afterwards. `replace`: a CHANGED key is replaced (never by
     `yes` alone)."""
@@ -91,7 +113,7 @@ def trust(target: Target, yes: bool, replace: bool = False) -> bool:
     try:
         for i, hop in enumerate(hops):
             key, known = connect.fetch_host_key(hop, through)
-            if not _decide(hop, key, known, yes, hint, replace):
+            if not _decide(hop, key, known, yes, hint, replace, known_hosts):
                 return False
             if i < len(hops) - 1:
                 through = connect.connect_hop(hop, through, hint)

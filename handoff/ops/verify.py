@@ -61,8 +61,11 @@ class Verdict:
         return [c for c in self.checks if not c.ok]
 
 
-def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verdict:
-    """Compare probe facts with the role's requirements; every miss carries its fix."""
+def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any],
+             flags: str = "") -> Verdict:
+    """Compare probe facts with the role's requirements; every miss carries its fix.
+    `flags`: the `--host … --role …` of this host, so a suggested command acts on it alone
+    (a bare `fab verify --install` would act on every remembered host)."""
     v = Verdict()
     python = str(variables.get("python", "python3"))
     want_py = role.requires.python if role else (3, 10)
@@ -80,7 +83,8 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any]) -> Verd
     for module, present in facts.modules.items():
         pip_req = role.install.get(module)
         if pip_req:
-            fix = (f"fab verify --install (pip-installs {pip_req} into {layout.venv}), or "
+            fix = (f"fab verify --install{' ' + flags if flags else ''} (pip-installs {pip_req} "
+                   f"into {layout.venv}), or "
                    f"on the host: {python} -m pip install {shlex.quote(pip_req)}")
         elif module in role.requires.fixes:
             fix = _fill(role.requires.fixes[module], variables)
@@ -325,9 +329,9 @@ def _probe(ctx: HostContext, step: Step) -> str:
         if short:
             raise HandoffError(f"{s.label}: {short}; nothing was changed")
         return Skipped(f"probed (python {'.'.join(map(str, facts.python))})")
-    verdict = evaluate(facts, role, s.vars)
+    verdict = evaluate(facts, role, s.vars, s.target.flags())
     if not verdict.ok and p.install and install_missing(ctx, verdict):
-        verdict = evaluate(probe(), role, s.vars)
+        verdict = evaluate(probe(), role, s.vars, s.target.flags())
     report_verdict(ctx.report, verdict, show_all=p.show_all)
     ctx.report.data_as(Verified).verdict = verdict
     if not verdict.ok:

@@ -177,6 +177,15 @@ class HostContext:
 def render(plan: Plan) -> None:
     """Print the plan: per host, every step with what it runs and when."""
     console.say(f"[bold]{console.r(plan.title)}[/] — dry run: nothing is changed, no host is contacted")
+    if not console.console().is_terminal:
+        # Piped or logged: a table as wide as its longest command (hundreds of columns) is
+        # unreadable there; one step per line, what it runs and when below it.
+        for hp in plan.hosts:
+            console.say(f"{console.r(hp.target.label)} ({console.r(hp.target.endpoint)})")
+            for i, s in enumerate(hp.steps, 1):
+                console.say(f"  {i}. {console.r(s.description)}\n     runs: {console.r(s.detail)}"
+                            f"\n     when: {console.r(s.when)}")
+        return
     for hp in plan.hosts:
         rows = [
             [str(i), console.r(s.description), console.r(s.detail), console.r(s.when)]

@@ -22,8 +22,9 @@ a host offering a type nobody knew is "unknown" (trust-host can pin it), never C
 
 The check runs inside the handshake, after key exchange and before any authentication
 (handoff.ssh.connect calls `check` between the two): no credential, command or byte of the
-secret reaches a refused host. Nothing here writes a known_hosts file; only `pin()`
-(trust-host, after confirmation) writes the pinned file in the state dir.
+secret reaches a refused host. Nothing here writes a known_hosts file except `pin()`
+(trust-host, after confirmation): into the pinned file in the state dir, or, with
+`trust-host --known-hosts`, into the user's known_hosts where plain `ssh` finds it too.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import paramiko
 from handoff import console
 from handoff.config import state
 from handoff.errors import ChangedHostKey, HostKeyError, RevokedHostKey, UnknownHostKey
+from payload import atomic
 
 REVOKED = "@revoked"
 CA = "@cert-authority"
@@ -418,23 +420,51 @@ def offered_name(key: paramiko.PKey) -> str:
 # --- pinning (trust-host) -------------------------------------------------------------------------
 
 
-def pin(hostname: str, port: int, key: paramiko.PKey, name: str | None = None) -> Path:
+def pin(hostname: str, port: int, key: paramiko.PKey, name: str | None = None,
+        path: Path | None = None) -> Path:
     """Replace every key pinned for this host with `key` (only after the user confirmed):
-    a key replaced because it was compromised must not stay trusted under another type."""
+    a key replaced because it was compromised must not stay trusted under another type.
+    `path`: a known_hosts file of the user's (trust-host --known-hosts), else the state
+    dir's pinned file. In a user's file only the lines naming exactly this host change
+    (a line naming other hosts too keeps them; wildcards, @revoked and @cert-authority
+    lines stay as the user wrote them); its mode is kept (0600 when new, in a 0700 ~/.ssh)."""
     name = name or known_hosts_name(hostname, port)
-    path = state.pinned_keys_path()
+    target = path or state.pinned_keys_path()
     lines: list[str] = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+    if target.is_file():
+        for line in target.read_text(encoding="utf-8").splitlines():
             fields = line.split()
-            if fields and name in fields[0].split(","):
+            if not fields or fields[0].startswith(("#", "@")):
+                lines.append(line)
                 continue
-            lines.append(line)
+            names = fields[0].split(",")
+            if len(names) == 1 and names[0].startswith("|1|"):
+                if not _hashed_match(names[0], name):
+                    lines.append(line)
+                continue
+            if name not in names:
+                lines.append(line)
+            elif len(names) > 1:
+                lines.append(" ".join([",".join(n for n in names if n != name), *fields[1:]]))
     lines.append(f"{name} {key.get_name()} {key.get_base64()}")
-    state.write_pinned("\n".join(lines) + "\n")
-    return path
+    text = "\n".join(lines) + "\n"
+    if path is None:
+        state.write_pinned(text)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o600
+    atomic.write_text(target, text, mode=mode)
+    return target
+
+
+def user_known_hosts(files: Iterable[str] = ()) -> Path:
+    """The known_hosts file ssh adds keys to: the first UserKnownHostsFile, else
+    ~/.ssh/known_hosts."""
+    first = next(iter(files), None)
+    return Path(os.path.expanduser(first)) if first else default_known_hosts()
 
 
 __all__ = ["CA", "REVOKED", "Certificate", "Entry", "HostKeyError", "Knowledge", "fingerprint",
            "knowledge", "known_hosts_name", "lookup", "names_for", "offered_name",
-           "parse_certificate", "parse_line", "pin", "plain_type", "read_file", "trusted_files"]
+           "parse_certificate", "parse_line", "pin", "plain_type", "read_file", "trusted_files",
+           "user_known_hosts"]

@@ -80,6 +80,9 @@ class LocalFiles(RemoteFiles):
         os.fchmod(fd, mode)  # as an sftp-server would: the create mode, whatever the umask
         return _LocalWriter(fd)
 
+    def append(self, path: str, *, pipelined: bool = False) -> RemoteWriter:
+        return _LocalWriter(os.open(self._path("append", path), os.O_WRONLY | os.O_APPEND))
+
     def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
         with open(self._path("read", path), "rb") as fh:
             fh.seek(offset)

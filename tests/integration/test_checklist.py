@@ -158,6 +158,33 @@ def test_trust_host_pins_an_unknown_key(make_sandbox, fab) -> None:
     assert r.rc == 0 and "already trusted" in r.out
 
 
+def test_trust_host_known_hosts_pins_where_ssh_looks(make_sandbox, fab) -> None:
+    """`trust-host --known-hosts` (issue 22 #5): the pin is in the user's known_hosts (the
+    ssh_config's UserKnownHostsFile), so plain ssh logs in and deleting the state dir loses
+    nothing: deploy and cleanup-secrets still reach the host."""
+    import shutil
+
+    from tests.integration.test_hosts_ssh import ssh_ok
+
+    sbx = make_sandbox(hosts=1)
+    c = sbx.containers[0]
+    sbx.forget_host_key(c.name)
+    assert not ssh_ok(sbx, c.name, "-o", "StrictHostKeyChecking=yes")
+    r = fab.on(sbx, "trust-host", "--host", c.name, "--yes")
+    assert r.rc == 0 and "plain ssh does not read it" in r.text, explain(r)
+    assert "--known-hosts" in r.text
+    r = fab.on(sbx, "trust-host", "--host", c.name, "--yes", "--known-hosts")
+    assert r.rc == 0, explain(r)
+    assert f"in {sbx.known_hosts}" in r.out.replace("\n", "")  # says which file holds it
+    assert f"[{c.address}]:{c.port} " in Path(sbx.known_hosts).read_text()
+    assert ssh_ok(sbx, c.name, "-o", "StrictHostKeyChecking=yes")
+    shutil.rmtree(sbx.state_dir)
+    r = fab.on(sbx, "deploy", "--host", c.name)
+    assert r.rc == 0, explain(r)
+    r = fab.on(sbx, "cleanup-secrets", "--host", c.name)
+    assert r.rc == 0 and not key_file(c).exists(), explain(r)
+
+
 def test_set_key_then_push_key_replaces_the_key(make_sandbox, fab) -> None:
     sbx = make_sandbox(hosts=1, api=False)
     c = sbx.containers[0]

@@ -134,3 +134,24 @@ def test_fetch_refuses_a_changed_host_key_as_before(make_sandbox, fab, tmp_path:
     assert r.rc != 0 and "host key" in r.text.lower(), explain(r)
     assert not (tmp_path / "d" / c.name / "generator").exists()
     assert "open " not in sbx.sftp_log(c.name)  # the server never served a file
+
+
+def test_a_cut_upload_resumes_over_openssh(session: Any, tmp_path: Path) -> None:
+    """A resumed upload over real sftp-server (issue 22 #9): the part file is continued from
+    its end (explicit offsets after its size), its prefix proven by sha256 on the host."""
+    from handoff.host.transfer import upload_resumable
+    from handoff.ops.jobs.launch import _prefix_sha256
+
+    sbx, s = session
+    c = sbx.containers[0]
+    data = os.urandom(5 << 20)
+    local = tmp_path / "huge.jsonl"
+    local.write_bytes(data)
+    with s.files.create(str(c.home / ".huge.jsonl.tmp-part"), 0o644) as fh:
+        fh.write(data[:2_000_000])  # what a cut upload left, as the login user
+    final = str(c.home / "huge.jsonl")
+    resumed = upload_resumable(s.files, local, final,
+                               remote_sha256=lambda path, n: _prefix_sha256(s, path, n))
+    assert resumed == 2_000_000
+    assert (c.home / "huge.jsonl").read_bytes() == data
+    assert not (c.home / ".huge.jsonl.tmp-part").exists()

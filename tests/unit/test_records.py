@@ -50,3 +50,14 @@ def test_shard_parse_and_union_is_a_partition():
 def test_errors_path():
     from pathlib import Path
     assert errors_path(Path("/x/output.jsonl")) == Path("/x/output.errors.jsonl")
+
+
+def test_a_json_error_says_at_once() -> None:
+    """json's "Unterminated string starting at" gave "… starting at at column 9" (issue 22 #13)."""
+    import pytest
+
+    from payload.records import BadRecord, load_object
+
+    with pytest.raises(BadRecord) as exc:
+        load_object('{"id": "x')
+    assert str(exc.value) == "not JSON (Unterminated string starting at column 8)", str(exc.value)

@@ -21,6 +21,8 @@ one round trip including the check that follows it.
   for every running job under `jobs_dir` at once (`fab stop` without `--job`).
 - `running`: every job under `jobs_dir` whose process is alive (cleanup-secrets warns
   before removing the key under one).
+- `forget`: remove the job's folder, only when its process is not alive (`fab forget`: a
+  finished or abandoned job no longer counted by `status`); answers what it found.
 - `list`: every job under `jobs_dir` (each one's state as `state` reads it), plus the
   `keys` and `records` of `state`: `fab status`, `stop`, `logs` without `--job` and the
   launch's checks of several jobs read a host in this one round trip.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -224,7 +227,21 @@ def running(a: dict[str, Any]) -> dict[str, Any]:
     return {"running": alive}
 
 
-OPS = {"state": state, "start": start, "check": check, "stop": stop, "stop_all": stop_all,
+def forget(a: dict[str, Any]) -> dict[str, Any]:
+    before = state(a)
+    job_dir = before["job_dir"]
+    if before["alive"]:
+        return {"removed": False, "alive": True, "state": before}
+    if not os.path.isdir(job_dir):
+        return {"removed": False, "alive": False, "state": before}
+    # Renamed first so a half-finished removal leaves a hidden name, never a half job.
+    gone = os.path.join(os.path.dirname(job_dir), f".forget-{os.path.basename(job_dir)}-{os.getpid()}")
+    os.rename(job_dir, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+    return {"removed": True, "alive": False, "state": before}
+
+
+OPS = {"state": state, "forget": forget, "start": start, "check": check, "stop": stop, "stop_all": stop_all,
        "running": running, "list": list_jobs}
 
 

@@ -17,5 +17,6 @@ round trip per start, stop, check or state read; `list` reads every job of a hos
 - `stop`: the stop plan (SIGTERM, wait for the drain), every running job or one.
 - `status`: the per-host-and-job table / JSON records, `--wait`.
 - `logs`: every job's last log lines, `--follow`.
+- `forget`: remove a finished or abandoned job's folder from its hosts (never while it runs).
 - `smoke`: `fab smoke-test`, one real request per host, its figures kept for the estimate.
 """

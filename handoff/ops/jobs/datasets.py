@@ -137,6 +137,9 @@ def expand(flags: list[str]) -> list[Path]:
             matches = [Path(m) for m in sorted(glob.glob(str(given))) if Path(m).is_file()]
             if not matches:
                 raise UsageError(f"--input {flag!r} matches no file")
+        elif given.is_dir():
+            raise UsageError(f"--input {flag}: a folder, not a file; name the files, or quote "
+                             f"a glob: --input '{str(given).rstrip('/')}/*.jsonl'")
         else:
             raise UsageError(f"--input {flag}: no such file")
         for path in matches:

@@ -111,6 +111,25 @@ def estimate(ds: Dataset, basis: Basis, hosts: int, concurrency: int,
     return Row(ds.job, c.prompts, c.bad, prompt_tokens, answer_tokens, source, cost, seconds)
 
 
+def budget_warnings(rows: list[Row], budget: float | None) -> list[str]:
+    """Per job whose estimated cost exceeds its budget (`--max-cost`): that it will stop
+    when the budget is spent, after about which share of its prompts and how long (the
+    time the estimate gives is for all of them, which the budget does not allow)."""
+    if budget is None:
+        return []
+    out = []
+    for r in rows:
+        if r.cost is None or r.cost <= budget:
+            continue
+        share = budget / r.cost if r.cost else 1.0
+        when = f", after ~{units.duration(r.seconds * share)}" if r.seconds is not None else ""
+        out.append(f"{r.job}: the estimate ~${r.cost:,.2f} exceeds the budget ${budget:g} "
+                   f"(--max-cost): the job stops when it is spent, with about "
+                   f"{share:.0%} of its {r.prompts} prompts answered{when}; raise --max-cost "
+                   f"to answer them all")
+    return out
+
+
 def _tokens(n: float | None) -> str:
     if n is None:
         return "?"

@@ -44,9 +44,9 @@ from handoff.defaults import BUILTIN_VARS
 from handoff.errors import HandoffError, RemoteError, UsageError
 from handoff.host import remote_code
 from handoff.host.facts import KEY_FILE, disk_short, gather
-from handoff.host.session import Session
+from handoff.host.session import Session, sh_path
 from handoff.host.targets import Target
-from handoff.host.transfer import mkdirs, upload_file
+from handoff.host.transfer import mkdirs, upload_resumable
 from handoff.ops.jobs import budget, datasets
 from handoff.ops.jobs.datasets import Dataset
 from handoff.ops.jobs.state import (
@@ -119,6 +119,10 @@ class StartJob:
     hosts: int
     max_cost: float | None
     share: str | None
+    # Every host of the launch, in shard order, and the input's prompt count (when read
+    # here): job.json records them so `status` can tell a missing shard from a small job.
+    shard_hosts: tuple[str, ...] = ()
+    prompts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,8 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                 steps.append(Step(
                     "push-input", f"push {ds.name} ({units.size(ds.size)}, {ds.check.prompts} "
                                   f"prompts, sha256 {ds.sha256[:12]}) to {j.input_path}",
-                    f"sftp put {lay.data}/.{ds.name}.tmp-* then rename to {j.input_path}",
+                    f"sftp put {lay.data}/.{ds.name}.tmp-part (a cut upload's part resumed "
+                    f"when its sha256 prefix matches) then rename to {j.input_path}",
                     "unless the host holds the same file (sha256 compared on the host)",
                     PushInput(j.job, j.input_path), run=_push_input))
         if share is not None and role.secret:
@@ -237,7 +242,9 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                 f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(j.job)}/pid; "
                 f"~ is the login user's home)",
                 "once every host passed its probe",
-                StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"]),
+                StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"],
+                         tuple(t.label for t in targets),
+                         j.dataset.check.prompts if j.dataset is not None else None),
                 run=_start))
         steps.append(Step(
             "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
@@ -284,7 +291,9 @@ def _probe(ctx: HostContext, step: Step) -> str:
             problems.append(problem)
     if problems:
         raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
-    states = ", ".join(f"{j.job} {host_jobs.get(j.job).state}" for j in jobs)
+    # "job B3: new" rather than the state's own word for a job never launched ("none").
+    states = ", ".join(f"job {j.job}: " + ("new" if host_jobs.get(j.job).state == "none" else
+                                          f"was {host_jobs.get(j.job).state}, resumes") for j in jobs)
     # A job resumed over another set of hosts gets another share of the ids: say so (ids
     # another host already did may be asked again here; the merge keeps each id once).
     shard = step.args(ProbeJobs).shard
@@ -325,11 +334,20 @@ def identity_problem(s: Session, j: LaunchJob, current: JobState, remote_sha: st
 
 
 def ssh_command(target: Target, command: str) -> str:
-    """The plain `ssh` line that runs `command` on the host, for a message to paste."""
+    """The plain `ssh` line that runs `command` on the host, for a message to paste. When
+    the host's key is pinned in handoff's state dir (trust-host without --known-hosts),
+    the line names that file too: plain ssh would answer "Host key verification failed"."""
+    from handoff.ssh import hostkeys
+
     ep = target.endpoint
     hops = ",".join(ep.proxy_jump)
     opts = (f"-p {ep.port} " if ep.port != 22 else "") + "".join(
         f"-i {shlex.quote(i)} " for i in ep.identity[:1]) + (f"-J {shlex.quote(hops)} " if hops else "")
+    pinned = hostkeys.state.pinned_keys_path()
+    names = hostkeys.names_for(ep.hostname, ep.port, ep.host_key_alias)
+    if any(e.matches(names) for e in hostkeys.read_file(pinned)):
+        files = " ".join([str(pinned), *(ep.known_hosts or ("~/.ssh/known_hosts",))])
+        opts += f"-o {shlex.quote('UserKnownHostsFile=' + files)} "
     return f"`ssh {opts}{ep.user}@{ep.hostname} {shlex.quote(command)}`"
 
 
@@ -344,10 +362,20 @@ def _push_input(ctx: HostContext, step: Step) -> str:
     dest = s.abs(j.input_path)
     try:
         mkdirs(s.files, dest.rsplit("/", 1)[0], known=ctx.need_facts().dirs)
-        upload_file(s.files, ds.path, dest, label=s.label)
+        resumed = upload_resumable(s.files, ds.path, dest, label=s.label,
+                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n))
     except OSError as exc:
-        raise RemoteError(f"{s.label}: pushing {ds.name} to {dest} failed: {exc}") from None
-    return f"pushed {ds.name} → {dest}"
+        raise RemoteError(f"{s.label}: pushing {ds.name} to {dest} failed: {exc}; run the "
+                          f"launch again to resume the upload") from None
+    more = f" (resumed after {units.size(resumed)})" if resumed else ""
+    return f"pushed {ds.name} → {dest}{more}"
+
+
+def _prefix_sha256(s: Session, path: str, n: int) -> str | None:
+    """The sha256 of the first `n` bytes of `path` on the host (computed there: a resumed
+    upload checks its part file without reading it back)."""
+    res = s.exec(f"head -c {int(n)} {sh_path(path)} | sha256sum")
+    return res.out.split()[0] if res.rc == 0 and res.out.split() else None
 
 
 def _start(ctx: HostContext, step: Step) -> str:
@@ -365,6 +393,7 @@ def _start(ctx: HostContext, step: Step) -> str:
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
     meta = {"job": job, "role": role.name, "shard": shard, "hosts": p.hosts,
+            "shard_hosts": list(p.shard_hosts), "prompts": p.prompts,
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
             "max_cost": p.max_cost, "host_max_cost": p.share,

@@ -11,7 +11,7 @@ from handoff.errors import HandoffError, RemoteError
 from handoff.host import untrusted
 from handoff.host.session import Connector, Session, sh_path
 from handoff.host.targets import Target
-from handoff.ops.jobs.state import job_name
+from handoff.ops.jobs.state import job_name, read_all, unknown_job
 from handoff.run.parallel import HostReport, run_on_hosts
 
 
@@ -48,6 +48,8 @@ def tail(targets: list[Target], job_flag: str | None, lines: int, connect: Conne
             res = s.exec(f"[ -f {sh_path(log)} ] || exit 3; tail -n {int(lines)} {sh_path(log)} "
                          f"| {CUT}")
             if res.rc != 0:
+                if job not in read_all(s).jobs:
+                    raise unknown_job(s, job)
                 raise RemoteError(f"{s.label}: no log for job {job!r} at {log} (not launched yet?)")
         for line in res.out.splitlines():
             report.log(console.r(line))

@@ -79,11 +79,21 @@ def smoke(s: Session, report: HostReport) -> None:
     res = s.exec(render_command(role.smoke, job_vars(s, facts, "smoke", {}), "smoke"), timeout=300)
     fields = parse(res.out)
     report.data_as(Smoked).fields.update(fields, rc=res.rc)
+    tail = (res.err.strip().splitlines() or res.out.strip().splitlines() or ["no output"])[-1]
     for line in (res.out + res.err).strip().splitlines():
-        report.log(f"  {console.r(line)}")
+        if res.rc == 0 or line != tail:  # the failure is said once, with its fix, below
+            report.log(f"  {console.r(line)}")
     if res.rc != 0:
-        tail = (res.err.strip().splitlines() or res.out.strip().splitlines() or ["no output"])[-1]
-        raise RemoteError(f"{s.label}: smoke test failed (exit {res.rc}): {tail}")
+        reason = tail.removeprefix("smoke: FAILED: ")
+        if "(401" in tail:
+            # A rotated or revoked key: the keyring holds the new one only after set-key,
+            # and the host gets it only with push-key.
+            report.data_as(Smoked).fields["error"] = "API key refused (401)"
+            raise RemoteError(f"{s.label}: the placed API key was refused ({reason.split('(', 1)[-1]}; "
+                              f"store the current key with `fab set-key`, then place it with "
+                              f"`fab push-key {s.target.flags()}`")
+        report.data_as(Smoked).fields["error"] = reason
+        raise RemoteError(f"{s.label}: smoke test failed (exit {res.rc}): {reason}")
     report.summary = f"{fields.get('served by', '?')}, {fields.get('latency', '?')}"
 
 
@@ -106,6 +116,7 @@ def table(reports: list[HostReport]) -> Any:
         rows.append([console.r(rep.target.label), "[green]ok[/]" if rep.ok else "[red]FAILED[/]",
                      console.r(d.get("served by", "-")), console.r(d.get("latency", "-")),
                      console.r(d.get("tokens", "-")), console.r(d.get("cost", "-")),
-                     console.r(credit(d.get("key", "-"))) if rep.ok else console.r(rep.error or "")])
+                     console.r(credit(d.get("key", "-"))) if rep.ok
+                     else console.r(str(d.get("error") or rep.error or ""))])
     return console.table("smoke-test", ["host", "result", "provider (model)", "latency",
                                         "tokens", "cost", "key credit / error"], rows)

@@ -17,7 +17,7 @@ from typing import Any
 from handoff.config import state
 from handoff.config.layout import RemoteLayout, key_record
 from handoff.config.roles import Role
-from handoff.errors import NotDeployed, UsageError
+from handoff.errors import NotDeployed, RemoteError, UsageError, did_you_mean
 from handoff.host import keyrecord, remote_code, untrusted
 from handoff.host.facts import KEY_FILE, Facts
 from handoff.host.session import Session
@@ -180,6 +180,14 @@ def read_all(session: Session) -> HostJobs:
         jobs[str(name)] = current
     jobs_dir = untrusted.text(raw.get("jobs_dir")) or ""
     return HostJobs(jobs, JobState.from_json({"job_dir": jobs_dir, **common}))
+
+
+def unknown_job(session: Session, job: str) -> RemoteError:
+    """The error for a `--job` the host has never run: it names the jobs the host has (one
+    more round trip, only on this error path), so a typo is not answered "not running"."""
+    names = list(read_all(session).jobs)
+    return RemoteError(f"{session.label}: no job {job!r} on the host; jobs there: "
+                       f"{', '.join(names) or 'none'}{did_you_mean(job, names)}")
 
 
 def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:

@@ -30,7 +30,15 @@ from handoff.host import keyrecord
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
 from handoff.ops import keyapi
-from handoff.ops.jobs.state import ACTIVE_STATES, OK_STATES, JobState, job_name, read, read_all
+from handoff.ops.jobs.state import (
+    ACTIVE_STATES,
+    OK_STATES,
+    JobState,
+    job_name,
+    read,
+    read_all,
+    unknown_job,
+)
 from handoff.run.parallel import HostReport, run_parallel
 from payload import units
 
@@ -175,31 +183,102 @@ def note(v: JobView) -> str:
     if v.job_state.with_failures:
         return (f"{st.get('failed')} ids failed permanently (more than the {st.get('max_failed')} "
                 f"allowed): they are in output.errors.jsonl")
+    if v.state == "stopped" and st.get("stop_reason") == "signal":
+        # The payload's own words were written while it drained ("stopping; waiting up
+        # to 60s…"); the drain is over now.
+        return "stopped by a signal (fab stop or Ctrl-C); relaunching resumes it"
     if v.state in ("stopped", "aborted", "dead") and st.get("stop_reason") and st.get("last_error"):
         return f"{st['stop_reason']}: {st['last_error']}"
+    if v.state == "finished" and not st.get("failed"):
+        return ""  # every id answered: a retried error on the way is history, not a note
     return str(st.get("last_error") or "")
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Where a job's shards are, from its job.json (`hosts`: how many, `shard_hosts`: which
+    hosts, in shard order) against the hosts that answered."""
+
+    count: int  # shards the job was launched with (1: not sharded)
+    seen: list[JobView]  # the rows of the hosts holding a shard
+    missing: list[str]  # the shards not seen: "HOST (why)", or "shard i/n" when unrecorded
+    unreachable: bool  # a missing shard's host was asked and could not be read
+    prompts: int | None  # the whole input's distinct prompts, when launch knew it
+
+    @property
+    def state(self) -> str | None:
+        """`unknown` (a shard's host could not be read), `partial` (a shard's host was not
+        asked), or None: every shard is here."""
+        if not self.missing:
+            return None
+        return "unknown" if self.unreachable else "partial"
+
+
+def _meta_int(meta: dict[str, Any], key: str) -> int | None:
+    value = meta.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def shards_of(views: list[JobView]) -> dict[str, Shards]:
+    """Per job seen on any host: how many shards it has, and which are not among `views`
+    (their host unreachable, or not asked: `status --host one`)."""
+    by_job: dict[str, list[JobView]] = {}
+    for v in views:
+        if v.job is not None and (v.status or v.job_state.meta):
+            by_job.setdefault(v.job, []).append(v)
+    unreachable = {v.host for v in views if v.state == "unreachable"}
+    out: dict[str, Shards] = {}
+    for job, seen in by_job.items():
+        metas = [v.job_state.meta for v in seen if v.job_state.meta]
+        # The newest launch's record says how the job is split now (a relaunch may reshard).
+        newest = max(metas, key=lambda m: _number(m.get("started")), default={})
+        count = _meta_int(newest, "hosts") or len(seen)
+        names = [str(h) for h in newest.get("shard_hosts") or []]
+        specs = {str(m.get("shard")) for m in metas if m.get("shard")}
+        missing: list[str] = []
+        gone = False
+        if specs and count > 1:  # sharded (--no-shard: every host has the whole input)
+            for i in range(count):
+                if f"{i}/{count}" in specs:
+                    continue
+                name = names[i] if len(names) == count else None
+                if name is None:
+                    missing.append(f"shard {i}/{count}")
+                    continue
+                why = "unreachable" if name in unreachable else "not asked"
+                gone = gone or name in unreachable
+                missing.append(f"{name} ({why})")
+        out[job] = Shards(count, seen, missing, gone, _meta_int(newest, "prompts"))
+    return out
 
 
 def combined(views: list[JobView]) -> list[JobView]:
     """One "all" view per job that has shards on several hosts: done, failed, total, cost and
-    tok/s summed; the ETA of the slowest shard (rate_rps chosen so `eta` gives it)."""
-    by_job: dict[str, list[JobView]] = {}
-    for v in views:
-        if v.job is not None and v.status:
-            by_job.setdefault(v.job, []).append(v)
+    tok/s summed; the ETA of the slowest shard (rate_rps chosen so `eta` gives it). A shard
+    not seen makes it `partial` (its host not asked) or `unknown` (unreachable), with the
+    failures unknown (`?`) and the total the whole input's."""
     out = []
-    for job, shards in by_job.items():
-        if len(shards) < 2:
+    for job, shards in shards_of(views).items():
+        present = [v for v in shards.seen if v.status]
+        if shards.count < 2 and len(present) < 2:
             continue
-        sts = [v.status for v in shards]
+        sts = [v.status for v in present]
         summed: dict[str, Any] = {k: sum(_number(st.get(k)) for st in sts)
                                   for k in ("done", "failed", "cost", "tokens_per_s")}
         for k in ("done", "failed"):
             summed[k] = int(summed[k])
         # Every shard reads the whole file: its bad lines are the file's, not a share.
-        summed["bad_lines"] = max(int(_number(st.get("bad_lines"))) for st in sts)
+        summed["bad_lines"] = max((int(_number(st.get("bad_lines"))) for st in sts), default=0)
         totals = [t for t in (st.get("total") for st in sts) if isinstance(t, int)]
-        summed["total"] = sum(totals) if len(totals) == len(sts) else None
+        summed["total"] = sum(totals) if sts and len(totals) == len(sts) else None
+        label = f"all ({len(present)} host{'s' if len(present) != 1 else ''})"
+        if shards.state is not None:
+            summed.update(failed="?", total=shards.prompts if shards.prompts is not None else "?",
+                          state=shards.state)
+            label = f"all ({len(present)} of {shards.count} shards)"
+            out.append(JobView(label, job, shards.state, JobState("", status=summed),
+                               error=f"shards not seen: {', '.join(shards.missing)}"))
+            continue
         left = summed["total"] - summed["done"] - summed["failed"] if summed["total"] is not None else None
         etas = [_seconds_left(st) for st in sts]
         slowest = None if any(e is None for e in etas) else max(e or 0.0 for e in etas)
@@ -207,14 +286,21 @@ def combined(views: list[JobView]) -> list[JobView]:
             summed["rate_rps"] = left / slowest
         elif left == 0:
             summed["rate_rps"] = 1.0
-        states = {v.state for v in shards}
+        states = {v.state for v in present}
         active = [s for s in ("running", "stopping", "starting") if s in states]
         state = active[0] if active else states.pop() if len(states) == 1 else "mixed"
         summed["state"] = state
-        if state == "finished" and any(v.job_state.with_failures for v in shards):
+        if state == "finished" and any(v.job_state.with_failures for v in present):
             summed["exit_code"] = 1
-        out.append(JobView(f"all ({len(shards)} hosts)", job, state, JobState("", status=summed)))
+        out.append(JobView(label, job, state, JobState("", status=summed)))
     return out
+
+
+def unaccounted(views: list[JobView]) -> list[str]:
+    """"JOB: shards not seen: ..." for every job with a shard missing from `views`: such a
+    status is not a success, whatever the shards that answered say."""
+    return [f"{job}: {shards.state}, shards not seen: {', '.join(shards.missing)}"
+            for job, shards in shards_of(views).items() if shards.state is not None]
 
 
 def _seconds_left(st: dict[str, Any]) -> float | None:
@@ -241,7 +327,7 @@ def table(views: list[JobView]) -> Any:
             f"[bold]{console.r(v.host)}[/]" if bold else console.r(v.host), console.r(v.job or "-"),
             f"[{color}]{console.r(v.shown_state)}[/]", progress,
             f"{tps:.0f}" if isinstance(tps, (int, float)) else "-", money(st.get("cost")),
-            eta(st) if v.state in ACTIVE_STATES or v.state == "finished" else "-",
+            eta(st) if v.state in ACTIVE_STATES else "-",  # a finished job has no ETA
         ]
         if with_bad:
             row.append(str(st.get("bad_lines") or 0) if st else "-")
@@ -249,7 +335,7 @@ def table(views: list[JobView]) -> Any:
             ((f"yes ({v.key.mode})" if v.key.placed else "no") if v.key and not v.error else "?")
             if not bold else "",
             (console.r(v.key.spend()) if v.key and not v.error else "?") if not bold else "",
-            console.r(note(v)) if not bold else "",
+            console.r(note(v)) if not bold or v.error else "",
         ]
         rows.append(row)
     columns = ["host", "job", "state", "done/fail/total", "tok/s", "$ spent", "ETA",
@@ -257,7 +343,68 @@ def table(views: list[JobView]) -> Any:
     if not any(row[-1] for row in rows):
         columns.pop()
         rows = [row[:-1] for row in rows]
-    return console.table("status", columns, rows)
+    return fitted("status", columns, rows)
+
+
+# The columns a narrow terminal loses first (kubectl's habit: the wide view is `--json`
+# here); what is left must fit without breaking a cell mid-word ("finis/hed").
+_DROPPABLE = ("key spend", "key placed", "tok/s", "bad lines", "ETA", "$ spent")
+
+
+def _min_width(columns: list[str], rows: list[list[Any]]) -> int:
+    """The width a table needs so that no cell breaks inside a word: each column as wide as
+    its longest word (header included), plus rich's borders and padding (3 per column + 1)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    def longest(cell: Any) -> int:
+        return max((cell_len(w) for w in Text.from_markup(str(cell)).plain.split()), default=0)
+
+    widths = [max([longest(col), *(longest(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    return sum(widths) + 3 * len(columns) + 1
+
+
+def fitted(title: str, columns: list[str], rows: list[list[Any]]) -> Any:
+    """The table, with the least needed columns dropped until every cell fits whole on a
+    terminal of its width (off a terminal nothing is cut: no width limit applies)."""
+    out = console.console()
+    t = console.table(title, columns, rows)
+    if not out.is_terminal:
+        return t
+    dropped = []
+    for name in _DROPPABLE:
+        if _min_width(columns, rows) <= out.width:
+            break
+        if name in columns:
+            i = columns.index(name)
+            columns = columns[:i] + columns[i + 1:]
+            rows = [row[:i] + row[i + 1:] for row in rows]
+            dropped.append(name)
+            t = console.table(title, columns, rows)
+    if dropped:
+        t.caption = f"narrow terminal: {', '.join(dropped)} not shown (widen it, or --json)"
+    return t
+
+
+def jobs_table(views: list[JobView]) -> Any:
+    """`fab jobs`: one row per job: its input, its shards and their hosts (those not seen
+    named), and its state over all of them."""
+    shards = shards_of(views)
+    overall = {v.job: v for v in combined(views)}
+    rows = []
+    for job, sh in shards.items():
+        metas = [v.job_state.meta for v in sh.seen if v.job_state.meta]
+        meta = max(metas, key=lambda m: _number(m.get("started")), default={})
+        source = meta.get("dataset") or meta.get("input") or "?"
+        hosts = ", ".join(v.host for v in sh.seen)
+        where = f"{sh.count} → {hosts}" if sh.count > 1 else hosts
+        if sh.missing:
+            where += f"; not seen: {', '.join(sh.missing)}"
+        row = overall.get(job) or sh.seen[0]
+        color = "yellow" if row.job_state.with_failures else COLORS.get(row.state, "red")
+        rows.append([console.r(job), console.r(str(source)), console.r(where),
+                     f"[{color}]{console.r(row.shown_state)}[/]"])
+    return console.table("jobs", ["job", "input", "shards → hosts", "state"], rows)
 
 
 def bad_line_notes(views: list[JobView], shown: int = 3) -> list[str]:
@@ -334,7 +481,8 @@ class Watcher:
         label = s.target.label
         if job is not None:
             current = read(s, job)
-            return [JobView(label, job, current.state, current,
+            error = str(unknown_job(s, job)) if current.state == "none" else None
+            return [JobView(label, job, current.state, current, error=error,
                             key=key_view(current, self.key_lookup, s.target))]
         host = read_all(s)
         key = key_view(host.keys, self.key_lookup, s.target)  # one lookup per host, for its jobs
@@ -349,11 +497,68 @@ class Watcher:
         self.sessions.clear()
 
 
-def watch(watcher: Watcher, views: list[JobView], interval: float, live: bool) -> list[JobView]:
-    """Refresh until no job runs; with `live`, one table updated in place on the terminal."""
+def progress_lines(views: list[JobView]) -> list[str]:
+    """One line per job (its "all" row when it has shards) and per unreachable host: what
+    `status --wait` prints at each refresh off a terminal, where no table is redrawn."""
+    rows = {v.job: v for v in combined(views)}
+    said: set[str] = set()
+    lines: list[str] = []
+    for v in views:
+        if v.state == "unreachable":
+            lines.append(f"{v.host}: unreachable ({v.error})")
+            continue
+        if v.job is None:
+            continue
+        shown = rows.get(v.job, v)
+        if shown is not v:
+            if v.job in said:
+                continue  # a job with shards: its one "all" line
+            said.add(v.job)
+        st = shown.status
+        where = shown.host if not shown.host.startswith("all (") else shown.host[5:-1]
+        text = (f"{v.job} {shown.shown_state} {st.get('done', '-')}/{st.get('failed', '-')}/"
+                f"{st.get('total', '?')} on {where}")
+        if isinstance(st.get("cost"), (int, float)):
+            text += f", {money(st.get('cost'))}"
+        if shown.state in ACTIVE_STATES:
+            text += f", ETA {eta(st)}"
+        lines.append(text)
+    return lines
+
+
+def watch(watcher: Watcher, views: list[JobView], interval: float, live: bool,
+          say: Callable[[str], None] | None = None, outage_s: float = 300.0) -> list[JobView]:
+    """Refresh until no job runs; with `live`, one table updated in place on the terminal,
+    else (`say`) one line per job per refresh. A host that cannot be read is waited for
+    (said once per outage) for up to `outage_s`: a network blip does not end the watch."""
+    first_unreachable: dict[str, float] = {}
+
+    def waiting() -> bool:
+        now = time.monotonic()
+        down = {v.host for v in views if v.state == "unreachable"}
+        for host in list(first_unreachable):
+            if host not in down:
+                first_unreachable.pop(host)
+                console.note(f"{host}: reachable again")
+        for host in sorted(down - set(first_unreachable)):
+            first_unreachable[host] = now
+            console.note(f"{host}: unreachable; still waiting (for up to {outage_s:.0f} s)")
+        outage = any(now - since < outage_s for since in first_unreachable.values())
+        if down and not outage:
+            console.warn(f"{', '.join(sorted(down))}: unreachable for {outage_s:.0f} s; "
+                         f"stopped waiting")
+        return any(v.state in ACTIVE_STATES for v in views) or outage
+
+    if say is not None and not live:
+        for line in progress_lines(views):
+            say(line)
     with console.live(table(views), enabled=live) as show:
-        while any(v.state in ACTIVE_STATES for v in views):
+        while waiting():
             time.sleep(max(0.2, float(interval)))
             views = watcher.collect()
             show(table(views))
+            if say is not None and not live:
+                stamp = time.strftime("%H:%M:%S")
+                for line in progress_lines(views):
+                    say(f"{stamp} {line}")
     return views

@@ -15,7 +15,7 @@ from handoff.errors import RemoteError
 from handoff.host import remote_code
 from handoff.host.session import Session
 from handoff.host.targets import Target
-from handoff.ops.jobs.state import JobState, job_name
+from handoff.ops.jobs.state import JobState, job_name, unknown_job
 from handoff.run.plan import HostContext, HostPlan, Plan, Skipped, Step
 
 
@@ -57,10 +57,17 @@ def _stop(ctx: HostContext, step: Step) -> str:
         remote_code.JOBS, {"op": "stop", "job_dir": s.target.layout.job(job), "timeout": wait_s},
         "stopping the job", timeout=wait_s + 30)
     after = JobState.from_json(answer.get("state") or {})
+    if after.state == "none" and not answer.get("was_alive"):
+        raise unknown_job(s, job)  # never launched here: a typo, not "not running"
     if not answer.get("was_alive"):
         ctx.report.summary = f"not running ({after.state})"
         return Skipped(f"job {job} is not running (state {after.state})")
     _check_drained(s, job, answer.get("pid"), bool(answer.get("drained")), wait_s)
+    if after.alive:  # --timeout 0: signalled, not waited for; it still drains
+        ctx.report.summary = "SIGTERM sent (draining, not waited for)"
+        return (f"sent SIGTERM to {job} (pid {answer.get('pid')}); it drains its in-flight "
+                f"requests now (--timeout 0: not waited for; `fab status {s.target.flags(job)}` "
+                f"shows when it stopped)")
     ctx.report.summary = f"stopped ({after.state})"
     return _stopped(job, answer.get("pid"), after)
 

@@ -149,7 +149,8 @@ def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[
                          f"host is back to remove the file.")
         else:
             lines.append(f"{why} Its key file may remain there and still work; rerun `fab "
-                         f"cleanup-secrets` when the host is reachable (the ledger keeps it).")
+                         f"cleanup-secrets --host {label}` when the host is reachable (the host "
+                         f"itself is checked: this works with the state dir gone too).")
     for x in failed:
         lines.append(f"child key {x.revocation.key_hash[:12]} ({x.revocation.host}) is NOT "
                      f"revoked: {x.error}")

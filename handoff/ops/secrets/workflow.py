@@ -28,6 +28,9 @@ def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Targe
                     "nothing to clean (already absent)")
         return 0
     p = cleanup.cleanup_plan(scope)
+    why = "named with --host/--role" if wanted is not None else (
+        "every host the ledger, the inventory and the last deploy name")
+    console.note(f"hosts: {', '.join(hp.target.label for hp in p.hosts) or 'none'} ({why})")
     if dry_run:
         plan.render(p)
         console.say(revoke.revocation_plan(revoke.revocations(scope)))

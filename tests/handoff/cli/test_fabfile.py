@@ -13,7 +13,8 @@ import fabfile
 from tests.support.fab import FAB, REPO
 
 TASKS = ["deploy", "verify", "push-script", "push-key", "trust-host", "set-key", "smoke-test",
-         "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo"]
+         "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo",
+         "jobs", "forget"]
 
 
 def fab_tasks() -> dict[str, object]:
@@ -62,7 +63,8 @@ def test_a_finished_task_spares_the_exit_a_full_collection() -> None:
     assert out.stdout.strip() == "3"
 
 
-CHANGING = ["deploy", "verify", "push-script", "push-key", "launch", "stop", "cleanup-secrets"]
+CHANGING = ["deploy", "verify", "push-script", "push-key", "launch", "stop", "cleanup-secrets",
+            "forget"]
 
 
 def test_every_task_that_changes_a_host_has_dry_run() -> None:
@@ -121,3 +123,48 @@ def test_dash_h_is_one_run_over_exactly_the_named_hosts(tmp_path: Path) -> None:
                  ["demo", "--hosts", "many"]):
         bad = fab(*args)
         assert bad.returncode == 2 and args[1] in bad.stderr and "Traceback" not in bad.stderr, bad
+
+
+def test_the_venvs_fab_is_handoffs_program() -> None:
+    """`[project.scripts] fab` replaces Fabric's script: the venv's `fab` runs
+    handoff.cli.program (issue 22 #10), and `fab -l` / `fab --help TASK` still work."""
+    assert "handoff.cli.program" in FAB.read_text()
+    listing = subprocess.run([str(FAB), "-l"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0 and "deploy" in listing.stdout
+    helped = subprocess.run([str(FAB), "--help", "stop"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert helped.returncode == 0 and "--timeout" in helped.stdout
+
+
+def test_every_usage_error_is_exit_2_with_a_suggestion(tmp_path: Path) -> None:
+    """invoke answered "No idea what '--hsot' is!" with exit 1, and `-t x` with a traceback."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_COLOR": "1",
+           "HANDOFF_STATE_DIR": str(tmp_path / "state")}
+    cases = [(["deploy", "--hsot", "x"], "unknown flag '--hsot'; did you mean '--host'?"),
+             (["deplyo"], "unknown task 'deplyo'; did you mean 'deploy'?"),
+             (["--help", "deplyo"], "did you mean 'deploy'?"),
+             (["deploy", "--host", "a", "--host", "b"], "--host is given twice"),
+             (["-t", "x", "deploy"], "wrong type"),
+             (["stop", "--dry-run", "--timout", "0"], "did you mean '--timeout'?")]
+    for args, expected in cases:
+        out = subprocess.run([str(FAB), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2, (args, out)
+        assert expected in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+
+
+def test_the_project_is_found_from_a_parent_folder_or_given(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_COLOR": "1"}
+
+    def fab(*args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(FAB), *args], cwd=cwd, env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)
+
+    assert "deploy" in fab("-l", cwd=REPO / "docs").stdout  # a folder below the project
+    outside = fab("-l", cwd=tmp_path)
+    assert outside.returncode == 2 and "no handoff project here" in outside.stderr
+    assert "--project DIR" in outside.stderr and "Can't find" not in outside.stderr
+    assert "deploy" in fab("--project", str(REPO), "-l", cwd=tmp_path).stdout
+    assert "deploy" in fab("-l", cwd=tmp_path, HANDOFF_PROJECT=str(REPO)).stdout
+    wrong = fab("--project", str(tmp_path), "-l", cwd=tmp_path)
+    assert wrong.returncode == 2 and "no fabfile.py there" in wrong.stderr

@@ -124,3 +124,36 @@ def test_numeric_vars_given_as_text_become_numbers(tmp_path: Path) -> None:
     path.write_text("defaults:\n  concurrency: '300'\n  max_cost: 2\nhosts:\n  a: {address: x}\n")
     inv = load_inventory(path, roles=["generator"])
     assert inv.defaults["concurrency"] == 300 and inv.defaults["max_cost"] == 2
+
+
+@pytest.mark.parametrize("where", ["defaults", "host", "group"])
+def test_a_misspelt_var_is_an_error_with_line_and_suggestion(tmp_path: Path, where: str) -> None:
+    """`concurency: 8` was ignored in silence: the launch ran 2000 in flight (issue 22 #1)."""
+    text = {"defaults": "defaults:\n  concurency: 8\nhosts:\n  a: {address: x}\n",
+            "host": "hosts:\n  a:\n    address: x\n    vars:\n      concurency: 8\n",
+            "group": "hosts:\n  a: {address: x}\ngroups:\n  g:\n    hosts: [a]\n    vars:\n      concurency: 8\n"}[where]
+    path = write(tmp_path, text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "concurency" in t)
+    with pytest.raises(InventoryError) as exc:
+        load_inventory(path, ROLES)
+    assert str(exc.value).startswith(f"{path}:{line}: unknown var 'concurency'; did you mean "
+                                     f"'concurrency'?"), str(exc.value)
+
+
+def test_role_vars_and_the_vars_roles_read_are_known(tmp_path: Path) -> None:
+    """The extractor's own vars (model_dir, ranks, layers, trust_remote_code) are not typos."""
+    path = write(tmp_path, "defaults: {model_dir: /m, ranks: 2, layers: '1,2', trust_remote_code: true, "
+                           "format: speculators}\nhosts:\n  a: {address: x}\n")
+    assert load_inventory(path, ROLES).defaults["model_dir"] == "/m"
+
+
+def test_misspelt_keys_and_roles_get_a_suggestion(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a:\n    address: 1.2.3.4\n    prot: 22\n")
+    with pytest.raises(InventoryError, match="unknown key 'prot'; did you mean 'port'"):
+        load_inventory(path, ROLES)
+    path = write(tmp_path, "hosts:\n  a: {address: x, roles: [genrator]}\n")
+    with pytest.raises(InventoryError, match="did you mean 'generator'"):
+        load_inventory(path, ROLES)
+    path = write(tmp_path, "host:\n  a: {address: x}\n")
+    with pytest.raises(InventoryError, match="unknown section 'host'; did you mean 'hosts'"):
+        load_inventory(path, ROLES)

@@ -165,3 +165,14 @@ def test_role_file_validation_of_new_fields(tmp_path: Path) -> None:
     assert role.requires.modules_needed({"n": 2}) == ["a", "b"]
     assert role.requires.modules_needed({"n": 1}) == ["a"]
     assert role.requires.fixes == {"b": "get b"} and role.preflight is not None
+
+
+def test_a_misspelt_role_key_names_line_and_suggests(tmp_path: Path) -> None:
+    """Every role key is checked against the known set, with "did you mean" (issue 22 #1)."""
+    path = tmp_path / "x.yml"
+    path.write_text("description: x\nlanuch: [a]\n")
+    with pytest.raises(RoleError, match=rf"{path}:2: unknown key 'lanuch'; did you mean 'launch'\?"):
+        load_role(path)
+    path.write_text("requires:\n  python: '>=3.10'\n  modulez: [a]\n")
+    with pytest.raises(RoleError, match="did you mean 'modules'"):
+        load_role(path)

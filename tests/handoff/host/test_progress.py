@@ -130,3 +130,22 @@ def test_downloads_and_uploads_report_on_handoff_s_console(
     assert f"sbx-1 ↓ job/output.jsonl: fetching {progress.units.size(len(data))}" in out
     assert f"sbx-1 ↑ copy.jsonl: uploading {progress.units.size(len(data))}" in out
     assert len(re.findall(r": 4.0 MB in \d+.\d s \(\d+.\d [MG]B/s\)\n", out)) == 2  # size, time, rate
+
+
+def test_ctrl_c_during_a_bar_shows_the_cursor_and_ends_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during a transfer bar left the cursor hidden and printed "error: interrupted…"
+    on the bar's line (issue 22 #8): stop_all ends the display first."""
+    out = io.StringIO()
+    term = Console(file=out, force_terminal=True, width=120)
+    shown = Display(term, bars=True, clock=Clock())
+    monkeypatch.setattr(progress, "_display", shown)
+    meter = shown.meter("sbx-1", "huge.jsonl", 50_000_000, "upload")
+    meter.advance(1_000_000)
+    assert "\x1b[?25l" in out.getvalue()  # rich hid the cursor for the bar
+    progress.stop_all()
+    assert not shown.bars.live.is_started
+    text = out.getvalue()
+    assert text.rindex("\x1b[?25h") > text.rindex("\x1b[?25l")  # the cursor shown again
+    assert text.replace("\x1b[?25h", "").endswith("\n")  # what follows starts a new line
+    meter.close(ok=False)  # the transfer's thread closes its meter later: nothing breaks
+    assert not shown.bars.live.is_started

@@ -127,3 +127,73 @@ def test_only_partial_names_complete_a_file(tmp_path: Path) -> None:
     assert completes(tmp_path / ".output.jsonl.tmp-123-456") is None  # payload.atomic's
     assert completes(tmp_path / "output.jsonl") is None
     assert is_partial(partial(tmp_path / "x").name)
+
+
+def test_a_cut_upload_leaves_a_part_that_resumes_with_only_the_rest(tmp_path: Path) -> None:
+    """An interrupted `launch --input huge.jsonl` left `.huge.jsonl.tmp-…` and the next upload
+    restarted from zero (issue 22 #9): uploads resume as fetch does, by size + prefix sha256."""
+    import hashlib
+
+    from handoff.host.session import RemoteWriter
+    from handoff.host.transfer import upload_resumable
+
+    data = os.urandom(3 << 20)
+    local = tmp_path / "huge.jsonl"
+    local.write_bytes(data)
+    host = tmp_path / "host"
+    host.mkdir()
+    final = str(host / "huge.jsonl")
+    (host / f"{temp_prefix('huge.jsonl')}dead01").write_text("an older random temp")
+
+    def sha(path: str, n: int) -> str:
+        return hashlib.sha256(Path(path).read_bytes()[:n]).hexdigest()
+
+    class Cut(LocalFiles):
+        """The link drops after `cut` bytes written."""
+
+        def __init__(self, home: Path, cut: int | None = None) -> None:
+            super().__init__(home)
+            self.cut, self.written = cut, 0
+
+        def _wrap(self, fh: RemoteWriter) -> RemoteWriter:
+            outer = self
+
+            class W(RemoteWriter):
+                def write(self, chunk) -> None:  # type: ignore[no-untyped-def]
+                    if outer.cut is not None and outer.written + len(chunk) > outer.cut:
+                        fh.write(chunk[:outer.cut - outer.written])
+                        outer.written = outer.cut
+                        raise OSError("connection dropped")
+                    outer.written += len(chunk)
+                    fh.write(chunk)
+
+                def fsync(self) -> None:
+                    fh.fsync()
+
+                def close(self) -> None:
+                    fh.close()
+
+            return W()
+
+        def create(self, path: str, mode: int, *, pipelined: bool = False) -> RemoteWriter:
+            return self._wrap(super().create(path, mode, pipelined=pipelined))
+
+        def append(self, path: str, *, pipelined: bool = False) -> RemoteWriter:
+            return self._wrap(super().append(path, pipelined=pipelined))
+
+    with pytest.raises(OSError, match="connection dropped"):
+        upload_resumable(Cut(host, cut=1_500_000), local, final, remote_sha256=sha)
+    part = host / ".huge.jsonl.tmp-part"
+    assert not Path(final).exists() and part.stat().st_size == 1_500_000
+    assert not (host / f"{temp_prefix('huge.jsonl')}dead01").exists()  # leftovers removed
+    rest = Cut(host)
+    assert upload_resumable(rest, local, final, remote_sha256=sha) == 1_500_000
+    assert rest.written == len(data) - 1_500_000  # only the rest moved
+    assert Path(final).read_bytes() == data and not part.exists()
+    assert Path(final).stat().st_mode & 0o777 == 0o644
+
+    # A part that is not a prefix of this file (another file, same name) starts over.
+    part.write_bytes(b"something else entirely")
+    again = Cut(host)
+    assert upload_resumable(again, local, final, remote_sha256=sha) == 0
+    assert again.written == len(data) and Path(final).read_bytes() == data

@@ -248,3 +248,31 @@ def test_refusal_is_quick(server: FakeSSH, home: Path) -> None:
     with pytest.raises(UnknownHostKey):
         open_connection(ep(server.port), "box")
     assert time.monotonic() - start < 3
+
+
+def test_pin_into_the_users_known_hosts(home: Path, keys: dict[str, paramiko.PKey],
+                                        other_key: paramiko.PKey) -> None:
+    """trust-host --known-hosts (issue 22 #5): the pin goes where plain ssh looks, replacing
+    only this host's lines; other hosts, wildcards and @revoked lines stay as written."""
+    kh = hostkeys.user_known_hosts()
+    assert kh == home / ".ssh" / "known_hosts"
+    kh.parent.mkdir(mode=0o700, exist_ok=True)
+    salt = os.urandom(20)
+    hashed = "|1|" + base64.b64encode(salt).decode() + "|" + base64.b64encode(
+        hmac.new(salt, b"[127.0.0.51]:2222", hashlib.sha1).digest()).decode()
+    kh.write_text("\n".join([
+        f"[127.0.0.51]:2222,other.example {other_key.get_name()} {other_key.get_base64()}",
+        f"{hashed} {other_key.get_name()} {other_key.get_base64()}",
+        f"*.example {other_key.get_name()} {other_key.get_base64()}",
+        f"@revoked [127.0.0.52]:2222 {other_key.get_name()} {other_key.get_base64()}",
+    ]) + "\n")
+    kh.chmod(0o644)
+    path = hostkeys.pin("127.0.0.51", 2222, keys["ssh-rsa"], path=kh)
+    assert path == kh and (kh.stat().st_mode & 0o777) == 0o644  # the user's mode kept
+    text = kh.read_text()
+    assert f"other.example {other_key.get_name()}" in text and "[127.0.0.51]:2222," not in text
+    assert hashed not in text and "*.example" in text and "@revoked [127.0.0.52]:2222" in text
+    assert hostkeys.lookup("127.0.0.51", 2222) == [keys["ssh-rsa"]]
+    assert not hostkeys.state.pinned_keys_path().exists()  # nothing in the state dir
+    assert hostkeys.user_known_hosts(["~/.ssh/team_hosts", "~/.ssh/known_hosts"]) == \
+        home / ".ssh" / "team_hosts"

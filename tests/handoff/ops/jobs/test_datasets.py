@@ -142,3 +142,18 @@ def test_launch_prints_the_estimate_and_the_budget_split(ws: Workstation, tmp_pa
     assert "estimate: 2 dataset(s) over 2 host(s)" in out and "endpoint prices $1.00/M prompt" in out
     assert "budget: $3 for each of the 2 jobs (--max-cost), split over 2 hosts: $1.5 per host" in out
     assert "--max-cost 1.5" in out and "start job B3" in out and "start job B4" in out
+
+
+def test_an_estimate_over_the_budget_is_a_warning_with_the_budgets_eta(tmp_path: Path) -> None:
+    """No warning came when the estimate exceeded --max-cost, and the ETA ignored the budget
+    (issue 22 #13): the warning says how far the budget goes, and when it runs out."""
+    path = write(tmp_path / "B3.jsonl", *[
+        {"id": i, "conversations": [{"from": "human", "value": "q" * 400},
+                                    {"from": "gpt", "value": "a" * 4000}]} for i in range(1000)])
+    [ds] = datasets.load([path], ["B3"])
+    priced = estimate.Basis(prices=(1e-6, 2e-6, 0.0), speed=100.0, smoke_at=1.0, model="m/a")
+    row = estimate.estimate(ds, priced, hosts=2, concurrency=100, max_tokens=None)  # $2.10, 50 s
+    assert estimate.budget_warnings([row], None) == [] and estimate.budget_warnings([row], 5.0) == []
+    [warning] = estimate.budget_warnings([row], 1.05)
+    assert "B3: the estimate ~$2.10 exceeds the budget $1.05 (--max-cost)" in warning
+    assert "about 50% of its 1000 prompts answered, after ~25s" in warning, warning

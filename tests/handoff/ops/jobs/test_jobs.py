@@ -107,7 +107,9 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     start_a = p.for_host("a")[-2]
     # One job per dataset, named after the file's stem.
     assert asdict(start_a.params) == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
-                              "hosts": 2, "max_cost": None, "share": None}
+                              "hosts": 2, "max_cost": None, "share": None,
+                              # where the shards are, for status (issue 22 #3)
+                              "shard_hosts": ("a", "b"), "prompts": 1}
     assert p.for_host("b")[-2].params.shard == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
@@ -545,3 +547,321 @@ def test_push_and_launch_check_free_disk_against_the_role(ws: Workstation, tmp_p
     out = capfd.readouterr().out.replace("\n", " ")
     assert "role huge needs" in out and "nothing was started" in out
     assert not (ws.remote_dir("s") / "jobs").exists()
+
+
+# --- shards: a job knows how many it has, and where (issue 22 #3) ----------------------------
+
+
+def test_status_accounts_for_every_shard_of_a_job(ws: Workstation, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """job.json records the shards' hosts: `status --host s` alone, or with t unreachable,
+    says the job is partial/unknown (done/?/whole input) and exits 1, never a quiet 0."""
+    data = tmp_path / "data"
+    data.mkdir()
+    dataset(data, "B3", 30)
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", "batch", local_input=[str(data / "B3.jsonl")], remote_input=None,
+                           flags={}) == 0
+    meta = json.loads((job_dir(ws, "s", "B3") / "job.json").read_text())
+    assert meta["shard_hosts"] == ["s", "t"] and meta["prompts"] == 30
+    assert wait_for(lambda: all("finished" in (job_dir(ws, h, "B3") / "status.json").read_text()
+                                for h in "st" if (job_dir(ws, h, "B3") / "status.json").exists())
+                    and all((job_dir(ws, h, "B3") / "status.json").exists() for h in "st"))
+    capfd.readouterr()
+    assert commands.status("s,t", "batch", job="B3") == 0
+    assert "all (2 hosts)" in capfd.readouterr().out
+
+    assert commands.status("s", "batch", job="B3") == 1  # t's shard not asked for
+    out = capfd.readouterr()
+    done = json.loads((job_dir(ws, "s", "B3") / "status.json").read_text())["done"]
+    assert "partial" in out.out and f"{done}/?/30" in out.out and "t (not asked)" in out.out
+    assert "B3: partial, shards not seen: t (not asked)" in out.err.replace("\n", " ")
+
+    real = commands.CONNECT
+
+    def flaky(target):  # type: ignore[no-untyped-def]
+        if target.label == "t":
+            from handoff.errors import ConnectError
+
+            raise ConnectError("t: connection refused; is sshd running and is the port right?")
+        return real(target)
+
+    commands.CONNECT = flaky
+    assert commands.status("s,t", "batch") == 1
+    out = capfd.readouterr()
+    assert "unknown" in out.out and "t (unreachable)" in out.out
+
+
+def test_an_unknown_job_is_an_error_for_every_command_taking_job(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`fab stop --job nosuch` said `ok │ not running (none)`, exit 0 (issue 22 #2): every
+    `--job` command now exits 1 naming the jobs the host has, with "did you mean"."""
+    data = tmp_path / "data"
+    data.mkdir()
+    dataset(data, "B3", 4)
+    deployed(ws, "s")
+    assert commands.launch("s", "batch", local_input=[str(data / "B3.jsonl")], remote_input=None,
+                           flags={}) == 0
+    capfd.readouterr()
+    for name, call in [("stop", lambda: commands.stop("s", "batch", job="B33", timeout=0)),
+                       ("status", lambda: commands.status("s", "batch", job="B33")),
+                       ("logs", lambda: commands.logs("s", "batch", job="B33")),
+                       ("fetch", lambda: commands.fetch("s", "batch", job="B33",
+                                                        dest=str(tmp_path / "r")))]:
+        assert call() == 1, name
+        out = capfd.readouterr()
+        text = (out.out + out.err).replace("\n", " ")
+        assert "no job 'B33' on the host; jobs there: B3; did you mean 'B3'?" in text, (name, text)
+
+
+def test_status_wait_off_a_terminal_prints_progress_and_outlasts_an_outage(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Piped, `status --wait` printed nothing until every job ended, and returned at once when
+    the host was briefly unreachable (issue 22 #4): now one line per job per refresh, and
+    the watch says the host is unreachable, waits, and says when it is back."""
+    import threading
+
+    from handoff.errors import ConnectError
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    pid = int((job_dir(ws, "s") / "pid").read_text())
+    capfd.readouterr()
+    outage = threading.Event()
+    real = commands.CONNECT
+
+    class Flaky:
+        def __init__(self, session) -> None:  # type: ignore[no-untyped-def]
+            self.session = session
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(self.session, name)
+
+        def run_code(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if outage.is_set():
+                raise ConnectError("s: connection reset by peer")
+            return self.session.run_code(*args, **kwargs)
+
+    commands.CONNECT = lambda target: Flaky(real(target))
+    threading.Timer(0.5, outage.set).start()
+    threading.Timer(1.3, outage.clear).start()
+    threading.Timer(2.2, os.kill, args=(pid, signal.SIGTERM)).start()
+    assert commands.status("s", None, wait=True, interval="0.2") == 1  # ends stopped
+    out = capfd.readouterr()
+    lines = out.out.splitlines()
+    running = [line for line in lines if "sleeper running" in line]
+    assert len(running) >= 3, out.out  # progress while it runs, not only at the end
+    assert any("s: unreachable (s: connection reset by peer)" in line for line in lines)
+    err = out.err.replace("\n", " ")
+    assert "s: unreachable; still waiting" in err and "s: reachable again" in err
+    assert "stopped" in out.out
+
+
+def test_fab_jobs_lists_and_forget_removes_a_stopped_job(ws: Workstation, tmp_path: Path,
+                                                         capfd: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """One stopped job made `status` exit 1 forever (issue 22 #3): `fab jobs` lists it with
+    its input and shards, `fab forget` removes it (asked first; never while it runs)."""
+    import io
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    capfd.readouterr()
+    assert commands.jobs("s,t", None) == 0
+    out = capfd.readouterr().out
+    assert "sleeper" in out and str(prompts) in out and "2 → s, t" in out and "running" in out
+
+    assert commands.forget("s,t", None, job="sleeper", yes=True) == 1  # running: refused
+    out = capfd.readouterr().out.replace("\n", " ")
+    assert "is running" in out and "fab stop --host s" in out
+    assert job_dir(ws, "s").is_dir()
+    assert commands.stop("s,t", None, timeout=20) == 0
+    assert commands.status("s,t", None) == 1  # stopped: not a success
+    capfd.readouterr()
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal, no --yes
+    assert commands.forget("s,t", None, job="sleeper") == 2
+    assert "pass --yes" in capfd.readouterr().err
+    assert commands.forget("s,t", None, job="sleeper", dry_run=True) == 0
+    assert job_dir(ws, "s").is_dir() and job_dir(ws, "t").is_dir()
+    assert commands.forget("s,t", None, job="sleeper", yes=True) == 0
+    assert not job_dir(ws, "s").exists() and not job_dir(ws, "t").exists()
+    assert not [p for p in (ws.remote_dir("s") / "jobs").iterdir()]
+    capfd.readouterr()
+    assert commands.status("s,t", None) == 1  # no job at all: "none", as before any launch
+    assert commands.forget("s", None, job="sleeper", yes=True) == 1  # gone: unknown now
+    assert "no job 'sleeper' on the host" in capfd.readouterr().out
+
+
+def test_forget_asks_and_ctrl_d_is_a_no(ws: Workstation, monkeypatch: pytest.MonkeyPatch,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Tty())
+
+    def eof(prompt: str) -> str:
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", eof)
+    assert commands.forget("s", None, job="sleeper") == 1
+    assert "nothing removed" in capfd.readouterr().out
+
+
+def test_the_printed_ssh_command_names_handoffs_pinned_file(ws: Workstation) -> None:
+    """The `ssh …` fix a launch refusal prints failed with "Host key verification failed"
+    for a host pinned only in the state dir (issue 22 #5): it now names that file too."""
+    from handoff.config import state
+    from handoff.ssh import hostkeys
+    from tests.support.fakessh import ed25519_key
+
+    [target] = ws.targets("s")
+    plain = launch.ssh_command(target, "true")
+    assert "UserKnownHostsFile" not in plain and plain.startswith("`ssh -p 2203 ")
+    hostkeys.pin("127.0.0.4", 2203, ed25519_key())
+    pinned = launch.ssh_command(target, "true")
+    assert f"-o 'UserKnownHostsFile={state.pinned_keys_path()} " in pinned
+
+
+def test_status_notes_say_what_holds_now(capfd: pytest.CaptureFixture[str]) -> None:
+    """A stopped job kept the payload's "stopping; waiting up to 60s…"; a clean finish showed
+    a retried error; a finished job showed `ETA 0s` (issue 22 #13, #14)."""
+    from handoff import console
+
+    stopped = status.JobView("h", "j", "stopped", JobState("d", status={
+        "state": "stopped", "stop_reason": "signal",
+        "last_error": "SIGTERM: stopping; waiting up to 60s for in-flight requests (resumable)"}))
+    assert "waiting up to" not in status.note(stopped) and "relaunching resumes" in status.note(stopped)
+    clean = status.JobView("h", "j", "finished", JobState("d", status={
+        "state": "finished", "done": 5, "failed": 0, "total": 5, "rate_rps": 2.0,
+        "last_error": "429 rate_limited: slow down"}))
+    assert status.note(clean) == ""
+    console._console = None
+    console.say(status.table([clean]))
+    out = capfd.readouterr().out
+    assert "0s" not in out and "rate_limited" not in out
+
+
+def test_stop_with_timeout_0_says_it_did_not_wait(ws: Workstation, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """`stop --timeout 0` reported "stopped (running)" (issue 22 #13)."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={}) == 0
+    jd = job_dir(ws, "s")
+    assert wait_for(lambda: (jd / "status.json").exists())
+    # The sleeper drains for a moment after SIGTERM when told to (slow_stop): still alive.
+    capfd.readouterr()
+    assert commands.stop("s", None, job="sleeper", timeout=0) == 0
+    out = capfd.readouterr().out
+    assert "stopped (running)" not in out
+    assert "stopped (" in out or "not waited for" in out
+    commands.stop("s", None, timeout=20)
+
+
+def test_a_refused_key_is_said_once_with_its_fix(ws: Workstation, keyed_api,  # type: ignore[no-untyped-def]
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """A rotated key's smoke test said "the API key was refused (401 …)" three times per host,
+    with no fix (issue 22 #6): once now, naming set-key then push-key for this host."""
+    targets = ws.targets("a", flags={"base_url": keyed_api.url})
+    assert all(r.ok for r in plan.execute(deploy.build(targets, key=KEY), connect=ws.connect))
+    capfd.readouterr()
+    reports = smoke.run(targets, ws.connect)
+    assert not reports[0].ok
+    from handoff import console
+
+    console.say(smoke.table(reports))
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert text.count("refused") == 2, text  # the host's message, and the table's short cell
+    assert "API key refused (401)" in out.out
+    assert "`fab set-key`" in str(reports[0].error) and "`fab push-key --host a`" in str(reports[0].error)
+
+
+def test_an_80_column_status_drops_columns_instead_of_breaking_cells() -> None:
+    """On 80 columns `fab status` broke cells mid-token ("finis/hed", "$0.19/69")
+    (issue 22 #12): the least needed columns go, and the caption says which."""
+    import io
+
+    from rich.console import Console
+
+    from handoff import console
+
+    views = [status.JobView(f"sbx-{i}", "B3", "finished", JobState("d", status={
+        "state": "finished", "done": 101, "failed": 0, "total": 101, "cost": 0.196969,
+        "tokens_per_s": 1234.5})) for i in range(1, 4)]
+    buf = io.StringIO()
+    console._console = Console(file=buf, force_terminal=True, width=80, color_system=None)
+    try:
+        console.say(status.table(views))
+    finally:
+        console._console = None
+    text = buf.getvalue()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    assert "finished" in text and "101/0/101" in text and "sbx-1" in text, text
+    assert "narrow terminal:" in text and "key spend" in text.split("narrow terminal:")[1]
+
+
+def test_piped_output_is_never_wrapped_padded_or_700_columns_wide(
+        ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
+    """Piped: a caption wrapped ("failed: sbx-1, sbx-2,⏎ sbx-3"), headers carried trailing
+    spaces, a dry-run plan was a ~700-column table (issue 22 #12)."""
+    from handoff import console
+    from handoff.run import parallel
+
+    console._console = None
+    many = ",".join(f"u@127.0.0.{i}:9" for i in range(10, 20))
+    reports = [parallel.HostReport(t) for t in ws.targets(many)]
+    for rep in reports:
+        rep.fail("unreachable")
+    capfd.readouterr()
+    parallel.print_summary("deploy", reports)
+    out = capfd.readouterr().out
+    caption = next(line for line in out.splitlines() if "hosts ok" in line)
+    assert caption.endswith("u@127.0.0.19:9"), out  # one line, every host on it
+    assert all(line == line.rstrip() for line in out.splitlines()), out
+    assert commands.launch("s", None, local_input=None, remote_input="~/in.jsonl", flags={},
+                           dry_run=True) == 0
+    out = capfd.readouterr().out
+    assert "1. probe the host" in out and "     runs: " in out and "     when: " in out, out
+    assert max(len(line) for line in out.splitlines() if "runs:" not in line) < 200, out
+    assert all(line == line.rstrip() for line in out.splitlines())
+
+
+def test_smoke_test_of_one_host_prints_no_table(ws: Workstation, keyed_api,  # type: ignore[no-untyped-def]
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The docs say one host's block is not repeated by a table (issue 22 #16)."""
+    targets = ws.targets("a", flags={"base_url": keyed_api.url})
+    assert all(r.ok for r in plan.execute(deploy.build(targets, key=KEY), connect=ws.connect))
+    ws_inv = ws.root / "project" / "inventory" / "hosts.yml"
+    ws_inv.write_text(ws_inv.read_text().replace(
+        "  a: {address: 127.0.0.2,", f"  a: {{vars: {{base_url: '{keyed_api.url}'}}, address: 127.0.0.2,"))
+    capfd.readouterr()
+    assert commands.smoke_test("a", None) == 1
+    out = capfd.readouterr().out
+    assert "smoke-test" not in out.replace("── smoke-test", "") and "API key refused (401)" not in out, out
+    assert commands.smoke_test("a,a", None) == 1  # one host still, named twice
+
+
+def test_the_probe_says_a_job_is_new_not_none(ws: Workstation, tmp_path: Path,
+                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """The launch probe said "prompts none" for a job never launched (issue 22 #14)."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    deployed(ws, "s")
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    out = capfd.readouterr().out
+    assert "free; job sleeper: new" in out and "sleeper none" not in out
+    assert commands.stop("s", None, timeout=20) == 0
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    assert "job sleeper: was stopped, resumes" in capfd.readouterr().out
+    assert commands.stop("s", None, timeout=20) == 0

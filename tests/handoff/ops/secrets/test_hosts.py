@@ -100,3 +100,18 @@ def test_cleanup_plan_groups_keys_by_host() -> None:
     assert [(hp.target.label, [s.params.path for s in hp.steps]) for hp in p.hosts] == \
         [("u1", ["/h/k1", "/h/k2"]), ("u2", ["/h/k"])]
     assert all(s.action == "remove-key" and s.changes for hp in p.hosts for s in hp.steps)
+
+
+def test_cleanup_takes_role_and_says_which_hosts(ws: Workstation,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """cleanup-secrets had no --role though every task takes it, and no `hosts:` line
+    (issue 22 #16)."""
+    place(ws, "a,s")
+    assert commands.cleanup_secrets(role="sleeper") == 0
+    out = capfd.readouterr()
+    assert "hosts: s, t (named with --host/--role)" in out.err
+    assert keyfile(ws, "a").exists() and not keyfile(ws, "s").exists()
+    assert commands.cleanup_secrets() == 0
+    assert "hosts: " in capfd.readouterr().err and not keyfile(ws, "a").exists()
+    assert commands.cleanup_secrets(role="nosuch") == 2
+    assert "unknown role 'nosuch'" in capfd.readouterr().err
