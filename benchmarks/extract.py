@@ -43,7 +43,7 @@ def build(d: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.extractor.conftest import build_tokenizer
+    from tests.payload.extract.helpers import build_tokenizer
 
     tok = build_tokenizer()
     torch.manual_seed(0)
@@ -56,7 +56,7 @@ def build(d: Path) -> Path:
 
 
 def records(n: int) -> list[dict]:
-    from tests.extractor.conftest import sentence
+    from tests.payload.extract.helpers import sentence
 
     rng = random.Random(0)
     return [{"id": i, "messages": [{"role": "user", "content": sentence(rng, rng.randint(20, 150))}],

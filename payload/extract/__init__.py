@@ -2,8 +2,15 @@
 
 The payload's CLI registers this subcommand through `add_arguments` and `run`. Importing
 this package must stay cheap and torch-free: a generator container has no torch, and
-`python -m payload generate` imports the CLI (and thus this package) too. The heavy
-modules (`model`, `run`) are imported inside `run()` only.
+`python -m payload generate` imports the CLI (and thus this package) too. Only `config`
+(the flags) is imported here; `pipeline` (and through it the model backend, which
+imports torch) is imported inside `run()`.
+
+The package's layers, lowest first (a module imports only from its own layer or below):
+records to tokens and masks (`tokens`, `batching`); a sample's files and tensors
+(`writer`, `tensors`); the output formats (`formats/`); flags, the disk preflight and
+the run's reports (`config`, `preflight`, `status`, `progress`); the model backends
+(`backends/`); the run's stages (`pipeline`). docs/architecture.md draws the map.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from payload.errors import UsageError
-from payload.extract.formats import FINAL_STATES, FORMATS, NEEDS_FINAL_STATE
+from payload.extract.formats.base import FINAL_STATES, FORMATS, NEEDS_FINAL_STATE
 from payload.records import ALL, Shard, parse_shard
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}

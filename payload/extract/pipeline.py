@@ -32,6 +32,7 @@ from typing import Any
 
 from payload.errors import ExitCode, PayloadError, Stopped, UsageError
 from payload.extract import formats
+from payload.extract.backends import ModelInfo, read_info
 from payload.extract.config import ExtractConfig, Rank, from_args
 from payload.extract.formats import Format
 from payload.extract.status import ErrorLog, Stats, StopFlag, job_status
@@ -59,7 +60,7 @@ class Run:
 
     cfg: ExtractConfig
     rank: Rank
-    info: Any  # model.ModelInfo (that module imports torch)
+    info: ModelInfo
     fmt: Format
     tag: str  # shard{I}-of-{N}.rank{r}-of-{W}: names this rank's files
     run_id: str  # shared by the ranks of one torchrun launch
@@ -129,8 +130,6 @@ def work(run: Run) -> int | None:
 
 # -- start ---------------------------------------------------------------------------
 def start(args: argparse.Namespace) -> Run:
-    from payload.extract.model import read_info
-
     cfg = from_args(args)
     rank = Rank.from_env()
     info = read_info(cfg)
@@ -154,7 +153,7 @@ def start(args: argparse.Namespace) -> Run:
     return run
 
 
-def build_meta(cfg: ExtractConfig, info: Any, fmt: Format) -> dict[str, Any]:
+def build_meta(cfg: ExtractConfig, info: ModelInfo, fmt: Format) -> dict[str, Any]:
     return {"model": str(cfg.model.resolve()), "num_layers": info.num_layers,
             "hidden_size": info.hidden, "layers": list(info.layers), "dtype": cfg.dtype,
             "format": cfg.format, "final_state": cfg.final_state,
@@ -345,8 +344,8 @@ def extract(run: Run, samples: list[Any], tokenizer: Any) -> None:
 
 
 def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFlag) -> None:
+    from payload.extract.backends.hf import FeatureModel
     from payload.extract.batching import collate, plan_batches
-    from payload.extract.model import FeatureModel
     from payload.extract.progress import Progress
 
     stats = run.stats

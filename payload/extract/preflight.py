@@ -17,7 +17,7 @@ from pathlib import Path
 
 from payload import units
 from payload.errors import UsageError
-from payload.extract.formats import Format
+from payload.extract.formats.base import Format
 from payload.extract.tokens import Sample
 
 

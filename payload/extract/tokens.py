@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from payload.errors import PayloadError
 from payload.records import BadRecord, derive_id, load_object, to_messages
 
 # Fields chat templates read a thinking trace from (Qwen3/DeepSeek/Kimi: reasoning_content).
@@ -25,8 +26,11 @@ INLINE_THINK = "<think>\n{reasoning}\n</think>\n\n{response}"
 _PROBE = "zq7probe9reasoning"
 
 
-class BoundaryError(Exception):
-    """The full render does not start with the prompt's tokens: the mask would be wrong."""
+class BoundaryError(PayloadError):
+    """The full render does not start with the prompt's tokens: the mask would be wrong.
+
+    A per-sample failure: the pipeline records it (errors.<tag>.jsonl) and goes on; the
+    run then exits 1 (its exit code), the others written."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Each rank appends to its own manifest part; `merge_manifest` rebuilds `manifest.
 from every part under an exclusive lock with an atomic rename, keeping one entry per
 id whose file exists. Every rank merges when it finishes, so whichever rank finishes
 last leaves the complete manifest, without a barrier between ranks. (The speculators
-format derives its manifest from its rows instead: see rows.py.)
+format derives its manifest from its rows instead: see formats/speculators.py.)
 
 No torch at import: the preflight and the formats' planning use these helpers too.
 """

@@ -28,7 +28,7 @@ def tiny_model_dir(path: Path) -> Path:
     """Config and chat tokenizer only: the preflight reads those, never the weights."""
     from transformers import LlamaConfig
 
-    from tests.extractor.conftest import HIDDEN, NUM_LAYERS, build_tokenizer
+    from tests.payload.extract.helpers import HIDDEN, NUM_LAYERS, build_tokenizer
 
     tok = build_tokenizer()
     LlamaConfig(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=128,
@@ -51,7 +51,7 @@ def run_probe(tmp_path: Path, variables: dict[str, Any], shard: str | None) -> F
 
 
 def test_probe_runs_torch_check_and_preflight(tmp_path: Path) -> None:
-    from tests.extractor.conftest import make_records, write_jsonl
+    from tests.payload.extract.helpers import make_records, write_jsonl
 
     rd = tmp_path / "rd"
     release = rd / "releases" / "abc"

@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.extractor.conftest import (
+from tests.payload.extract.helpers import (
     HIDDEN,
+    REPO,
     make_records,
     manifest,
     read_features,
     run_extract,
+    samples_like,
     stats,
     write_jsonl,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 FORMATS = ("native", "specforge", "speculators")
 
 
@@ -37,21 +38,11 @@ def sample_files(out: Path, fmt: str) -> list[Path]:
 def spawn(inp: Path, model: Path, out: Path, *extra: str, env: dict | None = None,
           ) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.extractor.harness", "--input", str(inp), "--model",
+        [sys.executable, "-m", "tests.payload.extract.harness", "--input", str(inp), "--model",
          str(model), "--output-dir", str(out), "--dtype", "float32", "--progress", "plain",
          *extra],
         cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
-
-
-def samples_like(entries: list) -> list:
-    """Samples of the manifest's lengths and spans (what a size estimate needs)."""
-    from array import array
-
-    from payload.extract.tokens import Sample
-
-    return [Sample(e["id"], str(e["id"]), array("i", [0] * e["num_tokens"]),
-                   e["num_tokens"] - e["num_supervised"], e["num_tokens"]) for e in entries]
 
 
 def assert_complete(out: Path, records: list, fmt: str = "native") -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from payload.errors import ExitCode, UsageError
-from tests.extractor.conftest import extract_args, make_records, write_jsonl
+from tests.payload.extract.helpers import extract_args, make_records, write_jsonl
 
 
 def args_for(inp: Path, model: Path, out: Path, *extra: str):

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from tests.extractor.conftest import (
+from tests.payload.extract.helpers import (
+    REPO,
     make_records,
     manifest,
     read_features,
@@ -132,7 +133,7 @@ def test_specforge_check_fails_on_a_prenorm_final_state(extracted, model_dir, hf
 
 def doc_command(trainer: str) -> list[str]:
     """The `<trainer> train ...` command of docs/training.md, as argv after `train`."""
-    text = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    text = (REPO / "docs" / "training.md").read_text()
     joined = text.replace("\\\n", " ")
     line = next(ln for ln in joined.splitlines() if ln.startswith(f"{trainer} train "))
     argv = shlex.split(line.replace("[", "").replace("]", ""))[2:]
@@ -153,7 +154,7 @@ def test_specforge_run_config_from_the_docs(extracted, model_dir, tmp_path) -> N
     assert meta["layers"] == [2, 4, 5]
     ids = meta["eagle_aux_hidden_state_layer_ids"]
     assert ids == [1, 3, 4]
-    text = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    text = (REPO / "docs" / "training.md").read_text()
     run = yaml.safe_load(text.split("with `run.yaml`:\n```yaml\n", 1)[1].split("```", 1)[0])
     run["model"].update(target_model_path=str(model_dir), aux_hidden_state_layer_ids=ids)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.extractor.conftest import (
+from tests.payload.extract.helpers import (
     HIDDEN,
     NUM_LAYERS,
     load_sample,
@@ -126,7 +126,7 @@ def test_bf16_features_and_nonfinite_rejected(tmp_path: Path, tokenizer) -> None
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.extractor.conftest import build_model
+    from tests.payload.extract.helpers import build_model
 
     model = build_model(len(tokenizer))
     poison = tokenizer.convert_tokens_to_ids("poison")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.extractor.conftest import (
+from tests.payload.extract.helpers import (
     build_tokenizer,
     load_sample,
     manifest,

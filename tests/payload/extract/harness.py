@@ -71,7 +71,7 @@ def _slow_writes(delay: float) -> None:
 
 
 def _stall_rows_after(k: int, marker: Path) -> None:
-    from payload.extract import rows
+    from payload.extract.formats import speculators as rows
 
     real = rows.move
     calls = {"n": 0}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from payload.extract.rows import HS_DIR, PENDING_DIR, RowStore, hs_relpath
+from payload.extract.formats.speculators import HS_DIR, PENDING_DIR, RowStore, hs_relpath
 from payload.extract.tokens import Sample
-from tests.extractor.conftest import read_features
+from tests.payload.extract.helpers import read_features
 
 H = 8
 

@@ -1,4 +1,5 @@
-"""Tiny Llama-shaped model and a chat tokenizer, both built inside the test session.
+"""Helpers of the extract tests: a tiny Llama-shaped model and a chat tokenizer (built in
+the test session), records, runs, and readers of every format's output.
 
 Nothing is downloaded: HF_HUB_OFFLINE=1 and HF_HOME points at a temp dir before
 transformers is imported. The tokenizer is a WordLevel model trained here and wrapped
@@ -19,8 +20,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 _HF_HOME = tempfile.mkdtemp(prefix="hf-home-")
 atexit.register(shutil.rmtree, _HF_HOME, True)
@@ -51,6 +50,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>:{% endif %}"
 )
 
+REPO = Path(__file__).resolve().parents[3]
 NUM_LAYERS = 8
 HIDDEN = 64
 
@@ -86,33 +86,6 @@ def build_model(vocab: int, seed: int = 0) -> Any:
             if name.endswith("norm.weight"):
                 param.copy_(0.5 + torch.rand_like(param))
     return model
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tok = build_tokenizer()
-    model = build_model(len(tok))
-    # sharded, so the folder has a *.index.json (SpecForge's TargetHead reads only that)
-    model.save_pretrained(d, max_shard_size="400KB")
-    tok.save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="session")
-def tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-
-
-@pytest.fixture(scope="session")
-def hf_model(model_dir: Path) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                local_files_only=True).eval()
 
 
 @dataclass
@@ -249,3 +222,13 @@ def read_features(out: Path, fmt: str) -> dict[str, dict[str, Any]]:
         raise AssertionError(fmt)
     assert len(found) == len(entries), "an id is listed twice"
     return found
+
+
+def samples_like(entries: list) -> list:
+    """Samples of the manifest's lengths and spans (what a size estimate needs)."""
+    from array import array
+
+    from payload.extract.tokens import Sample
+
+    return [Sample(e["id"], str(e["id"]), array("i", [0] * e["num_tokens"]),
+                   e["num_tokens"] - e["num_supervised"], e["num_tokens"]) for e in entries]

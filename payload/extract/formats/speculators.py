@@ -1,4 +1,4 @@
-"""speculators' layout: dense, stable rows, resumable across ranks, shards and kill -9.
+"""speculators 0.9.0's layout: dense, stable rows, resumable across ranks, shards and kill -9.
 
 speculators 0.9.0 reads `load_from_disk(OUT)` (columns `input_ids`, `loss_mask` int64,
 `seq_len`) and, for dataset row i, `OUT/hidden_states/hs_{i}.safetensors`, whose
@@ -27,14 +27,14 @@ writing its file would leave a hole; so rows are not numbered while extracting:
    the middle leaves files the next finalize (any rerun) completes.
 
 Existing rows keep their numbers across resumed runs (new ones are appended); only a
-row whose file was damaged changes hands (the last row takes its place).
+row whose file was damaged changes hands (the last row takes its place). The dataset
+dir and token_freq.pt are written by speculators_dataset.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import os
 import re
@@ -43,10 +43,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from payload import atomic
 from payload.errors import UsageError
-from payload.extract.formats import ids_tensor
+from payload.extract.formats.base import Format
+from payload.extract.formats.speculators_dataset import (
+    DATASET_TMP,
+    TOKEN_FREQ,
+    fsync_dir,
+    write_dataset,
+)
+from payload.extract.tensors import ids_tensor
 from payload.extract.writer import (
+    DTYPE_BYTES,
     MANIFEST,
     ST_DTYPES,
     TMP_MARK,
@@ -60,15 +67,12 @@ from payload.extract.writer import (
 )
 
 if TYPE_CHECKING:
-    from payload.extract.tokens import Sample
+    from payload.extract.tokens import Conversation, Sample
 
 HS_DIR = "hidden_states"
 PENDING_DIR = "pending"
 LOCK_NAME = ".rows.lock"
-TOKEN_FREQ = "token_freq.pt"
-DATASET_TMP = ".dataset" + TMP_MARK
 _HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
-_CHUNK_TOKENS = 1 << 26  # rows per Arrow chunk stay far below list<int64>'s 2^31 offsets
 
 
 def hs_relpath(row: int) -> str:
@@ -116,16 +120,9 @@ def move(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class RowStore:
+    """The rows of one output dir: pending files, row files, and their numbering."""
+
     def __init__(self, out: Path, hidden: int, dtype: str) -> None:
         for module in ("datasets", "pyarrow"):
             try:
@@ -258,9 +255,9 @@ class RowStore:
         rows = self._valid_rows(tally)
         pending = self._valid_pending({f.key for f in rows.values()}, tally)
         ordered = self._renumber(rows, pending, tally)
-        _fsync_dir(self.out / HS_DIR)
+        fsync_dir(self.out / HS_DIR)
         self._remove_leftovers()
-        tokens = self._write_dataset(ordered)
+        tokens = write_dataset(self.out, ordered)
         write_manifest(self.out, ({"id": f.rid, "file": hs_relpath(r), "row": r,
                                    "num_tokens": f.num_tokens,
                                    "num_supervised": f.num_supervised}
@@ -344,81 +341,55 @@ class RowStore:
             if p.name.startswith(DATASET_TMP):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def _write_dataset(self, rows: list[RowFile]) -> int:
-        """The HF datasets dir (what `load_from_disk(OUT)` reads) and token_freq.pt, from
-        the rows' own token ids and spans; swapped in with state.json moved last."""
-        import datasets
-        import pyarrow as pa
-        import torch
 
-        datasets.disable_progress_bars()  # a nohup log wants no tqdm bars
-        ids, masks, freq = self._columns(rows)
-        list_type = pa.list_(pa.int64())
-        seq = datasets.List(datasets.Value("int64"))
-        features = datasets.Features({"input_ids": seq, "loss_mask": seq,
-                                      "seq_len": datasets.Value("int64")})
-        ds = datasets.Dataset.from_dict(
-            {"input_ids": pa.chunked_array(ids, type=list_type),
-             "loss_mask": pa.chunked_array(masks, type=list_type),
-             "seq_len": pa.array([f.num_tokens for f in rows], type=pa.int64())},
-            features=features)
-        ds.set_format(type="torch")  # speculators compares rows with torch.equal
-        tmp = self.out / f"{DATASET_TMP}{os.getpid()}"
-        ds.save_to_disk(str(tmp))
-        self._swap_in(tmp)
-        # {token id: count} over supervised tokens, as speculators' own prepare step saves it
-        buf = io.BytesIO()
-        torch.save({int(i): int(c) for i, c in enumerate(freq.tolist()) if c}, buf)
-        atomic.write_bytes(self.out / TOKEN_FREQ, buf.getvalue())
-        return sum(f.num_tokens for f in rows)
+class Speculators(Format):
+    """speculators 0.9.0's offline data: the rows (RowStore, above) and the dataset."""
 
-    def _columns(self, rows: list[RowFile]) -> tuple[list[Any], list[Any], Any]:
-        """input_ids and loss_mask as Arrow list chunks (read from the row files), and the
-        supervised token counts; chunked so no chunk outgrows list<int64>'s offsets."""
-        import numpy as np
-        import pyarrow as pa
+    name = "speculators"
 
-        ids_chunks: list[Any] = []
-        mask_chunks: list[Any] = []
-        freq = np.zeros(0, dtype=np.int64)
-        start = 0
-        while start < len(rows):
-            stop, total = start + 1, rows[start].num_tokens
-            while stop < len(rows) and total + rows[stop].num_tokens <= _CHUNK_TOKENS:
-                total += rows[stop].num_tokens
-                stop += 1
-            flat = np.empty(total, dtype=np.int64)
-            mask = np.zeros(total, dtype=np.int64)
-            offsets = np.zeros(stop - start + 1, dtype=np.int32)
-            at = 0
-            for i, f in enumerate(rows[start:stop]):
-                with f.path.open("rb") as fh:
-                    fh.seek(f.ids_at)
-                    flat[at:at + f.num_tokens] = np.frombuffer(fh.read(8 * f.num_tokens),
-                                                                dtype="<i8")
-                mask[at + f.lo:at + f.hi] = 1
-                at += f.num_tokens
-                offsets[i + 1] = at
-            ids_chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)))
-            mask_chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask)))
-            counts = np.bincount(flat[mask == 1])
-            if len(counts) > len(freq):
-                freq = np.pad(freq, (0, len(counts) - len(freq)))
-            freq[:len(counts)] += counts
-            start = stop
-        return ids_chunks, mask_chunks, freq
+    def __init__(self, out: Path, hidden: int, dtype: str) -> None:
+        super().__init__(out, hidden, dtype)
+        self.rows = RowStore(out, hidden, dtype)
 
-    def _swap_in(self, tmp: Path) -> None:
-        """Replace the dataset files in OUT by tmp's: state.json (which names the arrow
-        files) goes first and comes back last, so a reader never sees a mix."""
-        (self.out / "state.json").unlink(missing_ok=True)
-        new = sorted(p.name for p in tmp.iterdir())
-        for old in self.out.glob("data-*.arrow"):
-            if old.name not in new:
-                old.unlink()
-        for name in new:
-            if name != "state.json":
-                os.replace(tmp / name, self.out / name)
-        os.replace(tmp / "state.json", self.out / "state.json")
-        tmp.rmdir()
-        _fsync_dir(self.out)
+    def relpath(self, key: str) -> str:
+        return self.rows.pending_relpath(key)
+
+    def sample_bytes(self, sample: Sample) -> int:
+        return self.rows.file_bytes(sample)
+
+    def shared_bytes(self, sample: Sample) -> int:
+        # the dataset's input_ids and loss_mask (int64 each), seq_len and list offsets
+        return 16 * sample.num_tokens + 24
+
+    def fixed_bytes(self, vocab_size: int) -> int:
+        # Arrow schema and HF json files (~2 KB seen), token_freq.pt (<= ~16 B an id)
+        return 64 * 1024 + 16 * vocab_size
+
+    def bytes_per_token(self) -> int:
+        return 4 * self.hidden * DTYPE_BYTES[self.dtype] + 8 + 16
+
+    def meta(self, layers: tuple[int, ...], vocab_size: int) -> dict[str, Any]:
+        # vLLM (speculators' capture) numbers layers as HF's output_hidden_states does;
+        # the trainer's --target-layer-ids are the three aux ids, the 4th slot is implicit.
+        return {"target_layer_ids": list(layers), "target_vocab_size": vocab_size}
+
+    def keys(self) -> dict[str, str]:
+        return {"token_ids": "int64 [T] (hidden_states/hs_{row}.safetensors)",
+                "hidden_states": f"{self.dtype} [T, 4, H]: the 3 aux layers, then the final "
+                                 "state (see final_state)",
+                "dataset": "input_ids int64 [T], loss_mask int64 [T], seq_len (row = hs_{row})"}
+
+    def open(self, tag: str, *, dry: bool) -> None:
+        self.rows.open(dry=dry)
+
+    def done(self, conv: Conversation) -> bool:
+        return self.rows.done(conv.key)
+
+    def write(self, sample: Sample, aux: Any, final: Any) -> int:
+        return self.rows.write_pending(sample, aux, final)
+
+    def record(self, sample: Sample) -> None:
+        """Nothing to list yet: the pending file describes itself; rows come at close."""
+
+    def close(self) -> str | None:
+        return self.rows.close()

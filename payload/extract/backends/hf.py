@@ -1,4 +1,4 @@
-"""Loading the target model and capturing exactly the features EAGLE-3 trains on.
+"""The HF transformers backend: load the target, capture exactly the features EAGLE-3 trains on.
 
 Index convention (HF `output_hidden_states`): entry 0 is the embeddings, entry k (1..N-1)
 is the output of decoder layer k-1, entry N is the final post-norm state. Forward hooks
@@ -17,7 +17,6 @@ The lm_head is never run (the decoder is called directly): its logits would be
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,37 +24,13 @@ import torch
 from torch import nn
 
 from payload.errors import UsageError
+from payload.extract.backends import ModelInfo
 from payload.extract.batching import Batch
-from payload.extract.config import ExtractConfig, Rank, resolve_layers
-from payload.extract.formats import POSTNORM, PRENORM
+from payload.extract.config import ExtractConfig, Rank
+from payload.extract.formats.base import POSTNORM, PRENORM
+from payload.extract.tensors import torch_dtype
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    num_layers: int
-    hidden: int
-    layers: tuple[int, ...]
-    vocab_size: int = 0  # the target's vocabulary (speculators maps its draft vocab onto it)
-
-
-def read_info(cfg: ExtractConfig) -> ModelInfo:
-    """Layer count and width from config.json alone, so bad --layers fail before the load."""
-    from transformers import AutoConfig
-
-    try:
-        conf = AutoConfig.from_pretrained(cfg.model, local_files_only=True,
-                                          trust_remote_code=cfg.trust_remote_code)
-    except Exception as exc:
-        raise UsageError(f"--model {cfg.model}: cannot read its config ({exc}); pass "
-                         "--trust-remote-code if it ships its own modeling code") from None
-    text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
-    n = int(text.num_hidden_layers)
-    h = int(text.hidden_size)
-    vocab = int(getattr(text, "vocab_size", 0) or 0)
-    return ModelInfo(n, h, resolve_layers(cfg.layers, n), vocab)
 
 
 def weights_bytes(model_dir: Path) -> int:
@@ -115,7 +90,7 @@ class FeatureModel:
 
         self.info = info
         kind, gpus = pick_devices(cfg, rank)
-        load: dict[str, Any] = {"dtype": TORCH_DTYPES[cfg.dtype], "local_files_only": True,
+        load: dict[str, Any] = {"dtype": torch_dtype(cfg.dtype), "local_files_only": True,
                                 "trust_remote_code": cfg.trust_remote_code}
         if kind == "cuda":
             torch.cuda.set_device(gpus[0])

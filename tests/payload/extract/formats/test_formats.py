@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.extractor.conftest import (
+from tests.payload.extract.helpers import (
     HIDDEN,
+    REPO,
     make_records,
     manifest,
     read_features,
@@ -166,7 +167,7 @@ def test_bytes_per_token_within_1_percent(tmp_path: Path, model_dir: Path, token
                                          fmt: str) -> None:
     """Long samples, as real ones are: the per-file overhead is then noise."""
     from payload.extract import formats
-    from tests.extractor.test_resume import samples_like
+    from tests.payload.extract.helpers import samples_like
 
     records = make_records(4, seed=5)
     for i, r in enumerate(records):
@@ -208,9 +209,9 @@ def test_role_passes_format_and_final_state() -> None:
     preflight as optional groups, and extract accepts what it renders."""
     import yaml
 
-    from tests.extractor.conftest import extract_args
+    from tests.payload.extract.helpers import extract_args
 
-    role = yaml.safe_load((Path(__file__).parents[2] / "roles" / "extractor.yml").read_text())
+    role = yaml.safe_load((REPO / "roles" / "extractor.yml").read_text())
     assert role["vars"]["format"] is None and role["vars"]["final_state"] is None
     for argv in (role["launch"], role["preflight"]["run"]):
         assert ["--format", "{format}"] in argv
