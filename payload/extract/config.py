@@ -93,9 +93,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="hf",
                         help="hf: HF transformers in this process (default); vllm: a vLLM "
                              "engine (needs vllm installed; one process per host)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+    parser.add_argument("--tensor-parallel-size", type=int, default=None,
                         help="vllm: GPUs (CPU: core groups) the engine shards the model over "
-                             "(default 1)")
+                             "(default: every GPU this process sees; 1 on a CPU)")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="vllm: bytes for the engine's KV cache, e.g. 20G (default: "
                              "vLLM's own sizing from --gpu-memory-utilization; CPU: 1G)")
@@ -128,7 +128,7 @@ class ExtractConfig:
     trust_remote_code: bool
     progress: str
     backend: str = "hf"
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int | None = None  # None: every visible GPU (vllm), 1 on a CPU
     kv_cache_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     engine_args: tuple[tuple[str, object], ...] = ()
@@ -218,13 +218,13 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, object], ...]:
 def engine_settings(args: argparse.Namespace) -> dict[str, object]:
     """The engine flags of `args`, checked; {} keys for the hf backend's defaults."""
     backend = getattr(args, "backend", "hf")
-    tp = getattr(args, "tensor_parallel_size", 1)
-    if tp < 1:
+    tp = getattr(args, "tensor_parallel_size", None)
+    if tp is not None and tp < 1:
         raise UsageError("--tensor-parallel-size must be at least 1")
     kv = getattr(args, "kv_cache_memory", None)
     util = getattr(args, "gpu_memory_utilization", None)
     extra = getattr(args, "engine_arg", []) or []
-    if backend != "vllm" and (tp != 1 or kv or util is not None or extra):
+    if backend != "vllm" and (tp is not None or kv or util is not None or extra):
         raise UsageError("--tensor-parallel-size, --kv-cache-memory, --gpu-memory-utilization "
                          "and --engine-arg are vLLM engine settings: add --backend vllm")
     if util is not None and not 0 < util <= 1:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from payload.errors import ExitCode, PayloadError, UsageError
+from payload.errors import ExitCode, PayloadError, Stopped, UsageError
 from payload.extract.backends import ModelInfo
 from payload.extract.backends.reaper import ENV, Watchdog, end_leftovers, end_marked, owner_of
 from payload.extract.batching import Batch, collate
@@ -55,6 +55,7 @@ CPU_CONNECTOR_MODULE = "payload.extract.backends.vllm_connector"
 STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 ENGINE_DIR = ".engine"  # <output dir>/.engine/<tag>/: the connector's files, transient
 CPU_KV_CACHE_DEFAULT = 1 << 30
+DRAIN_TIMEOUT_S = 120
 WINDOW_BATCHES = 4  # requests in flight: up to this many engine steps' worth of tokens
 
 
@@ -182,6 +183,54 @@ def hint(message: str) -> str:
     return "--engine-arg (or see the engine's log above)"
 
 
+def tensor_parallel(cfg: ExtractConfig, platform_is_cpu: bool) -> int:
+    """--tensor-parallel-size, or every GPU this process sees (1 on a CPU)."""
+    if cfg.tensor_parallel_size is not None:
+        return cfg.tensor_parallel_size
+    return 1 if platform_is_cpu else max(1, torch.cuda.device_count())
+
+
+def engine_kwargs(cfg: ExtractConfig, ids: list[int], max_len: int, storage: Path,
+                  platform_is_cpu: bool) -> dict[str, Any]:
+    """The engine's arguments, derived from the flags (docs/extractor.md): `ids` the vLLM
+    layer ids to capture, `storage` where the connector writes its files."""
+    tp = tensor_parallel(cfg, platform_is_cpu)
+    connector = ({"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
+                 if platform_is_cpu else {"kv_connector": STOCK_CONNECTOR})
+    kw: dict[str, Any] = {
+        "model": str(cfg.model), "tokenizer": str(cfg.model), "dtype": cfg.dtype,
+        "kv_cache_dtype": "auto", "max_model_len": max_len,
+        "tensor_parallel_size": tp,
+        "max_num_batched_tokens": max(cfg.batch_tokens, 1),
+        "trust_remote_code": cfg.trust_remote_code, "disable_log_stats": True,
+        # A SIGTERM that reaches the engine too (torchrun signals the whole process
+        # group) lets it finish the requests in flight instead of aborting them.
+        "shutdown_timeout": DRAIN_TIMEOUT_S,
+        "speculative_config": {
+            "method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}}},
+        "kv_transfer_config": {**connector, "kv_role": "kv_producer",
+                               "kv_connector_extra_config": {"shared_storage_path": str(storage)}},
+    }
+    if platform_is_cpu:
+        kw["enforce_eager"] = True  # CPU compile caches are never reused: 10-40 s a start
+    if cfg.kv_cache_bytes is not None:
+        kw["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+    elif platform_is_cpu:
+        kw["kv_cache_memory_bytes"] = CPU_KV_CACHE_DEFAULT
+    if cfg.gpu_memory_utilization is not None:
+        kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    kw.update(dict(cfg.engine_args))
+    return kw
+
+
+def engine_ids(info: ModelInfo) -> list[int]:
+    """vLLM's layer ids for our layers: the same numbers (k < N is HF's tuple entry k), plus
+    N (the pre-norm last layer, for the final state), sorted and distinct (a duplicate
+    crashes the engine)."""
+    return sorted(set(info.layers) | {info.num_layers})
+
+
 class VllmFeatureModel:
     """Same contract as the HF backend's FeatureModel: `features()` yields, per sample
     (a batch of one: vLLM batches internally), `(batch, aux [1, T, 3H], final [1, T, H])`."""
@@ -195,9 +244,7 @@ class VllmFeatureModel:
                              "the model over --tensor-parallel-size devices): launch it "
                              "without torchrun, or with --nproc-per-node 1")
         self.version = check_version()
-        n = info.num_layers
-        # vLLM numbering == HF tuple index for k < N; N is the pre-norm last layer.
-        self.ids = sorted(set(info.layers) | {n})
+        self.ids = engine_ids(info)
         self.norm = FinalNorm(cfg) if self._needs_postnorm() else None
         self.max_model_len = max_model_len(cfg, longest)
         self.storage = out / ENGINE_DIR / tag
@@ -221,7 +268,7 @@ class VllmFeatureModel:
             self.close()
             raise
         self.device_summary = (f"vllm {self.version} ({self.platform}, tensor parallel "
-                               f"{cfg.tensor_parallel_size})")
+                               f"{tensor_parallel(cfg, self.platform == 'cpu')})")
         self._n = 0
 
     def _needs_postnorm(self) -> bool:
@@ -243,37 +290,6 @@ class VllmFeatureModel:
                     p.unlink()
         return count
 
-    def engine_kwargs(self, platform_is_cpu: bool) -> dict[str, Any]:
-        """The engine's arguments, derived from the flags (see docs/extractor.md)."""
-        cfg = self.cfg
-        connector = ({"kv_connector": CPU_CONNECTOR,
-                      "kv_connector_module_path": CPU_CONNECTOR_MODULE}
-                     if platform_is_cpu else {"kv_connector": STOCK_CONNECTOR})
-        kw: dict[str, Any] = {
-            "model": str(cfg.model), "tokenizer": str(cfg.model), "dtype": cfg.dtype,
-            "kv_cache_dtype": "auto", "max_model_len": self.max_model_len,
-            "tensor_parallel_size": cfg.tensor_parallel_size,
-            "max_num_batched_tokens": max(cfg.batch_tokens, 1),
-            "trust_remote_code": cfg.trust_remote_code, "disable_log_stats": True,
-            "speculative_config": {
-                "method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {
-                    "eagle_aux_hidden_state_layer_ids": self.ids}}},
-            "kv_transfer_config": {**connector, "kv_role": "kv_producer",
-                                   "kv_connector_extra_config": {
-                                       "shared_storage_path": str(self.storage)}},
-        }
-        if platform_is_cpu:
-            kw["enforce_eager"] = True  # CPU compile caches are never reused: 10-40 s a start
-        if cfg.kv_cache_bytes is not None:
-            kw["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
-        elif platform_is_cpu:
-            kw["kv_cache_memory_bytes"] = CPU_KV_CACHE_DEFAULT
-        if cfg.gpu_memory_utilization is not None:
-            kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        kw.update(dict(cfg.engine_args))
-        return kw
-
     def _start(self) -> Any:
         # A single-host engine never needs a routable address for its own sockets.
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -286,14 +302,13 @@ class VllmFeatureModel:
             if self.cfg.kv_cache_bytes is not None:
                 # the legacy variable would override the engine argument
                 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-            if self.cfg.tensor_parallel_size > 1 and not os.environ.get(
-                    "VLLM_CPU_OMP_THREADS_BIND"):
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(
-                    self.cfg.tensor_parallel_size)
+            tp = tensor_parallel(self.cfg, True)
+            if tp > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(tp)
         from vllm import LLM
 
         try:
-            return LLM(**self.engine_kwargs(cpu))
+            return LLM(**engine_kwargs(self.cfg, self.ids, self.max_model_len, self.storage, cpu))
         except Exception as exc:
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise EngineError(f"the vLLM engine did not start: {type(exc).__name__}: "
@@ -341,6 +356,9 @@ class VllmFeatureModel:
         except PayloadError:
             raise
         except Exception as exc:
+            if stopped():  # the stop signal reached the engine too: a stop, not a failure
+                raise Stopped("stopped by SIGTERM; the engine ended with it; the requests in "
+                              "flight are redone by a rerun of the same command") from None
             if type(exc).__name__ in ("EngineDeadError", "EngineGenerateError") or \
                     "EngineCore" in str(exc):
                 raise EngineDied(f"the vLLM engine died ({type(exc).__name__}: "
