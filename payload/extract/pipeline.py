@@ -119,6 +119,12 @@ def main(args: argparse.Namespace) -> int:
 
 def work(run: Run) -> int | None:
     """select → preflight → extract; the exit code of --preflight-only, else None."""
+    if run.cfg.backend == "vllm":
+        # before the minutes of tokenizing; also what `fab verify`'s preflight checks
+        from payload.extract.backends.vllm import check_one_process, check_version
+
+        check_one_process(run.rank)
+        check_version()
     renderer = load_renderer(run)
     samples = select(run, renderer)
     if run.dry:

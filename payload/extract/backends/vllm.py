@@ -93,6 +93,13 @@ def check_version() -> str:
     return version
 
 
+def check_one_process(rank: Rank) -> None:
+    if rank.world > 1:
+        raise UsageError("--backend vllm runs one process per host (the engine spreads the "
+                         "model over --tensor-parallel-size devices): launch it without "
+                         "torchrun or with --nproc-per-node 1 (role var `ranks: 1`)")
+
+
 def _model_config(model: Path) -> dict[str, Any]:
     conf = json.loads((model / "config.json").read_text(encoding="utf-8"))
     text = conf.get("text_config") or {}
@@ -239,10 +246,7 @@ class VllmFeatureModel:
                  raw_last_layer: bool, out: Path, tag: str, longest: int) -> None:
         self.cfg, self.info = cfg, info
         self.raw_last_layer = raw_last_layer
-        if rank.world > 1:
-            raise UsageError("--backend vllm runs one process per host (the engine spreads "
-                             "the model over --tensor-parallel-size devices): launch it "
-                             "without torchrun, or with --nproc-per-node 1")
+        check_one_process(rank)
         self.version = check_version()
         self.ids = engine_ids(info)
         self.norm = FinalNorm(cfg) if self._needs_postnorm() else None
