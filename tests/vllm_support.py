@@ -18,8 +18,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VERSION = "0.32.0"
 NUM_LAYERS = 6
@@ -49,6 +47,8 @@ def vllm_python() -> Path:
 
 
 def needs_vllm() -> Path:
+    import pytest  # lazily: the benchmark imports this module in the vLLM venv, without pytest
+
     py = vllm_python()
     if not py.is_file():
         pytest.skip(f"the vLLM venv is absent ({py}): run `bash scripts/vllm-venv` "

@@ -56,7 +56,7 @@ STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 ENGINE_DIR = ".engine"  # <output dir>/.engine/<tag>/: the connector's files, transient
 CPU_KV_CACHE_DEFAULT = 1 << 30
 DRAIN_TIMEOUT_S = 120
-WINDOW_BATCHES = 4  # requests in flight: up to this many engine steps' worth of tokens
+WINDOW_BATCHES = 64  # requests in flight: up to this many engine steps of tokens (only ids: cheap)
 
 
 class EngineError(PayloadError):
@@ -247,6 +247,10 @@ class VllmFeatureModel:
         self.cfg, self.info = cfg, info
         self.raw_last_layer = raw_last_layer
         check_one_process(rank)
+        # The engine computes; this process only reads, norms and writes. Its own torch
+        # threads would contend with the engine's OpenMP threads for the cores (on a CPU
+        # engine every barrier then waits for a descheduled thread).
+        torch.set_num_threads(1)
         self.version = check_version()
         self.ids = engine_ids(info)
         self.norm = FinalNorm(cfg) if self._needs_postnorm() else None
