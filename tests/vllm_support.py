@@ -49,6 +49,8 @@ def vllm_python() -> Path:
 def needs_vllm() -> Path:
     import pytest  # lazily: the benchmark imports this module in the vLLM venv, without pytest
 
+    if os.environ.get("HANDOFF_NO_VLLM"):
+        pytest.skip("HANDOFF_NO_VLLM is set: the tests against a real vLLM engine are off")
     py = vllm_python()
     if not py.is_file():
         pytest.skip(f"the vLLM venv is absent ({py}): run `bash scripts/vllm-venv` "
