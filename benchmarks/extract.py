@@ -1,6 +1,7 @@
 """Extractor overhead and bytes on disk per output format, on CPU with a small random model.
 
     .venv/bin/python benchmarks/extract.py [--samples 64] [--reps 5] [--format native,speculators]
+    .venv/bin/python benchmarks/extract.py --backend vllm [...]   # benchmarks/extract_vllm.py
 
 Builds an 8-layer, H=256 Llama-shaped model and a chat tokenizer in a temp dir, then
 alternates, --reps times:
@@ -114,6 +115,21 @@ def bytes_on_disk(out: Path) -> tuple[int, int]:
 
 
 def main() -> int:
+    if "--backend" in sys.argv:  # the vLLM comparison runs in the vLLM venv
+        at = sys.argv.index("--backend")
+        backend = sys.argv[at + 1] if at + 1 < len(sys.argv) else ""
+        rest = sys.argv[1:at] + sys.argv[at + 2:]
+        if backend == "vllm":
+            from tests.vllm_support import vllm_python
+
+            py = vllm_python()
+            if not py.is_file():
+                raise SystemExit(f"no vLLM venv at {py}: run bash scripts/vllm-venv")
+            script = str(REPO / "benchmarks" / "extract_vllm.py")
+            os.execv(str(py), [str(py), script, *rest])
+        if backend != "hf":
+            raise SystemExit(f"--backend: hf or vllm, got {backend!r}")
+        sys.argv[1:] = rest
     from payload.extract.formats import FORMATS, make
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

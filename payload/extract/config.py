@@ -21,6 +21,17 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32
                  "float": "float32"}
 DEFAULT_MAX_LENGTH = 8192
 DEFAULT_BATCH_TOKENS = 16384
+BACKENDS = ("hf", "vllm")
+# Engine arguments the vllm backend derives itself: set through their own flags, so the
+# features stay what the flags say (a quantized KV cache would quantize the features).
+DERIVED_ENGINE_ARGS = {
+    "model": "--model", "dtype": "--dtype", "max_model_len": "--max-length",
+    "tensor_parallel_size": "--tensor-parallel-size", "kv_cache_dtype": "--dtype",
+    "max_num_batched_tokens": "--batch-tokens", "speculative_config": "--layers",
+    "kv_transfer_config": "(the backend's own)", "kv_cache_memory_bytes": "--kv-cache-memory",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "trust_remote_code": "--trust-remote-code",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +98,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow the model directory's own modeling code (e.g. Kimi)")
     parser.add_argument("--progress", choices=["auto", "rich", "plain", "none"], default="auto",
                         help="auto: rich bars on a TTY, plain lines otherwise")
+    add_engine_arguments(parser)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The backend that runs the target: HF transformers in this process, or a vLLM
+    engine (tensor parallel, for targets no single GPU holds; docs/extractor.md)."""
+    parser.add_argument("--backend", choices=BACKENDS, default="hf",
+                        help="hf: HF transformers in this process (default); vllm: a vLLM "
+                             "engine (needs vllm installed; one process per host)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None,
+                        help="vllm: GPUs (CPU: core groups) the engine shards the model over "
+                             "(default: every GPU this process sees; 1 on a CPU)")
+    parser.add_argument("--kv-cache-memory", default=None,
+                        help="vllm: bytes for the engine's KV cache, e.g. 20G (default: "
+                             "vLLM's own sizing from --gpu-memory-utilization; CPU: 1G)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vllm: share of each GPU the engine may use (vLLM default 0.9)")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="vllm: any other vLLM engine argument, VALUE as JSON (or a "
+                             "string), e.g. --engine-arg max_num_seqs=64; repeatable")
 
 
 @dataclass(frozen=True)
@@ -113,13 +144,18 @@ class ExtractConfig:
     device: str
     trust_remote_code: bool
     progress: str
+    backend: str = "hf"
+    tensor_parallel_size: int | None = None  # None: every visible GPU (vllm), 1 on a CPU
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    engine_args: tuple[tuple[str, object], ...] = ()
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPES[self.dtype]
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, flag: str = "--reserve") -> int:
     """`10G`, `512M`, `1.5T` or plain bytes; binary units (what `df -h` shows)."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = 1
@@ -129,9 +165,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(t)
     except ValueError:
-        raise UsageError(f"--reserve: not a size: {text!r} (e.g. 50G)") from None
+        raise UsageError(f"{flag}: not a size: {text!r} (e.g. 50G)") from None
     if value < 0:
-        raise UsageError("--reserve must not be negative")
+        raise UsageError(f"{flag} must not be negative")
     return int(value * mult)
 
 
@@ -174,6 +210,47 @@ def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int
     return tuple(sorted(layers))
 
 
+def parse_engine_args(items: list[str]) -> tuple[tuple[str, object], ...]:
+    """`--engine-arg KEY=VALUE` pairs; VALUE is JSON when it parses, else a string."""
+    import json
+
+    out: list[tuple[str, object]] = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UsageError(f"--engine-arg wants KEY=VALUE, got {item!r} "
+                             "(e.g. --engine-arg max_num_seqs=64)")
+        if key in DERIVED_ENGINE_ARGS:
+            raise UsageError(f"--engine-arg {key}: the vllm backend sets it from "
+                             f"{DERIVED_ENGINE_ARGS[key]}; use that instead")
+        try:
+            value: object = json.loads(raw)
+        except ValueError:
+            value = raw
+        out.append((key, value))
+    return tuple(out)
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The engine flags of `args`, checked; {} keys for the hf backend's defaults."""
+    backend = getattr(args, "backend", "hf")
+    tp = getattr(args, "tensor_parallel_size", None)
+    if tp is not None and tp < 1:
+        raise UsageError("--tensor-parallel-size must be at least 1")
+    kv = getattr(args, "kv_cache_memory", None)
+    util = getattr(args, "gpu_memory_utilization", None)
+    extra = getattr(args, "engine_arg", []) or []
+    if backend != "vllm" and (tp is not None or kv or util is not None or extra):
+        raise UsageError("--tensor-parallel-size, --kv-cache-memory, --gpu-memory-utilization "
+                         "and --engine-arg are vLLM engine settings: add --backend vllm")
+    if util is not None and not 0 < util <= 1:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1], e.g. 0.9")
+    return {"backend": backend, "tensor_parallel_size": tp,
+            "kv_cache_bytes": parse_size(kv, "--kv-cache-memory") if kv else None,
+            "gpu_memory_utilization": util, "engine_args": parse_engine_args(extra)}
+
+
 def from_args(args: argparse.Namespace) -> ExtractConfig:
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
     if dtype not in DTYPES:
@@ -207,6 +284,7 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve),
         status_file=args.status_file, device=args.device,
         trust_remote_code=args.trust_remote_code, progress=args.progress,
+        **engine_settings(args),  # type: ignore[arg-type]
     )
 
 

@@ -115,6 +115,12 @@ def main(args: argparse.Namespace) -> int:
 
 def work(run: Run) -> int | None:
     """select → preflight → extract; the exit code of --preflight-only, else None."""
+    if run.cfg.backend == "vllm":
+        # before the minutes of tokenizing; also what `fab verify`'s preflight checks
+        from payload.extract.backends.vllm import check_one_process, check_version
+
+        check_one_process(run.rank)
+        check_version()
     renderer = load_renderer(run)
     samples = select(run, renderer)
     if run.dry:
@@ -349,14 +355,25 @@ def extract(run: Run, samples: list[Any], tokenizer: Any) -> None:
                       "same command to resume")
 
 
-def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFlag) -> None:
+def load_backend(run: Run, samples: list[Any]) -> Any:
+    """The model backend of --backend, loaded (HF in-process, or a vLLM engine)."""
+    raw = run.fmt.raw_last_layer
+    if run.cfg.backend == "vllm":
+        from payload.extract.backends.vllm import VllmFeatureModel
+
+        return VllmFeatureModel(run.cfg, run.info, run.rank, raw_last_layer=raw, out=run.out,
+                                tag=run.tag, longest=max(s.num_tokens for s in samples))
     from payload.extract.backends.hf import FeatureModel
-    from payload.extract.batching import collate, plan_batches
+
+    return FeatureModel(run.cfg, run.info, run.rank, raw_last_layer=raw)
+
+
+def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFlag) -> None:
     from payload.extract.progress import Progress
 
     stats = run.stats
     t0 = time.monotonic()
-    fm = FeatureModel(run.cfg, run.info, run.rank, raw_last_layer=run.fmt.raw_last_layer)
+    fm = load_backend(run, samples)
     stats.device = fm.device_summary
     stats.load_s = time.monotonic() - t0
     print(f"[{run.label}] model loaded on {fm.device_summary} in {stats.load_s:.1f}s; "
@@ -370,11 +387,7 @@ def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFl
     last_save = time.monotonic()
     try:
         with BatchWriter(run, progress) as writer:
-            for idx in plan_batches([s.num_tokens for s in samples], run.cfg.batch_tokens):
-                if stop.set:
-                    break
-                batch = collate([samples[i] for i in idx], pad)
-                aux, final = fm.forward(batch)
+            for batch, aux, final in fm.features(samples, pad, lambda: stop.set):
                 ok = finite_rows(run, progress, batch, aux, final)
                 writer.submit(batch.samples, aux, final, ok)
                 if time.monotonic() - last_save > STATS_EVERY_S:

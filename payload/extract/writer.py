@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -133,23 +134,56 @@ def safetensors_bytes(tensors: Iterable[TensorSpec], metadata: dict[str, str] | 
     return 8 + n + off
 
 
+# safetensors' save_file writes `<dir>/.tmpXXXXXX` (6 random characters) beside its
+# target and renames it; a kill -9 inside that write leaves it, under a name that says
+# nothing about which sample or process it was.
+_LIB_TMP = re.compile(r"^\.tmp[A-Za-z0-9_]{6}$")
+
+
+def open_paths() -> set[str]:
+    """Every path some process on this machine holds open (read from /proc/*/fd)."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                    with contextlib.suppress(OSError):
+                        found.add(os.readlink(fd.path))
+    return found
+
+
 def clean_temp_files(out_dir: Path, owned_relpaths: set[str]) -> int:
     """Remove temp files left by killed runs for samples this process owns.
 
-    Only owned samples: another rank may be writing its own temp files right now.
+    Only owned samples: another rank may be writing its own temp files right now. A
+    library temp file (`.tmpXXXXXX`) names no sample: it is removed when no process on
+    this machine has it open (a live writer always has).
     """
     removed = 0
     folders = {str(Path(rel).parent) for rel in owned_relpaths}
+    lib_temps: list[Path] = []
     for folder in folders:
         d = out_dir / folder
         if not d.is_dir():
             continue
         for p in d.iterdir():
             name = p.name
+            if _LIB_TMP.match(name):
+                lib_temps.append(p)
+                continue
             if not (name.startswith(".") and TMP_MARK in name):
                 continue
             final = name[1:name.index(TMP_MARK)]
             if f"{folder}/{final}" in owned_relpaths:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed += 1
+    if lib_temps:
+        busy = open_paths()
+        for p in lib_temps:
+            if str(p.resolve()) not in busy:
                 with contextlib.suppress(OSError):
                     p.unlink()
                     removed += 1

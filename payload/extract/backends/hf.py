@@ -17,6 +17,7 @@ The lm_head is never run (the decoder is called directly): its logits would be
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch import nn
 
 from payload.errors import UsageError
 from payload.extract.backends import ModelInfo
-from payload.extract.batching import Batch
+from payload.extract.batching import Batch, collate, plan_batches
 from payload.extract.config import ExtractConfig, Rank
 from payload.extract.formats.base import POSTNORM, PRENORM
 from payload.extract.tensors import torch_dtype
@@ -89,6 +90,7 @@ class FeatureModel:
         from transformers import AutoModelForCausalLM
 
         self.info = info
+        self.batch_tokens = cfg.batch_tokens
         kind, gpus = pick_devices(cfg, rank)
         load: dict[str, Any] = {"dtype": torch_dtype(cfg.dtype), "local_files_only": True,
                                 "trust_remote_code": cfg.trust_remote_code}
@@ -158,6 +160,17 @@ class FeatureModel:
         final = self._captured[self._final_key].to(out)
         self._captured.clear()
         return aux, final
+
+    def features(self, samples: list[Any], pad: int, stopped: Callable[[], bool],
+                 ) -> Iterator[tuple[Batch, torch.Tensor, torch.Tensor]]:
+        """Padded batches of at most --batch-tokens (longest first), each run through
+        `forward`; no new batch once `stopped()` (the batch in hand is the drain)."""
+        for idx in plan_batches([s.num_tokens for s in samples], self.batch_tokens):
+            if stopped():
+                return
+            batch = collate([samples[i] for i in idx], pad)
+            aux, final = self.forward(batch)
+            yield batch, aux, final
 
     def close(self) -> None:
         for h in self._handles:
