@@ -41,6 +41,7 @@ MAX_LINE_CHARS = 16 << 10  # one log line as shown; the rest is cut, with its le
 MAX_TEXT_CHARS = 4096  # one string field (last_error, stop_reason, a record's name)
 MAX_NAME_CHARS = 255  # a job or file name (a POSIX NAME_MAX)
 MAX_SAMPLES = 20  # bad_line_samples kept per job
+MAX_SHARD_HOSTS = 4096  # hosts one job is sharded over, as job.json lists them
 
 class Untrusted(RemoteError, ValueError):
     """A host's answer failed a check; the message says what was wrong (shown visibly).
@@ -197,9 +198,18 @@ def status(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
     return fields(raw, _STATUS, "status.json")
 
 
+def _host_names(value: Any) -> list[str] | None:
+    """job.json's `shard_hosts`: the hosts' labels in shard order, each cut and shown visibly
+    (they are only printed, never used to pick a host)."""
+    if not isinstance(value, list) or len(value) > MAX_SHARD_HOSTS:
+        return None
+    names = [text(v, 200) for v in value]
+    return None if any(n is None for n in names) else [visible(n) for n in names if n is not None]
+
+
 _META: dict[str, Reader] = {
     "shard": lambda v: text(v, 64), "input": text, "input_sha256": lambda v: text(v, 64),
-    "hosts": count, "max_cost": _non_negative,
+    "hosts": count, "max_cost": _non_negative, "shard_hosts": _host_names, "prompts": count,
 }
 
 
