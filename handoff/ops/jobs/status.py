@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import console
-from handoff.errors import HandoffError
+from handoff.errors import ConnectError, HandoffError
 from handoff.host import keyrecord
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
@@ -123,6 +123,9 @@ class JobView:
     job_state: JobState = field(default_factory=lambda: JobState(""))
     error: str | None = None
     key: KeyView | None = None
+    # Unreachable because the connection failed (a network blip `--wait` waits through), not
+    # because the host answered something unusable (that is final: the host's error row).
+    outage: bool = False
 
     @property
     def status(self) -> dict[str, Any]:
@@ -470,7 +473,8 @@ class Watcher:
                 old = self.sessions.pop(target.label, None)
                 if old is not None:
                     old.close()
-                views[target.label] = [JobView(target.label, job, "unreachable", error=str(exc))]
+                views[target.label] = [JobView(target.label, job, "unreachable", error=str(exc),
+                                               outage=isinstance(exc, (ConnectError, OSError)))]
                 raise
 
         run_parallel(self.targets, one, title="status", grouped=False, summary=False)
@@ -535,7 +539,7 @@ def watch(watcher: Watcher, views: list[JobView], interval: float, live: bool,
 
     def waiting() -> bool:
         now = time.monotonic()
-        down = {v.host for v in views if v.state == "unreachable"}
+        down = {v.host for v in views if v.state == "unreachable" and v.outage}
         for host in list(first_unreachable):
             if host not in down:
                 first_unreachable.pop(host)
