@@ -24,7 +24,8 @@ DEFAULT_BATCH_TOKENS = 16384
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the `extract` flags (DESIGN contract plus the policy flags documented here)."""
+    """Register the `extract` flags (docs/extractor.md, "All flags": the contract, plus the
+    policy flags documented there)."""
     parser.add_argument("--input", required=True, type=Path,
                         help="generator OUT.jsonl (or prompt+answer JSONL / ShareGPT)")
     parser.add_argument("--model", required=True, type=Path,

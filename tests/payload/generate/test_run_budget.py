@@ -1,4 +1,4 @@
-"""`--max-cost` end to end (DESIGN "Budget", issue 9 case 5, issue 13 case 5).
+"""`--max-cost` end to end (docs/generator.md, "Budget"; issue 9 case 5, issue 13 case 5).
 
 The fake charges a fixed cost per answer and lists it as the endpoints' request price; it
 can also leave `usage.cost` out of its answers, or its prices out of the endpoint list.

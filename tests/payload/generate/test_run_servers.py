@@ -1,5 +1,5 @@
-"""`generate` against real-server trouble (DESIGN "The generator against real servers",
-issue 13): outages, systematic errors, capacity limits, throttling and answer shapes.
+"""`generate` against real-server trouble (docs/generator.md, "How requests are paced"
+and "Error taxonomy"; issue 13): outages, systematic errors, capacity limits, throttling and answer shapes.
 
 Each test runs the real payload as a subprocess against the project's fake OpenRouter over
 real HTTP on loopback, in the mode that stands in for the trouble.
