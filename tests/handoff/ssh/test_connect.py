@@ -44,6 +44,7 @@ def ep(port: int, **kw: object) -> Endpoint:
     return Endpoint("127.0.0.1", port, "tester", **fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.serial  # wall time < 4.5 s: run alone (scripts/test's serial pass)
 @pytest.mark.parametrize("behaviour, expected", [
     ("silent", "no SSH answer from box (127.0.0.1:{port}) within 2 s"),
     ("http", "answered but is not an SSH server (it said 'HTTP/1.1 400 Bad Request')"),
@@ -150,6 +151,7 @@ def test_unsupported_proxy_command_token_is_refused(home: Path) -> None:
         open_connection(ep(1, proxy_command="nc %C"), "box")
 
 
+@pytest.mark.serial  # wall time < 2 s: run alone (scripts/test's serial pass)
 def test_abort_all_ends_a_connection_attempt_at_once(home: Path) -> None:
     server = Listener("silent")
     errors: list[str] = []
