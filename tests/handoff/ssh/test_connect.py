@@ -110,10 +110,10 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     sock = tmp_path / "agent.sock"
     proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    for _ in range(50):
-        if sock.exists():
-            break
+    deadline = time.monotonic() + 30  # the agent's start, on a loaded CI machine too
+    while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    assert sock.exists(), f"ssh-agent made no socket at {sock} (exit {proc.poll()})"
     agent_key = keygen(tmp_path / "agent_key")
     subprocess.run(["ssh-add", "-q", str(agent_key)], env={**os.environ, "SSH_AUTH_SOCK": str(sock)},
                    check=True, capture_output=True)
