@@ -198,5 +198,5 @@ def sibling_path(output: Path, suffix: str) -> Path:
 
 
 def errors_path(output: Path) -> Path:
-    """`out.jsonl` → `out.errors.jsonl` (DESIGN)."""
+    """`out.jsonl` → `out.errors.jsonl` (docs/records.md, "Errors")."""
     return sibling_path(output, ".errors.jsonl")

@@ -35,7 +35,8 @@ DERIVED_ENGINE_ARGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the `extract` flags (DESIGN contract plus the policy flags documented here)."""
+    """Register the `extract` flags (docs/extractor.md, "All flags": the contract, plus the
+    policy flags documented there)."""
     parser.add_argument("--input", required=True, type=Path,
                         help="generator OUT.jsonl (or prompt+answer JSONL / ShareGPT)")
     parser.add_argument("--model", required=True, type=Path,

@@ -9,6 +9,7 @@ from expected costs) · systematic (early stop on one error for every prompt) ·
 totals) · turns (`--turns last|all`: the turns regenerated, their histories, the turn
 journal) · preflight (endpoint filter check, prices) · progress (counters, status file,
 progress display) · settings (what a run was asked, checked) · stop (the one decision to
-stop) · recorder (costs and records) · attempts (one prompt through its attempts) · run
-(the orchestrator).
+stop) · recorder (costs and records) · attempts (one prompt through its attempts) · smoke
+(`python -m payload smoke`: one request, the facts an engineer checks) · run (the
+orchestrator).
 """

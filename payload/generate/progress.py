@@ -1,6 +1,6 @@
 """Where the run stands: counters, the status file, and the progress display.
 
-The status file is the contract `fab status` reads (DESIGN: state, done, failed,
+The status file is the contract `fab status` reads (docs/records.md: state, done, failed,
 in_flight, total, tokens, cost, rates, times, last_error; docs/records.md lists every
 field), replaced atomically (temp file + rename) so a reader never sees half a file. On
 a TTY a rich progress bar shows the same numbers; without a TTY (a detached job writing

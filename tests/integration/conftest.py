@@ -16,12 +16,14 @@ when the machine cannot host the sandbox (not root, no /usr/sbin/sshd).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +99,29 @@ def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 # Every fab run of the session, for the check that no user error ever shows a Python
 # traceback (tests/integration/test_no_tracebacks.py, run last: see the hook above).
 ALL_RESULTS: list[FabResult] = []
+# When several pytest processes share the work (scripts/test: xdist workers, then a serial
+# pass that runs the traceback check last), each fab run is also written here, one JSON
+# file each, so the check sees the runs of every process. Unset: ALL_RESULTS alone.
+FAB_RUNS_ENV = "HANDOFF_FAB_RUNS"
+
+
+def record(result: FabResult) -> None:
+    ALL_RESULTS.append(result)
+    folder = os.environ.get(FAB_RUNS_ENV)
+    if folder:
+        path = Path(folder) / f"{os.getpid()}-{uuid.uuid4().hex}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(result._asdict(), f)
+
+
+def every_result() -> list[FabResult]:
+    """The fab runs of this session: of every process sharing $HANDOFF_FAB_RUNS, or of this
+    one when it is unset."""
+    folder = os.environ.get(FAB_RUNS_ENV)
+    if not folder:
+        return list(ALL_RESULTS)
+    return [FabResult(**json.loads(p.read_text())) for p in sorted(Path(folder).glob("*.json"))]
 
 
 class FabResult(NamedTuple):
@@ -139,7 +164,7 @@ class FabRunner:
                               check=False)
         result = FabResult(proc.returncode, proc.stdout, proc.stderr)
         self.results.append(result)
-        ALL_RESULTS.append(result)
+        record(result)
         return result
 
     def popen(self, sbx: Any, *args: str) -> subprocess.Popen[str]:

@@ -283,6 +283,7 @@ def test_a_host_that_is_not_a_working_sshd_gets_one_clear_line(sandbox, fab, lis
     assert "No existing session" not in result.text
 
 
+@pytest.mark.serial  # Ctrl-C answered < 1 s: run alone (scripts/test's serial pass)
 def test_ctrl_c_answers_within_a_second(sandbox, tmp_path: Path) -> None:
     server = Listener("silent")
     try:

@@ -36,6 +36,7 @@ def bytes_read(log: str, name: str) -> list[int]:
     return [int(n) for n in re.findall(rf'close "[^"]*/{re.escape(name)}" bytes read (\d+)', log)]
 
 
+@pytest.mark.serial  # 160 MB over SFTP within fab's 120 s: run alone (scripts/test's serial pass)
 def test_a_cut_fetch_resumes_moving_only_the_rest(make_sandbox, fab, tmp_path: Path) -> None:
     sbx = make_sandbox(hosts=1, api=False, keyring="file", sftp_log=True)
     c = sbx.containers[0]

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import fabfile
 from tests.support.fab import FAB, REPO
 
@@ -35,6 +37,7 @@ def test_every_flag_has_help_and_no_short_flags() -> None:
         assert "host" not in params or params[0] == "host"
 
 
+@pytest.mark.serial  # wall time < 5 s: run alone (scripts/test's serial pass)
 def test_fab_list_is_one_line_per_task_and_quick() -> None:
     start = time.monotonic()
     out = subprocess.run([str(FAB if FAB.exists() else sys.executable), "-l"], cwd=REPO,

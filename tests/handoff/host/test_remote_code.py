@@ -159,6 +159,7 @@ def test_fetch_list_hashes_the_prefix_the_workstation_holds(tmp_path: Path) -> N
     assert fetch_list.listing({"job_dir": str(tmp_path / "none"), "local": {}})["exists"] is False
 
 
+@pytest.mark.serial  # wall time < 5 s: run alone (scripts/test's serial pass)
 def test_a_remote_module_answers_within_one_process_start(tmp_path: Path) -> None:
     """Shipping costs one interpreter start: the probe's source runs in well under a second."""
     start = time.monotonic()

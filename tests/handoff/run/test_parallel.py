@@ -56,6 +56,7 @@ def test_failures_are_isolated_and_summarised(capfd: pytest.CaptureFixture[str])
     assert "disk full" in out
 
 
+@pytest.mark.serial  # wall time < 1.2 s: run alone (scripts/test's serial pass)
 def test_runs_in_parallel() -> None:
     def work(t: Target, report: HostReport) -> None:
         time.sleep(0.3)

@@ -44,6 +44,7 @@ def ep(port: int, **kw: object) -> Endpoint:
     return Endpoint("127.0.0.1", port, "tester", **fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.serial  # wall time < 4.5 s: run alone (scripts/test's serial pass)
 @pytest.mark.parametrize("behaviour, expected", [
     ("silent", "no SSH answer from box (127.0.0.1:{port}) within 2 s"),
     ("http", "answered but is not an SSH server (it said 'HTTP/1.1 400 Bad Request')"),
@@ -109,10 +110,10 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     sock = tmp_path / "agent.sock"
     proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    for _ in range(50):
-        if sock.exists():
-            break
+    deadline = time.monotonic() + 30  # the agent's start, on a loaded CI machine too
+    while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    assert sock.exists(), f"ssh-agent made no socket at {sock} (exit {proc.poll()})"
     agent_key = keygen(tmp_path / "agent_key")
     subprocess.run(["ssh-add", "-q", str(agent_key)], env={**os.environ, "SSH_AUTH_SOCK": str(sock)},
                    check=True, capture_output=True)
@@ -150,6 +151,7 @@ def test_unsupported_proxy_command_token_is_refused(home: Path) -> None:
         open_connection(ep(1, proxy_command="nc %C"), "box")
 
 
+@pytest.mark.serial  # wall time < 2 s: run alone (scripts/test's serial pass)
 def test_abort_all_ends_a_connection_attempt_at_once(home: Path) -> None:
     server = Listener("silent")
     errors: list[str] = []

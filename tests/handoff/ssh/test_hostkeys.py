@@ -243,6 +243,7 @@ def test_pin_replaces_previous_pin(home: Path, keys: dict[str, paramiko.PKey], o
     assert (path.stat().st_mode & 0o777) == 0o600
 
 
+@pytest.mark.serial  # wall time < 3 s: run alone (scripts/test's serial pass)
 def test_refusal_is_quick(server: FakeSSH, home: Path) -> None:
     start = time.monotonic()
     with pytest.raises(UnknownHostKey):

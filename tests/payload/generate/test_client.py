@@ -35,7 +35,7 @@ def err_body(code: int, **meta) -> bytes:
 @pytest.mark.parametrize(("status", "body", "retry_after", "kind", "etype"), [
     (200, ok_body(), None, Kind.OK, "ok"),
     (200, ok_body("partial", "length"), None, Kind.OK, "ok"),  # truncated but has content
-    # Cut by max_tokens with nothing but reasoning: an answer (DESIGN round 3), not a retry.
+    # Cut by max_tokens with nothing but reasoning: an answer (docs/generator.md, "Thinking answers and turns"), not a retry.
     (200, ok_body("", "length"), None, Kind.OK, "ok"),
     (200, ok_body(None), None, Kind.RETRY, "empty_content"),
     (200, ok_body("  \n"), None, Kind.RETRY, "empty_content"),
@@ -126,7 +126,7 @@ def test_ok_outcome_carries_the_record_fields():
                         "provider": "P", "model": "m", "response": "a", "reasoning": "r"}
 
 
-# -- thinking answers (DESIGN round 3, "Thinking models") ---------------------------------------
+# -- thinking answers (docs/generator.md, "Thinking answers and turns") ---------------------------------------
 def think_body(content: object, reasoning: object = None, finish: str = "stop", **top) -> bytes:
     return json.dumps({"choices": [{"finish_reason": finish, "native_finish_reason": "eos",
                                     "message": {"content": content, "reasoning": reasoning}}],

@@ -1,4 +1,4 @@
-"""`generate`'s input survey, bad lines and a full disk (DESIGN "Datasets", issue 9).
+"""`generate`'s input survey, bad lines and a full disk (docs/records.md, "Input"; issue 9).
 
 Real subprocess runs against the fake OpenRouter; the full-disk test mounts a 4 MB tmpfs
 (we run as root in CI; it is skipped, saying why, where mounting is refused).

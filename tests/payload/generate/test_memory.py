@@ -53,6 +53,7 @@ def measure(fake_factory, key_file: Path, tmp_path: Path, small: int, big: int
     return results[0], results[1]
 
 
+@pytest.mark.serial  # peak RSS and peak concurrency > 1500: run alone (scripts/test's serial pass)
 @pytest.mark.timeout(240)
 def test_memory_flat_6k_vs_30k(fake_factory, key_file, tmp_path):
     small, big = measure(fake_factory, key_file, tmp_path, 6_000, 30_000)
@@ -60,6 +61,7 @@ def test_memory_flat_6k_vs_30k(fake_factory, key_file, tmp_path):
     assert big <= 1.2 * small, f"peak RSS grew from {small:.0f} MB to {big:.0f} MB"
 
 
+@pytest.mark.serial  # peak RSS and peak concurrency > 1500: run alone (scripts/test's serial pass)
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("HANDOFF_SLOW_TESTS"),
                     reason="several minutes on 2 cores: set HANDOFF_SLOW_TESTS=1")

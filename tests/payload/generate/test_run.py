@@ -1,6 +1,6 @@
 """`python -m payload generate` end to end: a real subprocess against the fake OpenRouter.
 
-Each test states the contract it proves (DESIGN.md, issue 2)."""
+Each test states the contract it proves (docs/generator.md, docs/records.md; issue 2)."""
 
 from __future__ import annotations
 

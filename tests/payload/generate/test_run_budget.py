@@ -1,4 +1,4 @@
-"""`--max-cost` end to end (DESIGN "Budget", issue 9 case 5, issue 13 case 5).
+"""`--max-cost` end to end (docs/generator.md, "Budget"; issue 9 case 5, issue 13 case 5).
 
 The fake charges a fixed cost per answer and lists it as the endpoints' request price; it
 can also leave `usage.cost` out of its answers, or its prices out of the endpoint list.
@@ -43,6 +43,7 @@ def test_one_dollar_at_one_cent_spends_most_of_it(fake_factory, key_file, tmp_pa
     assert_exactly_once(ids, out)
 
 
+@pytest.mark.serial  # peak concurrency >= 1800: run alone (scripts/test's serial pass)
 def test_ample_budget_keeps_the_full_concurrency_in_flight(fake_factory, key_file, tmp_path):
     """$100 at 2000 concurrency and $0.002 an answer: the worst case allowed ~76 in flight;
     the expectation keeps ~2000."""

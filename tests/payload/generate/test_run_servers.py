@@ -1,5 +1,5 @@
-"""`generate` against real-server trouble (DESIGN "The generator against real servers",
-issue 13): outages, systematic errors, capacity limits, throttling and answer shapes.
+"""`generate` against real-server trouble (docs/generator.md, "How requests are paced"
+and "Error taxonomy"; issue 13): outages, systematic errors, capacity limits, throttling and answer shapes.
 
 Each test runs the real payload as a subprocess against the project's fake OpenRouter over
 real HTTP on loopback, in the mode that stands in for the trouble.
@@ -44,6 +44,7 @@ def no_paid_twice(fake, done: list[dict], out=None) -> None:
 
 
 # -- outages -------------------------------------------------------------------------------------
+@pytest.mark.serial  # peak concurrency >= 1500: run alone (scripts/test's serial pass)
 @pytest.mark.parametrize("kind", ["503", "refuse"])
 def test_outage_at_2000_in_flight_costs_no_id(fake_factory, key_file, tmp_path, kind):
     """Issue 13 case 1: the server fails as a whole mid-run with 2000 requests in flight (a
@@ -74,6 +75,7 @@ def test_outage_at_2000_in_flight_costs_no_id(fake_factory, key_file, tmp_path, 
         assert fake.stats.outage_refusals < 2 * 2000 + 100
 
 
+@pytest.mark.serial  # wall time < 20 s at 2000 in flight: run alone (scripts/test's serial pass)
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("HANDOFF_SLOW_TESTS"),
                     reason="a 35 s outage: set HANDOFF_SLOW_TESTS=1")
@@ -230,6 +232,7 @@ def test_max_failed_rejects_nonsense(fake_factory, key_file, tmp_path):
 
 
 # -- capacity and throttling ---------------------------------------------------------------------
+@pytest.mark.serial  # few refusals: the pacing needs the CPU: run alone (scripts/test's serial pass)
 @pytest.mark.parametrize("status", [429, 402])
 def test_capacity_limit_exactly_once_with_few_refusals(fake_factory, key_file, tmp_path,
                                                        status):

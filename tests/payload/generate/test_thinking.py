@@ -1,4 +1,4 @@
-"""`generate` against a thinking model (DESIGN round 3 "Thinking models", issue 20): cut
+"""`generate` against a thinking model (docs/generator.md, "Thinking answers and turns"; issue 20): cut
 answers are done, not re-billed; reasoning lands in its field; provenance and the status
 breakdown; timeouts asked again at most --max-timeouts; input fields carried as `meta`.
 

@@ -1,4 +1,4 @@
-"""`generate --turns all` (DESIGN round 3 "Thinking models", issue 20): every assistant turn
+"""`generate --turns all` (docs/generator.md, "Thinking answers and turns"; issue 20): every assistant turn
 regenerated in order on the regenerated history, exactly once per (id, turn) across
 kill -9 and resume; the fake checks each later turn is sent the regenerated history.
 """

@@ -257,6 +257,7 @@ def test_hints_carry_every_flag_needed_for_the_same_job(ws: Workstation, tmp_pat
     assert commands.stop("s", None, job="custom", timeout=20) == 0
 
 
+@pytest.mark.serial  # wall time < 5 s: run alone (scripts/test's serial pass)
 def test_ctrl_c_on_status_wait_says_the_job_keeps_running(ws: Workstation, tmp_path: Path,
                                                           capfd: pytest.CaptureFixture[str]) -> None:
     import signal
