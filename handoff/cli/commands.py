@@ -249,6 +249,8 @@ def launch(
     job_flag = values.pop("job", None)
     for name in ("concurrency", "max_tokens", "max_cost"):  # each by its one rule
         values[name] = _flag.var(name, values.get(name), flag="--" + name.replace("_", "-"))
+    for name in _flag.SAMPLING:  # temperature, top_p, seed, reasoning, provider, turns, ...
+        values[name] = _flag.sampling_var(name, values.get(name), flag="--" + name.replace("_", "-"))
     targets = targets_for(host, role, values)
     inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
     # Every local input is read once, here: checked (an all-bad file stops the launch before

@@ -545,3 +545,50 @@ def test_push_and_launch_check_free_disk_against_the_role(ws: Workstation, tmp_p
     out = capfd.readouterr().out.replace("\n", " ")
     assert "role huge needs" in out and "nothing was started" in out
     assert not (ws.remote_dir("s") / "jobs").exists()
+
+
+def test_launch_plan_shows_and_passes_the_sampling(ws: Workstation) -> None:
+    """Issue 20: temperature, top_p, seed, reasoning, provider, turns, max_timeouts from the
+    flags (or vars) reach the payload's argv, and the plan says them."""
+    flags = {"temperature": 1.0, "top_p": 0.95, "seed": 7, "reasoning": {"effort": "high"},
+             "provider": {"require_parameters": True}, "turns": "all", "max_timeouts": 0}
+    p = launch.plan(ws.targets("a", flags=flags), local_input=None, remote_input="/d/x.jsonl",
+                    job_flag=None)
+    start = p.hosts[0].steps[-2]
+    for text in ("--temperature 1.0", "--top-p 0.95", "--seed 7",
+                 """--reasoning '{"effort":"high"}'""",
+                 """--provider '{"require_parameters":true}'""", "--turns all",
+                 "--max-timeouts 0"):
+        assert text in start.detail, (text, start.detail)
+    assert ('sampling: temperature 1.0, top_p 0.95, seed 7, reasoning {"effort":"high"}, '
+            'provider {"require_parameters":true}, turns all, max_timeouts 0') in start.description
+    assert launch.sampling(ws.targets("a")[0]) == {}  # none set: the payload's defaults
+    plain = launch.plan(ws.targets("a"), local_input=None, remote_input="/d/x.jsonl", job_flag=None)
+    assert "--temperature" not in plain.hosts[0].steps[-2].detail
+    assert "sampling" not in plain.hosts[0].steps[-2].description
+    # the vars in the inventory's shapes: YAML mappings, or JSON text; null provider: send none
+    t = ws.targets("a", flags={"reasoning": '{"max_tokens": 8000, "exclude": true}',
+                               "provider": "null"})[0]
+    assert launch.sampling(t) == {"reasoning": {"max_tokens": 8000, "exclude": True},
+                                  "provider": "null"}
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("temperature", "3", "--temperature: expected a number from 0 to 2"),
+    ("temperature", "nan", "--temperature: expected a number from 0 to 2"),
+    ("top_p", "1.5", "--top-p: expected a number from 0 to 1"),
+    ("seed", "1.5", "--seed: expected a whole number from 0 to 9223372036854775807"),
+    ("max_timeouts", "-1", "--max-timeouts: expected a whole number >= 0"),
+    ("reasoning", "high", "--reasoning: expected a JSON object"),
+    ("reasoning", '{"efort": "high"}', "--reasoning: unknown key 'efort'"),
+    ("reasoning", '{"effort": "hi"}', "--reasoning: effort must be one of"),
+    ("reasoning", '{"effort": "high", "max_tokens": 10}', "give effort or max_tokens, not both"),
+    ("reasoning", '{"exclude": "yes"}', "--reasoning: exclude must be true or false"),
+    ("provider", "[1]", "--provider: expected a JSON object"),
+    ("turns", "some", "--turns: expected one of last, all"),
+])
+def test_bad_sampling_flags_exit_2_naming_the_flag(ws: Workstation, capfd: pytest.CaptureFixture[str],
+                                                   flag: str, value: str, says: str) -> None:
+    assert commands.launch("a", None, local_input=None, remote_input="/in.jsonl",
+                           flags={flag: value}, dry_run=True) == 2
+    assert says in capfd.readouterr().err
