@@ -592,3 +592,21 @@ def test_bad_sampling_flags_exit_2_naming_the_flag(ws: Workstation, capfd: pytes
     assert commands.launch("a", None, local_input=None, remote_input="/in.jsonl",
                            flags={flag: value}, dry_run=True) == 2
     assert says in capfd.readouterr().err
+
+
+def test_extractor_role_passes_completion_format_turns_and_on_mismatch(ws: Workstation) -> None:
+    """Issue 19: set, they reach `payload extract`; the completion form's braces are the
+    payload's placeholders, passed as written (not vars: `reasoning` is one)."""
+    form = "{reasoning}\n</think>\n\n{content}<｜end▁of▁sentence｜>"
+    base = {"gpus": 1, "model_dir": "/models/r1"}
+    p = launch.plan(ws.targets("a", role="extractor", flags={
+        **base, "completion_format": form, "turns": "all", "on_mismatch": "skip",
+        "reasoning": "include"}), local_input=None, remote_input="/in.jsonl", job_flag=None)
+    detail = p.hosts[0].steps[-2].detail
+    assert f"--completion-format '{form}'" in detail
+    assert "--turns all" in detail and "--on-mismatch skip" in detail
+    assert "--reasoning include" in detail  # the extractor's own reasoning var, not JSON
+    assert "sampling" not in p.hosts[0].steps[-2].description
+    plain = launch.plan(ws.targets("a", role="extractor", flags=base), local_input=None,
+                        remote_input="/in.jsonl", job_flag=None).hosts[0].steps[-2].detail
+    assert "--completion-format" not in plain and "--turns" not in plain
