@@ -311,6 +311,9 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
         console.say(st.table(views))
+    if not as_json:
+        for line in st.breakdown_notes(views):
+            console.say(console.r(line))
     for note in [*st.bad_line_notes(views), *st.table_notes(views)]:
         console.warn(note)
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]

@@ -19,6 +19,7 @@ key is the user's own API key: uncapped, never expiring, and `table_notes` says 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,6 +104,104 @@ STATUS_FIELDS = ("done", "failed", "total", "cost", "tokens_per_s", "rate_rps", 
                  "window", "outage_s", "started")
 WITH_FAILURES = "finished with failures"
 
+# --- the answers' breakdown (status.json's by_provider, by_finish_reason, cut, ...) ---------
+# The status file is written on the host, so its values are read as hostile input: a count
+# is a finite whole number >= 0, a name a string cut to MAX_NAME chars with control
+# characters replaced, at most MAX_NAMES names (the rest summed). These small readers stand
+# where handoff/host/untrusted.py's will (its `count`, `text` and a `fields` reader).
+MAX_NAME = 64
+MAX_NAMES = 32
+BREAKDOWNS = ("by_provider", "by_finish_reason")
+COUNTS = ("cut", "timeouts", "think_split")
+
+
+def count(value: Any) -> int | None:
+    """A whole number >= 0 (an int, or a float with no fraction); anything else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        if not math.isfinite(value) or value < 0 or value != int(value):
+            return None
+    except OverflowError:
+        return None
+    return int(value)
+
+
+def name(value: Any) -> str:
+    """A provider or finish-reason name as shown: printable, at most MAX_NAME characters."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= MAX_NAME else text[:MAX_NAME - 1] + "…"
+
+
+def counts_by_name(value: Any) -> dict[str, int] | None:
+    """`{"DeepInfra": 1402, ...}` checked: None unless a mapping of names to counts (an entry
+    with a bad count makes it None: the host's file is wrong, not partly right); more than
+    MAX_NAMES names keep the largest, the rest summed as `other (N names)`."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, int] = {}
+    for key, n in value.items():
+        c = count(n)
+        if c is None:
+            return None
+        out[name(key)] = out.get(name(key), 0) + c
+    if len(out) > MAX_NAMES:
+        ranked = sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))
+        kept = dict(ranked[:MAX_NAMES - 1])
+        rest = ranked[MAX_NAMES - 1:]
+        kept[f"other ({len(rest)} names)"] = sum(n for _, n in rest)
+        out = kept
+    return out
+
+
+def answers(st: dict[str, Any]) -> dict[str, Any]:
+    """The breakdown fields of a status, each checked (a bad or missing one is None)."""
+    found: dict[str, Any] = {k: counts_by_name(st.get(k)) for k in BREAKDOWNS}
+    found.update({k: count(st.get(k)) for k in COUNTS})
+    return found
+
+
+def _summed(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
+    known = [p for p in parts if p is not None]
+    if not known:
+        return None
+    out: dict[str, int] = {}
+    for p in known:
+        for k, n in p.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def _ranked(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def breakdown_notes(views: list[JobView]) -> list[str]:
+    """Per job (its shards summed): answers by provider and by finish reason, and the cut
+    ones: "which provider answered the cut answers?" starts here."""
+    by_job: dict[str, list[JobView]] = {}
+    for v in views:
+        if v.job is not None and v.status:
+            by_job.setdefault(v.job, []).append(v)
+    lines = []
+    for job, shards in by_job.items():
+        got = [answers(v.status) for v in shards]
+        providers = _summed([g["by_provider"] for g in got])
+        finishes = _summed([g["by_finish_reason"] for g in got])
+        if not providers and not finishes:
+            continue
+        parts = []
+        if providers:
+            parts.append(f"by provider {_ranked(providers)}")
+        if finishes:
+            parts.append(f"by finish reason {_ranked(finishes)}")
+        cut = [g["cut"] for g in got if g["cut"] is not None]
+        if cut and sum(cut):
+            parts.append(f"{sum(cut)} cut by max_tokens (recorded, not asked again)")
+        where = shards[0].host if len(shards) == 1 else f"{len(shards)} hosts"
+        lines.append(f"{job} ({where}) answers: " + "; ".join(parts))
+    return lines
+
 
 @dataclass
 class JobView:
@@ -132,7 +231,8 @@ class JobView:
         meta = self.job_state.meta or {}
         rec: dict[str, Any] = {"host": self.host, "job": self.job, "state": self.state,
                                "alive": self.job_state.alive, "pid": self.job_state.pid}
-        rec.update({name: st.get(name) for name in STATUS_FIELDS})
+        rec.update({key: st.get(key) for key in STATUS_FIELDS})
+        rec.update(answers(st))  # by_provider, by_finish_reason, cut, ... checked
         rec.update(finished_with_failures=self.job_state.with_failures, ok=self.ok,
                    shard=meta.get("shard"), input_sha256=meta.get("input_sha256"),
                    secrets_placed=self.job_state.keys_placed)
@@ -205,6 +305,12 @@ def combined(views: list[JobView]) -> list[JobView]:
         active = [s for s in ("running", "stopping", "starting") if s in states]
         state = active[0] if active else states.pop() if len(states) == 1 else "mixed"
         summed["state"] = state
+        got = [answers(st) for st in sts]
+        for k in BREAKDOWNS:
+            summed[k] = _summed([g[k] for g in got])
+        for k in COUNTS:
+            known = [g[k] for g in got if g[k] is not None]
+            summed[k] = sum(known) if known else None
         if state == "finished" and any(v.job_state.with_failures for v in shards):
             summed["exit_code"] = 1
         out.append(JobView(f"all ({len(shards)} hosts)", job, state, JobState("", status=summed)))
@@ -225,6 +331,7 @@ def table(views: list[JobView]) -> Any:
     rows = []
     shown = [*views, *combined(views)]
     with_bad = any(_number(v.status.get("bad_lines")) for v in shown)
+    with_cut = any(count(v.status.get("cut")) for v in shown)
     for v in shown:
         st = v.status
         progress = f"{st.get('done', '-')}/{st.get('failed', '-')}/{st.get('total', '?')}" if st else "-"
@@ -239,6 +346,9 @@ def table(views: list[JobView]) -> Any:
         ]
         if with_bad:
             row.append(str(st.get("bad_lines") or 0) if st else "-")
+        if with_cut:
+            cut = count(st.get("cut"))
+            row.append(str(cut) if cut is not None else "-")
         row += [
             ((f"yes ({v.key.mode})" if v.key.placed else "no") if v.key and not v.error else "?")
             if not bold else "",
@@ -247,7 +357,8 @@ def table(views: list[JobView]) -> Any:
         ]
         rows.append(row)
     columns = ["host", "job", "state", "done/fail/total", "tok/s", "$ spent", "ETA",
-               *(["bad lines"] if with_bad else []), "key placed", "key spend", "note"]
+               *(["bad lines"] if with_bad else []), *(["cut"] if with_cut else []),
+               "key placed", "key spend", "note"]
     if not any(row[-1] for row in rows):
         columns.pop()
         rows = [row[:-1] for row in rows]

@@ -610,3 +610,37 @@ def test_extractor_role_passes_completion_format_turns_and_on_mismatch(ws: Works
     plain = launch.plan(ws.targets("a", role="extractor", flags=base), local_input=None,
                         remote_input="/in.jsonl", job_flag=None).hosts[0].steps[-2].detail
     assert "--completion-format" not in plain and "--turns" not in plain
+
+
+def test_status_breaks_answers_down_by_provider_and_finish_reason() -> None:
+    """Issue 20: the status file's by_provider, by_finish_reason and cut in `--json`, the
+    table and the notes; shards summed; a host's values read as hostile input."""
+    def view(host: str, st: dict) -> status.JobView:  # type: ignore[type-arg]
+        return status.JobView(host, "B3", "running", JobState("/j/B3", status=st, alive=True))
+
+    a = view("a", {"done": 5, "by_provider": {"DeepInfra": 4, "Together": 1},
+                   "by_finish_reason": {"stop": 3, "length": 2}, "cut": 2, "timeouts": 1,
+                   "think_split": 0})
+    b = view("b", {"done": 2, "by_provider": {"Together": 2}, "by_finish_reason": {"stop": 2},
+                   "cut": 0})
+    rec = a.record()
+    assert rec["by_provider"] == {"DeepInfra": 4, "Together": 1}
+    assert (rec["cut"], rec["timeouts"], rec["think_split"]) == (2, 1, 0)
+    assert status.breakdown_notes([a, b]) == [
+        "B3 (2 hosts) answers: by provider DeepInfra 4, Together 3; by finish reason stop 5, "
+        "length 2; 2 cut by max_tokens (recorded, not asked again)"]
+    allrow = status.combined([a, b])[0]
+    assert allrow.status["by_finish_reason"] == {"stop": 5, "length": 2} and allrow.status["cut"] == 2
+    table = status.table([a, b])
+    assert "cut" in [c.header for c in table.columns]
+    # hostile values: wrong types, NaN, negatives, huge and control-character names
+    evil = view("c", {"by_provider": {"x": float("nan")}, "by_finish_reason": ["stop"],
+                      "cut": -1, "timeouts": float("inf"), "think_split": True})
+    assert {k: evil.record()[k] for k in (*status.BREAKDOWNS, *status.COUNTS)} == dict.fromkeys(
+        (*status.BREAKDOWNS, *status.COUNTS))
+    assert status.breakdown_notes([evil]) == []
+    many = status.counts_by_name({f"p{i}\x1b[31m" + "y" * 100: 1 for i in range(40)})
+    assert many is not None and len(many) == status.MAX_NAMES
+    assert all("\x1b" not in k and len(k) <= status.MAX_NAME for k in many)
+    assert many["other (9 names)"] == 9
+    assert status.counts_by_name({"a": 10**400}) is None
