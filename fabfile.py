@@ -148,20 +148,34 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
     "max_cost": "USD budget of each job, split over its hosts: host i of n gets max_cost/n "
                 "(overrides the max_cost var)",
     "max_tokens": "max tokens per response",
+    "temperature": "sampling temperature, 0-2 (overrides the temperature var; K2.5 thinking: 1)",
+    "top_p": "nucleus sampling, 0-1 (overrides the top_p var; K2.5 thinking: 0.95)",
+    "seed": "sampling seed, a whole number >= 0 (providers may ignore it)",
+    "reasoning": "OpenRouter's reasoning object as JSON: '{\"effort\": \"high\"}', "
+                 "'{\"max_tokens\": 8000}', '{\"exclude\": true}' (overrides the reasoning var)",
+    "provider": "OpenRouter's provider routing object as JSON, e.g. "
+                "'{\"require_parameters\": true}'; null sends none (overrides the provider var)",
+    "turns": "last (regenerate the final assistant turn) or all (every assistant turn, in order)",
+    "max_timeouts": "times a prompt whose request timed out is asked again (default 1)",
     "no_shard": "run the whole input on every host instead of sharding it i/n",
     "dry_run": DRY + "; shows the estimate too",
 })
 def launch(c: Context, host: str | None = None, role: str | None = None, input: list[str] | None = None,
            remote_input: str | None = None, job: str | None = None, model: str | None = None,
            base_url: str | None = None, concurrency: str | None = None, max_cost: str | None = None,
-           max_tokens: str | None = None, no_shard: bool = False, dry_run: bool = False) -> None:
+           max_tokens: str | None = None, temperature: str | None = None, top_p: str | None = None,
+           seed: str | None = None, reasoning: str | None = None, provider: str | None = None,
+           turns: str | None = None, max_timeouts: str | None = None, no_shard: bool = False,
+           dry_run: bool = False) -> None:
     """Start one job per dataset on each host, sharded i/n."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
     flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
-             "max_cost": max_cost, "max_tokens": max_tokens, "job": job}
+             "max_cost": max_cost, "max_tokens": max_tokens, "job": job,
+             "temperature": temperature, "top_p": top_p, "seed": seed, "reasoning": reasoning,
+             "provider": provider, "turns": turns, "max_timeouts": max_timeouts}
     _done(commands.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
                           shard=not no_shard, dry_run=dry_run))
 

@@ -316,7 +316,8 @@ def scenario_floor(tmp: Path, key_file: Path, env: dict[str, str], args: argpars
     runs: dict[str, list[Run]] = {c: [] for c in clients}
     for rep in range(args.reps):
         for c in clients if rep % 2 == 0 else clients[::-1]:
-            r, _ = run_client(c, tmp, key_file, ["--latency", "0.2"], n, conc, env,
+            r, _ = run_client(c, tmp, key_file, ["--latency", "0.2", *args.fake_fields], n,
+                              conc, env,
                               max_cost=1e6 if c == "payload+budget" else None)
             assert r.unique == n == r.lines, f"{c}: {r.lines} lines, {r.unique} ids of {n}"
             runs[c].append(r)
@@ -486,6 +487,11 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="floor,capacity,outage,sporadic,index")
     ap.add_argument("--prompts", type=int, default=20_000, help="floor scenario")
+    ap.add_argument("--new-fields", dest="fake_fields", action="store_const",
+                    const=["--token-ids", "--thinking", "field"], default=[],
+                    help="floor scenario: the fake answers as a thinking model with sampled "
+                         "token ids (reasoning, generation id, native finish reason, "
+                         "token_ids: every field the payload now keeps)")
     ap.add_argument("--concurrency", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--big-factor", type=int, default=10)

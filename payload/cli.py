@@ -196,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--turns", choices=("last", "all"), default="last",
                    help="last: regenerate the final assistant turn (default); all: every "
                         "assistant turn in order, each on the regenerated history")
+    g.add_argument("--token-ids", choices=("auto", "on", "off"), default="auto",
+                   help="ask the server for the sampled token ids (return_token_ids, vLLM >= "
+                        "0.10.2) and store them as response_token_ids: auto (default) asks any "
+                        "server but OpenRouter and stops asking one that refuses the field; "
+                        "on asks (refused for OpenRouter); off never asks")
     g.add_argument("--status-every", type=_positive(float), default=2.0,
                    help="seconds between status file updates (and the outage and stall "
                         "checks); default 2")
@@ -241,7 +246,7 @@ def _generate(args: argparse.Namespace) -> int:
         else parse_max_failed_arg(args.max_failed),
         preflight=not args.no_preflight, status_every=args.status_every,
         max_timeouts=args.max_timeouts, think_in_content=args.think_in_content,
-        turns=args.turns)
+        turns=args.turns, token_ids=args.token_ids)
     return run(settings)
 
 

@@ -261,6 +261,8 @@ def launch(
     job_flag = values.pop("job", None)
     for name in ("concurrency", "max_tokens", "max_cost"):  # each by its one rule
         values[name] = _flag.var(name, values.get(name), flag="--" + name.replace("_", "-"))
+    for name in _flag.SAMPLING:  # temperature, top_p, seed, reasoning, provider, turns, ...
+        values[name] = _flag.sampling_var(name, values.get(name), flag="--" + name.replace("_", "-"))
     targets = targets_for(host, role, values)
     inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
     # Every local input is read once, here: checked (an all-bad file stops the launch before
@@ -326,6 +328,9 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
         console.say(st.table(views))
+    if not as_json:
+        for line in st.breakdown_notes(views):
+            console.say(console.r(line))
     for note in [*st.bad_line_notes(views), *st.table_notes(views)]:
         console.warn(note)
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]

@@ -13,6 +13,7 @@ the commands convert them here.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +24,16 @@ from handoff.errors import UsageError
 def _describe(minimum: float | None, maximum: float | None, whole: bool,
               above: float | None = None) -> str:
     kind = "a whole number" if whole else "a number"
+
+    def g(x: float) -> str:  # a seed's 2**63 - 1 in full, not 9.22337e+18
+        return str(int(x)) if whole else f"{x:g}"
+
     if above is not None:
-        return f"{kind} > {above:g}"
+        return f"{kind} > {g(above)}"
     if minimum is not None and maximum is not None:
-        return f"{kind} from {minimum:g} to {maximum:g}"
+        return f"{kind} from {g(minimum)} to {g(maximum)}"
     if minimum is not None:
-        return f"{kind} >= {minimum:g}" if minimum else f"{kind} >= 0"
+        return f"{kind} >= {g(minimum)}" if minimum else f"{kind} >= 0"
     return kind
 
 
@@ -98,6 +103,11 @@ VARS: dict[str, Rule] = {
     "start_watch_s": Rule(minimum=0),  # seconds a fresh job is watched for an instant crash
     "key_limit": Rule(minimum=0),  # USD a minted child key may spend
     "key_ttl_hours": Rule(above=0),  # hours a minted child key lives
+    # The generator's sampling (OpenRouter's ranges: temperature 0-2, top_p 0-1).
+    "temperature": Rule(minimum=0, maximum=2),
+    "top_p": Rule(minimum=0, maximum=1),
+    "seed": Rule(whole=True, minimum=0, maximum=2**63 - 1),
+    "max_timeouts": Rule(whole=True, minimum=0),  # a prompt's timed-out requests asked again
 }
 
 
@@ -110,3 +120,103 @@ def var(name: str, value: Any, *, flag: str | None = None, where: str = "") -> f
     return number(flag or f"var {name}", value, whole=rule.whole, minimum=rule.minimum,
                   maximum=rule.maximum, where=where, above=rule.above)
 
+
+
+# --- the generator's JSON and choice vars ------------------------------------------------
+
+# OpenRouter's `reasoning` object: effort OR a token budget, and whether to leave the text
+# out of the answer. A misspelt key would be passed through and ignored by the provider (a
+# run at the wrong effort, paid in full), so unknown keys are refused here.
+REASONING_EFFORTS = ("max", "xhigh", "high", "medium", "low", "minimal", "none")
+REASONING_KEYS = ("effort", "max_tokens", "exclude", "enabled")
+
+# Vars whose value is one of a few words: (the words, what they do).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "turns": ("last", "all"),  # generator and extractor: which assistant turns
+    "token_ids": ("auto", "on", "off"),  # generator: ask the server for the sampled ids
+    "on_mismatch": ("keep", "skip"),  # extractor: re-tokenized answers the server counted otherwise
+}
+
+# Vars passed to the payload as written: their braces are the payload's placeholders
+# (`{reasoning}`, `{content}`), not vars to fill (handoff.config.roles renders them as is).
+LITERAL_VARS = frozenset({"completion_format"})
+
+
+def _label(flag: str | None, name: str, where: str) -> str:
+    label = flag or f"var {name}"
+    return f"{where}: {label}" if where else label
+
+
+def json_object(name: str, value: Any, *, flag: str | None = None, where: str = "",
+                allow_null: bool = False) -> Any:
+    """A JSON object var (`reasoning`, `provider`): a mapping (YAML) or its JSON text (a flag),
+    returned as a dict; `null` (with `allow_null`) is kept as the text "null" so the payload
+    is told to send none. None stays None (unset)."""
+    if value is None:
+        return None
+    label = _label(flag, name, where)
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise UsageError(f"{label}: expected a JSON object, e.g. '{{\"effort\": \"high\"}}'; "
+                             f"{value!r} is not JSON ({exc})") from None
+    if parsed is None and allow_null:
+        return "null"
+    if not isinstance(parsed, dict):
+        raise UsageError(f"{label}: expected a JSON object, got {value!r}")
+    return parsed
+
+
+def reasoning(value: Any, *, flag: str | None = None, where: str = "") -> dict[str, Any] | None:
+    """The generator's `reasoning` object, checked key by key (see REASONING_KEYS)."""
+    obj = json_object("reasoning", value, flag=flag, where=where)
+    if obj is None:
+        return None
+    label = _label(flag, "reasoning", where)
+    unknown = [k for k in obj if k not in REASONING_KEYS]
+    if unknown:
+        raise UsageError(f"{label}: unknown key{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))} (known: {', '.join(REASONING_KEYS)})")
+    effort = obj.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise UsageError(f"{label}: effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+    if "max_tokens" in obj:
+        number(f"{label} max_tokens", obj["max_tokens"], whole=True, minimum=1)
+        if effort is not None:
+            raise UsageError(f"{label}: give effort or max_tokens, not both (OpenRouter takes one)")
+    for key in ("exclude", "enabled"):
+        if key in obj and not isinstance(obj[key], bool):
+            raise UsageError(f"{label}: {key} must be true or false, got {obj[key]!r}")
+    return obj
+
+
+def choice(name: str, value: Any, *, flag: str | None = None, where: str = "") -> str | None:
+    """A var that is one of CHOICES[name]; None stays None."""
+    if value is None:
+        return None
+    words = CHOICES[name]
+    if not isinstance(value, str) or value not in words:
+        raise UsageError(f"{_label(flag, name, where)}: expected one of {', '.join(words)}, got {value!r}")
+    return value
+
+
+# The generator's sampling and retry vars (`fab launch` flags of the same names): each
+# checked by its rule, in the order the launch plan shows them.
+SAMPLING = ("temperature", "top_p", "seed", "reasoning", "provider", "turns", "max_timeouts",
+            "token_ids")
+
+
+def sampling_var(name: str, value: Any, *, flag: str | None = None, where: str = "") -> Any:
+    """One of SAMPLING checked (None stays None): numbers by VARS, `reasoning` and `provider`
+    as JSON objects, `turns`/`token_ids` as choices. The message names `flag` (or the var)."""
+    if value is None:
+        return None
+    if name in VARS:
+        return var(name, value, flag=flag, where=where)
+    if name == "reasoning":
+        return reasoning(value, flag=flag, where=where)
+    if name == "provider":
+        return json_object(name, value, flag=flag, where=where, allow_null=True)
+    return choice(name, value, flag=flag, where=where)

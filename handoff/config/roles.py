@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from handoff.config import paths
+from handoff.config.flags import LITERAL_VARS
 from handoff.config.yamlfile import YamlError, line_of, load
 from handoff.errors import RoleError, did_you_mean
 
@@ -369,7 +370,8 @@ def _lookup(name: str, variables: dict[str, Any], depth: int) -> str | None:
     value = variables.get(name)
     if value is None:
         return None
-    if isinstance(value, str) and _fields(value):
+    # A literal var's braces are the payload's placeholders ({reasoning}), not vars.
+    if isinstance(value, str) and name not in LITERAL_VARS and _fields(value):
         if depth >= _MAX_DEPTH:
             raise RoleError(f"var {name!r} refers to itself through other vars ({value!r})")
         return _render(value, variables, depth + 1)
@@ -399,7 +401,8 @@ def unset_vars(template: str, variables: dict[str, Any], depth: int = 0) -> list
         value = variables.get(name)
         if value is None:
             missing.append(name)
-        elif isinstance(value, str) and _fields(value) and depth < _MAX_DEPTH:
+        elif isinstance(value, str) and name not in LITERAL_VARS and _fields(value) \
+                and depth < _MAX_DEPTH:
             missing += [m for m in unset_vars(value, variables, depth + 1) if m not in missing]
     return missing
 

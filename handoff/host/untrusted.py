@@ -41,6 +41,8 @@ MAX_LINE_CHARS = 16 << 10  # one log line as shown; the rest is cut, with its le
 MAX_TEXT_CHARS = 4096  # one string field (last_error, stop_reason, a record's name)
 MAX_NAME_CHARS = 255  # a job or file name (a POSIX NAME_MAX)
 MAX_SAMPLES = 20  # bad_line_samples kept per job
+MAX_NAMES = 32  # providers / finish reasons kept per job (the rest summed)
+MAX_SHOWN_NAME = 64  # one provider or finish-reason name as shown
 MAX_SHARD_HOSTS = 4096  # hosts one job is sharded over, as job.json lists them
 
 class Untrusted(RemoteError, ValueError):
@@ -145,6 +147,8 @@ _STATUS: dict[str, Reader] = {
     "tokens_per_s": _non_negative, "rate_rps": _non_negative, "outage_s": _non_negative,
     "started": _time, "updated": _time, "budget_enforced": flag,
     "bad_line_samples": lambda v: _samples(v),
+    "by_provider": lambda v: counts_by_name(v), "by_finish_reason": lambda v: counts_by_name(v),
+    "cut": count, "timeouts": count, "think_split": count,
 }
 
 
@@ -191,6 +195,33 @@ def fields(raw: Any, readers: dict[str, Reader], what: str) -> tuple[dict[str, A
         else:
             out[name] = checked
     return out, problems
+
+
+def shown_name(value: Any) -> str:
+    """A provider or finish-reason name as shown: printable, at most MAX_SHOWN_NAME characters."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= MAX_SHOWN_NAME else text[:MAX_SHOWN_NAME - 1] + "…"
+
+
+def counts_by_name(value: Any) -> dict[str, int] | None:
+    """`{"DeepInfra": 1402, ...}` checked: None unless a mapping of names to counts (an entry
+    with a bad count makes it None: the host's file is wrong, not partly right); more than
+    MAX_NAMES names keep the largest, the rest summed as `other (N names)`."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, int] = {}
+    for key, n in value.items():
+        c = count(n)
+        if c is None:
+            return None
+        out[shown_name(key)] = out.get(shown_name(key), 0) + c
+    if len(out) > MAX_NAMES:
+        ranked = sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))
+        kept = dict(ranked[:MAX_NAMES - 1])
+        rest = ranked[MAX_NAMES - 1:]
+        kept[f"other ({len(rest)} names)"] = sum(n for _, n in rest)
+        out = kept
+    return out
 
 
 def status(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:

@@ -3,9 +3,11 @@
 A generator output record (`messages` + `response` + `reasoning`, docs/records.md)
 supervises its final turn: the one the target generated. Earlier assistant turns of its
 prompt came from the input dataset, so they are context, whatever `--turns` says. A
-record the generator produced with `--turns all` carries `"turns": "all"` and the whole
-regenerated conversation in `messages` (each assistant message with its `reasoning`):
-with `extract --turns all` every one of its assistant turns is supervised. A raw
+record the generator produced with `--turns all` carries `turns` (its list of per-turn
+provenance, each turn's `index` in `messages`; `"turns": "all"` marks the same) and the
+whole regenerated conversation in `messages` (each assistant message with its `reasoning`
+and, when the server returned them, its `response_token_ids`): with `extract --turns all`
+every turn the generator regenerated is supervised, each checked against its own `usage`. A raw
 prompt+answer record (`messages`/ShareGPT ending in an assistant turn, no `response`)
 supervises its trailing assistant turn, and with `--turns all` every assistant turn.
 
@@ -80,6 +82,17 @@ def _count(usage: Any) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
+def _listed_turns(value: Any) -> list[dict[str, Any]] | None:
+    """The generator's `turns` provenance list (each with an integer `index`), else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(t, dict) and isinstance(t.get("index"), int)
+               and not isinstance(t.get("index"), bool) for t in value):
+        raise BadRecord("'turns' must be the generator's list of turn objects, each with an "
+                        "integer 'index'")
+    return value
+
+
 def parse_record(line: str, line_no: int, turns: str = "last") -> Conversation:
     """One input line as the conversation to supervise (see the module docstring).
 
@@ -87,7 +100,10 @@ def parse_record(line: str, line_no: int, turns: str = "last") -> Conversation:
     """
     record = load_object(line)
     msgs = to_messages(record)
-    regenerated = record.get("turns") == TURNS_ALL
+    # `generate --turns all` writes `turns` as its per-turn provenance (one object per
+    # regenerated turn, `index` its place in `messages`); `"turns": "all"` marks the same
+    listed = _listed_turns(record.get("turns"))
+    regenerated = record.get("turns") == TURNS_ALL or listed is not None
     final: dict[str, Any]
     if regenerated and msgs and msgs[-1].get("role") == "assistant":
         prompt, final = msgs[:-1], msgs[-1]
@@ -117,6 +133,13 @@ def parse_record(line: str, line_no: int, turns: str = "last") -> Conversation:
     # every assistant turn the target wrote: all of a regenerated or raw record's
     earlier_idx = ([i for i, m in enumerate(prompt) if m.get("role") == "assistant"]
                    if turns == TURNS_ALL and (regenerated or "response" not in record) else [])
+    if listed is not None and turns == TURNS_ALL and final is record:
+        # exactly the turns the target wrote (an assistant greeting before any user turn
+        # was kept as given, not regenerated)
+        earlier_idx = [t["index"] for t in listed[:-1]]
+        if any(not 0 <= i < len(prompt) or prompt[i].get("role") != "assistant"
+               for i in earlier_idx):
+            raise BadRecord("'turns' names an index that is not an assistant turn of 'messages'")
     per_turn = record.get(TOKEN_IDS)
     final_ids: tuple[int, ...] | None
     earlier_ids: list[tuple[int, ...] | None] = [None] * len(earlier_idx)
@@ -133,8 +156,12 @@ def parse_record(line: str, line_no: int, turns: str = "last") -> Conversation:
                          f"'{TOKEN_IDS}'")
     # a turns=all record's own usage sums its turns: only the messages' own counts apply
     count = _count(final.get("usage")) if final is not record or not regenerated else None
+    own = {t["index"]: _count(t.get("usage")) for t in listed} if listed is not None else {}
+    if listed is not None and final is record:
+        count = own.get(len(prompt))
     earlier = tuple(
-        Turn(i, reasoning_of(prompt[i]), _count(prompt[i].get("usage")),
+        Turn(i, reasoning_of(prompt[i]),
+             _count(prompt[i].get("usage")) if "usage" in prompt[i] else own.get(i),
              ids if ids is not None else _ids(prompt[i].get(TOKEN_IDS), f"messages[{i}]"))
         for i, ids in zip(earlier_idx, earlier_ids, strict=True))
     cut = (final.get("finish_reason") or record.get("finish_reason")) == "length"

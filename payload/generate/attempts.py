@@ -29,7 +29,7 @@ from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter, backoff_delay
 from payload.generate.outage import Breaker
 from payload.generate.progress import Counters
 from payload.generate.recorder import Recorder
-from payload.generate.settings import Settings
+from payload.generate.settings import Settings, token_ids_for
 from payload.generate.stop import Stop
 from payload.generate.systematic import Held
 from payload.generate.turns import Turn, history, positions
@@ -74,13 +74,29 @@ class Attempts:
         self.say = reporter
         self._dispatched = 0  # sequence number of the last request sent
         self._outage_reported = 0
+        # Whether requests ask for the sampled token ids; `auto` stops asking a server
+        # that refuses the field (said once).
+        self.ask_ids = token_ids_for(s.base_url, s.token_ids)
 
     def body(self, messages: list[dict[str, Any]]) -> bytes:
         s = self.s
         return json.dumps(client.build_body(
             messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
-            temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning, seed=s.seed),
+            temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning, seed=s.seed,
+            token_ids=self.ask_ids),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def _stop_asking_ids(self, o: Outcome) -> bool:
+        """`--token-ids auto` and the server refused `return_token_ids`: ask without it from
+        now on (True: the prompt is asked again at no attempt's cost)."""
+        if self.s.token_ids != "auto" or not client.refuses_token_ids(o):
+            return False
+        if self.ask_ids:
+            self.ask_ids = False
+            self.say.warn(f"the server refused return_token_ids ({o.status}: {o.message[:200]});"
+                          " asking without it: records get no response_token_ids "
+                          "(the extractor re-tokenizes their text)")
+        return True
 
     async def handle(self, p: Prompt) -> None:
         """One prompt: each turn it regenerates (one with --turns last), in order, each on
@@ -94,7 +110,7 @@ class Attempts:
             messages = history(p, where, done, k)
             slot = _Slot(probe=await self.limiter.acquire())
             try:
-                got = await self._attempts(p, slot, self.body(messages))
+                got = await self._attempts(p, slot, messages)
             finally:
                 if slot.held:
                     self.limiter.release()
@@ -127,11 +143,12 @@ class Attempts:
         finally:
             c.in_flight -= 1
 
-    async def _attempts(self, p: Prompt, slot: _Slot, body: bytes
+    async def _attempts(self, p: Prompt, slot: _Slot, messages: list[dict[str, Any]]
                         ) -> tuple[Outcome, float | None, int, int] | None:
         """One request through its attempts: (the answer, its cost, requests sent, its
         dispatch number), or None when the prompt ended otherwise (failed, held, stopped)."""
         s, c, lim, stop = self.s, self.c, self.limiter, self.stop
+        asked, body = self.ask_ids, self.body(messages)
         sent = charged = throttles = timeouts = 0
         held = False  # this prompt kept its slot through a throttle wait: its retry tells
         while True:
@@ -170,6 +187,9 @@ class Attempts:
                              "same command once credit is added.")
                 return None
             if outcome.kind is Kind.PERMANENT:
+                if asked and self._stop_asking_ids(outcome):  # asked again without the field
+                    asked, body = self.ask_ids, self.body(messages)
+                    continue
                 if self.rec.permanent(Held(p, outcome, sent, seq)):
                     stop.request("systematic_error", self.rec.systematic.describe())
                 return None

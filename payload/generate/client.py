@@ -91,8 +91,11 @@ def split_think(content: str) -> tuple[str, str] | None:
 
 def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str, Any] | None,
                max_tokens: int | None, temperature: float | None, top_p: float | None,
-               reasoning: dict[str, Any] | None, seed: int | None = None) -> dict[str, Any]:
-    """The request body: only fields OpenRouter's ChatRequest schema defines."""
+               reasoning: dict[str, Any] | None, seed: int | None = None,
+               token_ids: bool = False) -> dict[str, Any]:
+    """The request body: only fields OpenRouter's ChatRequest schema defines, plus
+    `return_token_ids` (vLLM's) when `token_ids`, which is never asked of OpenRouter
+    (settings.token_ids_for)."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if provider is not None:
         body["provider"] = provider
@@ -106,7 +109,26 @@ def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str
         body["reasoning"] = reasoning
     if seed is not None:
         body["seed"] = seed
+    if token_ids:
+        body["return_token_ids"] = True
     return body
+
+
+def sampled_ids(value: Any) -> list[int] | None:
+    """`choices[0].token_ids` kept only when it is a non-empty list of non-negative ints (a
+    server that ignores the field sends none; anything else is not trusted as ids)."""
+    if type(value) is not list or not value:
+        return None
+    if not all(type(i) is int for i in value) or min(value) < 0:
+        return None
+    return value
+
+
+def refuses_token_ids(o: Outcome) -> bool:
+    """A server that does not know `return_token_ids` and says so (OpenAI: 400
+    "Unrecognized request argument supplied: return_token_ids")."""
+    return o.kind is Kind.PERMANENT and o.status in (400, 422) \
+        and "return_token_ids" in o.message
 
 
 def parse_retry_after(value: str | None, millis: str | None = None) -> float | None:
@@ -287,6 +309,8 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
     native = choice.get("native_finish_reason")
     if native is not None:
         result["native_finish_reason"] = native
+    if "token_ids" in choice and (ids := sampled_ids(choice["token_ids"])) is not None:
+        result["response_token_ids"] = ids
     return Outcome(Kind.OK, status, "ok", result=result, cost=cost_f, usage=usage, cut=cut,
                    think_split=split)
 

@@ -31,7 +31,8 @@ from payload.redact import redact
 from payload.report import Reporter
 
 # A turn's text stays in the conversation (`messages`, `response`), not in its provenance.
-_TEXT = frozenset({"id", "turn", "response", "reasoning"})
+_TEXT = frozenset({"id", "turn", "response", "reasoning", "response_token_ids"})
+_IDS = "response_token_ids"  # the sampled token ids, when the server returned them
 
 
 def _provenance(r: dict[str, Any], latency_s: float, attempts: int) -> dict[str, Any]:
@@ -110,6 +111,8 @@ class Recorder:
         record["response"] = r["response"]
         record["reasoning"] = r["reasoning"]
         record.update(_provenance(r, o.latency_s, attempts))
+        if _IDS in r:  # the final turn's; earlier turns' are in their messages
+            record[_IDS] = r[_IDS]
         if turns is not None:
             record["latency_s"] = round(sum(t["latency_s"] for t in (*turns, last)), 3)
             record["attempts"] = sum(t["attempts"] for t in (*turns, last))
@@ -146,6 +149,8 @@ class Recorder:
                    "provider": r["provider"], "turn": k, "index": where,
                    "response": r["response"], "reasoning": r["reasoning"]}
         t.update(_provenance(r, o.latency_s, attempts))
+        if _IDS in r:
+            t[_IDS] = r[_IDS]
         return t
 
     def answered(self, o: Outcome, cost: float | None, seq: int) -> None:

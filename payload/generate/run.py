@@ -38,7 +38,12 @@ from payload.generate.outage import Breaker
 from payload.generate.preflight import check_endpoints
 from payload.generate.progress import Counters, Display, StatusWriter
 from payload.generate.recorder import Recorder
-from payload.generate.settings import FIRST_COMPLETION_GUESS, Settings, check_paths
+from payload.generate.settings import (
+    FIRST_COMPLETION_GUESS,
+    Settings,
+    check_paths,
+    token_ids_for,
+)
 from payload.generate.stop import Stop
 from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
@@ -212,6 +217,7 @@ class Generator:
     # -- main ----------------------------------------------------------------------------------
     async def main(self) -> int:
         s, c, stop = self.s, self.c, self.stop
+        token_ids_for(s.base_url, s.token_ids)  # --token-ids on for OpenRouter: exit 2
         check_paths(s)
         self._resume()
         self.status.hold_reserve()

@@ -58,14 +58,35 @@ def parse_max_failed(text: str) -> MaxFailed:
     raise ValueError(f"--max-failed takes a count (e.g. 50) or a percentage (e.g. 2%), got {text!r}")
 
 
+def is_openrouter(base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
+
+
 def provider_for(base_url: str, provider: Any, explicit: bool) -> dict[str, Any] | None:
     """The routing object is OpenRouter's: sent to openrouter.ai, or anywhere when the user
     gave it (other OpenAI-compatible APIs reject unknown fields)."""
     if explicit:
         return provider if isinstance(provider, dict) else None
-    host = (urlsplit(base_url).hostname or "").lower()
-    is_openrouter = host == "openrouter.ai" or host.endswith(".openrouter.ai")
-    return provider if is_openrouter and isinstance(provider, dict) else None
+    return provider if is_openrouter(base_url) and isinstance(provider, dict) else None
+
+
+TOKEN_ID_MODES = ("auto", "on", "off")
+
+
+def token_ids_for(base_url: str, mode: str) -> bool:
+    """Whether requests ask for the sampled token ids (`return_token_ids`, vLLM >= 0.10.2):
+    `auto` asks any server but OpenRouter (whose request schema has no such field: it is
+    never sent there), `on` asks and refuses OpenRouter (exit 2), `off` never asks."""
+    if mode == "off":
+        return False
+    if is_openrouter(base_url):
+        if mode == "on":
+            raise UsageError("--token-ids on: OpenRouter cannot return the sampled token ids "
+                             "(its API has no return_token_ids); use --token-ids auto or off, "
+                             "or a server that can (vLLM >= 0.10.2)")
+        return False
+    return True
 
 
 @dataclass
@@ -98,6 +119,7 @@ class Settings:
     max_timeouts: int = 1  # a prompt's timeouts retried at most this often (each may be billed)
     think_in_content: str = "split"  # <think> in content with no reasoning: split | refuse
     turns: str = "last"  # last | all: which assistant turns are regenerated
+    token_ids: str = "auto"  # auto | on | off: ask the server for the sampled token ids
 
     @property
     def errors(self) -> Path:

@@ -61,7 +61,7 @@ def positions(p: Prompt, mode: str) -> list[int]:
 def history(p: Prompt, where: list[int], done: list[Turn], k: int, *,
             with_reasoning: bool = False) -> list[dict[str, Any]]:
     """The messages before turn k, the turns before it replaced by their regenerated text
-    (with `reasoning` too for the record, never in a request)."""
+    (with `reasoning` and `response_token_ids` too for the record, never in a request)."""
     conv = p.conversation or p.messages
     out = list(conv[:where[k]])
     for j in range(k):
@@ -69,6 +69,8 @@ def history(p: Prompt, where: list[int], done: list[Turn], k: int, *,
         msg: dict[str, Any] = {"role": "assistant", "content": t["response"]}
         if with_reasoning and t.get("reasoning"):
             msg["reasoning"] = t["reasoning"]
+        if with_reasoning and isinstance(t.get("response_token_ids"), list):
+            msg["response_token_ids"] = t["response_token_ids"]  # what the extractor supervises
         out[where[j]] = msg
     return out
 

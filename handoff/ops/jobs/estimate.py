@@ -4,7 +4,13 @@
 - prompts: the distinct valid records of each local input (handoff.ops.jobs.datasets);
 - tokens: the prompts' text at ~4 characters per token; the answers' length from the old
   answers the records carry (a trailing assistant turn is what gets regenerated), else
-  `--max-tokens` as an upper bound, else unknown;
+  `--max-tokens` as an upper bound (reasoning included: it bounds both), else unknown;
+- reasoning: a thinking model writes reasoning tokens before its answer, billed as
+  completion tokens, which old answers do not show. They are counted at the ratio of
+  reasoning to content tokens the last smoke test measured (`payload smoke` prints
+  `completion N (reasoning R, content C)`); without that ratio (no smoke test, a server
+  that reports no reasoning tokens, a smoke answer that was all reasoning) the estimate
+  says it cannot count them rather than quietly leaving them out;
 - cost: those tokens at the endpoint's prices, or at the cost per token the last
   `fab smoke-test` measured for this API and model (state.load_smoke), else unknown;
 - time: each host runs `concurrency` requests of each job at once; one request takes about
@@ -38,6 +44,24 @@ class Basis:
     speed: float | None = None  # answer tokens per second of one request, measured
     smoke_at: float | None = None  # when the smoke test ran
     model: str = ""
+    reasoning_ratio: float | None = None  # reasoning tokens per content token, measured
+    reasoning_why: str = "no smoke test recorded: run `fab smoke-test`"  # why no ratio
+
+    @staticmethod
+    def ratio_of(found: dict[str, Any]) -> tuple[float | None, str]:
+        """(reasoning tokens per content token, or None and why) from a smoke test's split."""
+        reasoning, content = found.get("reasoning_tokens"), found.get("content_tokens")
+        if not isinstance(reasoning, int) or not isinstance(content, int):
+            return None, ("the smoke test recorded no reasoning/content split (the server "
+                          "reports no reasoning_tokens, or the smoke test is older): rerun "
+                          "`fab smoke-test`")
+        if content > 0:
+            return reasoning / content, ""
+        if reasoning > 0:
+            return None, ("the smoke answer was all reasoning (cut at its max_tokens): no "
+                          "ratio to scale the old answers by; give --max-tokens for an upper "
+                          "bound")
+        return 0.0, ""
 
     @classmethod
     def of(cls, base_url: str, model: str) -> Basis:
@@ -49,7 +73,9 @@ class Basis:
         cost = found.get("cost")
         latency = found.get("latency_s")
         completion = found.get("completion_tokens") or 0
+        ratio, why = cls.ratio_of(found)
         return cls(
+            reasoning_ratio=ratio, reasoning_why=why,
             prices=(float(prices["prompt"]), float(prices["completion"]), float(prices.get("request", 0.0)))
             if isinstance(prices, dict) else None,
             per_token=float(cost) / tokens if isinstance(cost, (int, float)) and tokens else None,
@@ -71,6 +97,15 @@ class Basis:
             parts.append(f"{self.speed:.0f} answer tok/s per request")
         return f"from the smoke test of {self.model}: {', '.join(parts) or 'no usable figure'}"
 
+    def reasoning_text(self) -> str:
+        """How the estimate's answer tokens treat reasoning, for the caption."""
+        if self.reasoning_ratio is None:
+            return f"reasoning tokens NOT counted in old answers' lengths: {self.reasoning_why}"
+        if self.reasoning_ratio == 0:
+            return "no reasoning tokens (the smoke answer had none)"
+        return (f"reasoning counted at {self.reasoning_ratio:.2f} tokens per answer token "
+                f"(the smoke test's ratio)")
+
 
 @dataclass(frozen=True)
 class Row:
@@ -91,6 +126,9 @@ def estimate(ds: Dataset, basis: Basis, hosts: int, concurrency: int,
     per_answer: float | None
     if c.answers:
         per_answer, source = c.answer_chars / c.answers / CHARS_PER_TOKEN, "old answers"
+        if basis.reasoning_ratio:  # the reasoning a thinking model writes before them
+            per_answer *= 1.0 + basis.reasoning_ratio
+            source = "old answers + reasoning"
         if max_tokens:
             per_answer = min(per_answer, float(max_tokens))
     elif max_tokens:
@@ -167,5 +205,8 @@ def table(rows: list[Row], basis: Basis, hosts: int, concurrency: int) -> Any:
                       f"requests in flight per host and job",
                       ["job", "prompts", "bad lines", "prompt tokens", "answer tokens", "cost",
                        "time (floor)"], out)
-    t.caption = console.r(basis.describe() + f"; tokens at ~{CHARS_PER_TOKEN:g} characters each")
+    caption = basis.describe() + f"; tokens at ~{CHARS_PER_TOKEN:g} characters each"
+    if any(r.answer_source.startswith("old answers") for r in rows):
+        caption += "; " + basis.reasoning_text()
+    t.caption = console.r(caption)
     return t

@@ -32,6 +32,7 @@ without connecting.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 import time
@@ -137,6 +138,40 @@ def start_watch(target: Target) -> float:
     return float(flags.var("start_watch_s", target.vars.get("start_watch_s", BUILTIN_VARS["start_watch_s"])) or 0.0)
 
 
+def sampling(target: Target) -> dict[str, Any]:
+    """The generator's sampling and retry vars this host's job runs with (temperature,
+    top_p, seed, reasoning, provider, turns, max_timeouts, token_ids: flags.SAMPLING), each
+    checked by its rule; only the ones set. They are `payload generate`'s: a role whose
+    launch runs another command (the extractor's `reasoning` is include|drop) is not
+    checked by them, and a var its command does not name is neither checked nor shown."""
+    role = target.role
+    if role is None or "generate" not in [t for t in role.launch if isinstance(t, str)]:
+        return {}
+    used = _command_vars(role.launch)
+    out: dict[str, Any] = {}
+    for name in flags.SAMPLING:
+        if name in used and target.vars.get(name) is not None:
+            out[name] = flags.sampling_var(name, target.vars[name])
+    return out
+
+
+def _command_vars(tokens: Any) -> set[str]:
+    """The `{var}` names a role's argv tokens use."""
+    import string
+    names: set[str] = set()
+    for tok in tokens:
+        for t in (tok if isinstance(tok, list) else [tok]):
+            names.update(f for _, f, _, _ in string.Formatter().parse(t) if f)
+    return names
+
+
+def sampling_text(values: dict[str, Any]) -> str:
+    """`temperature 1, top_p 0.95, reasoning {"effort":"high"}` for the plan; "" when none."""
+    def show(v: Any) -> str:
+        return json.dumps(v, separators=(",", ":"), sort_keys=True) if isinstance(v, dict) else str(v)
+    return ", ".join(f"{k} {show(v)}" for k, v in values.items())
+
+
 def job_budget(target: Target) -> float | None:
     """The job's budget (`--max-cost` or the `max_cost` var), checked; None without one."""
     value = flags.var("max_cost", target.vars.get("max_cost"), flag="--max-cost")
@@ -226,9 +261,10 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
         if share is not None and role.secret:
             # The key's own limit enforces this host's share too (handoff.ops.jobs.budget).
             steps.append(budget.limit_step(target, share, [j.job for j in jobs]))
+        chosen = sampling(target)
         for j in jobs:
             extra = {"input": j.input_path, "shard": shard_spec,
-                     "max_cost": budget_text(share) if share is not None else None}
+                     "max_cost": budget_text(share) if share is not None else None, **chosen}
             # Rendered now with the paths as configured (`~` unresolved), so a missing var
             # stops the launch before any host is touched, and the dry run shows the command.
             preview = render_command(role.launch, command_vars(
@@ -238,7 +274,8 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                      and total is not None else "")
             steps.append(Step(
                 "start-job", f"start job {j.job} detached in {lay.job(j.job)}"
-                             + (f", shard {shard_spec}" if shard_spec else "") + money,
+                             + (f", shard {shard_spec}" if shard_spec else "") + money
+                             + (f"; sampling: {sampling_text(chosen)}" if chosen else ""),
                 f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(j.job)}/pid; "
                 f"~ is the login user's home)",
                 "once every host passed its probe",
@@ -387,8 +424,9 @@ def _start(ctx: HostContext, step: Step) -> str:
     jobs = ctx.private_as(LaunchPrivate).jobs
     j = next(j for j in jobs if j.job == job)
     input_path = s.abs(j.input_path)
+    chosen = sampling(s.target)  # checked when the plan was built: the same vars
     command = render_command(role.launch, job_vars(s, facts, job, {"input": input_path, "shard": shard,
-                                                                   "max_cost": p.share}),
+                                                                   "max_cost": p.share, **chosen}),
                              f"role {role.name} launch")
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
@@ -397,6 +435,8 @@ def _start(ctx: HostContext, step: Step) -> str:
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
             "max_cost": p.max_cost, "host_max_cost": p.share,
+            # what the payload was told (unset ones: the payload's defaults)
+            "sampling": {name: chosen.get(name) for name in flags.SAMPLING},
             "started": time.time(), "host": s.label}
     # Started without the watch: check-jobs watches every job of the launch at once.
     answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "start", "job_dir": jd,

@@ -19,7 +19,7 @@ from handoff.host.targets import Target
 from handoff.ops.jobs.state import job_vars, require_deployed
 from handoff.run.parallel import HostReport, run_on_hosts
 
-FIELDS = ("model", "served by", "latency", "tokens", "cost", "prices", "key", "smoke")
+FIELDS = ("model", "served by", "latency", "tokens", "cost", "prices", "key", "smoke", "finish")
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 
 
@@ -61,12 +61,30 @@ def measured(fields: dict[str, str]) -> dict[str, Any] | None:
     out: dict[str, Any] = {"latency_s": latency, "prompt_tokens": int(prompt),
                            "completion_tokens": int(completion),
                            "cost": _number(r"^\$N", fields.get("cost"))}
+    # `completion C (reasoning R, content K)`: a thinking model's split, for the estimate
+    reasoning = _number(r"reasoning N", fields.get("tokens"))
+    content = _number(r"content N", fields.get("tokens"))
+    if reasoning is not None and content is not None:
+        out["reasoning_tokens"], out["content_tokens"] = int(reasoning), int(content)
+    if "finish" in fields:
+        out["cut"] = "cut by" in fields["finish"]
     price_text = fields.get("prices")
     per_m = [_number(rf"{part} \$N/M", price_text) for part in ("prompt", "completion")]
     if per_m[0] is not None and per_m[1] is not None:
         out["prices"] = {"prompt": per_m[0] / 1e6, "completion": per_m[1] / 1e6,
                          "request": _number(r"request \$N", price_text) or 0.0}
     return out
+
+
+def tokens_cell(text: str | None) -> str:
+    """The table's tokens cell: `prompt P, reasoning R, content C` when the answer's split
+    is known (a thinking model's reasoning apart from its answer), else as printed."""
+    if not text:
+        return "-"
+    prompt, reasoning, content = (_number(rf"{w} N", text) for w in ("prompt", "reasoning", "content"))
+    if prompt is None or reasoning is None or content is None:
+        return text
+    return f"prompt {prompt:.0f}, reasoning {reasoning:.0f}, content {content:.0f}"
 
 
 def smoke(s: Session, report: HostReport) -> None:
@@ -115,7 +133,7 @@ def table(reports: list[HostReport]) -> Any:
         d = rep.data_as(Smoked).fields
         rows.append([console.r(rep.target.label), "[green]ok[/]" if rep.ok else "[red]FAILED[/]",
                      console.r(d.get("served by", "-")), console.r(d.get("latency", "-")),
-                     console.r(d.get("tokens", "-")), console.r(d.get("cost", "-")),
+                     console.r(tokens_cell(d.get("tokens"))), console.r(d.get("cost", "-")),
                      console.r(credit(d.get("key", "-"))) if rep.ok
                      else console.r(str(d.get("error") or rep.error or ""))])
     return console.table("smoke-test", ["host", "result", "provider (model)", "latency",

@@ -29,6 +29,7 @@ from handoff.errors import ConnectError, HandoffError
 from handoff.host import keyrecord
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
+from handoff.host.untrusted import count, counts_by_name
 from handoff.ops import keyapi
 from handoff.ops.jobs.state import (
     ACTIVE_STATES,
@@ -112,6 +113,61 @@ STATUS_FIELDS = ("done", "failed", "total", "cost", "tokens_per_s", "rate_rps", 
                  "window", "outage_s", "started")
 WITH_FAILURES = "finished with failures"
 
+# --- the answers' breakdown (status.json's by_provider, by_finish_reason, cut, ...) ---------
+# Read from the host through handoff.host.untrusted (counts finite whole numbers >= 0,
+# names printable and cut, at most untrusted.MAX_NAMES of them); summed here per job.
+BREAKDOWNS = ("by_provider", "by_finish_reason")
+COUNTS = ("cut", "timeouts", "think_split")
+
+
+def answers(st: dict[str, Any]) -> dict[str, Any]:
+    """The breakdown fields of a status, each checked (a bad or missing one is None)."""
+    found: dict[str, Any] = {k: counts_by_name(st.get(k)) for k in BREAKDOWNS}
+    found.update({k: count(st.get(k)) for k in COUNTS})
+    return found
+
+
+def _summed(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
+    known = [p for p in parts if p is not None]
+    if not known:
+        return None
+    out: dict[str, int] = {}
+    for p in known:
+        for k, n in p.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def _ranked(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def breakdown_notes(views: list[JobView]) -> list[str]:
+    """Per job (its shards summed): answers by provider and by finish reason, and the cut
+    ones: "which provider answered the cut answers?" starts here."""
+    by_job: dict[str, list[JobView]] = {}
+    for v in views:
+        if v.job is not None and v.status:
+            by_job.setdefault(v.job, []).append(v)
+    lines = []
+    for job, shards in by_job.items():
+        got = [answers(v.status) for v in shards]
+        providers = _summed([g["by_provider"] for g in got])
+        finishes = _summed([g["by_finish_reason"] for g in got])
+        if not providers and not finishes:
+            continue
+        parts = []
+        if providers:
+            parts.append(f"by provider {_ranked(providers)}")
+        if finishes:
+            parts.append(f"by finish reason {_ranked(finishes)}")
+        cut = [g["cut"] for g in got if g["cut"] is not None]
+        if cut and sum(cut):
+            parts.append(f"{sum(cut)} cut by max_tokens (recorded, not asked again)")
+        where = shards[0].host if len(shards) == 1 else f"{len(shards)} hosts"
+        lines.append(f"{job} ({where}) answers: " + "; ".join(parts))
+    return lines
+
 
 @dataclass
 class JobView:
@@ -144,7 +200,8 @@ class JobView:
         meta = self.job_state.meta or {}
         rec: dict[str, Any] = {"host": self.host, "job": self.job, "state": self.state,
                                "alive": self.job_state.alive, "pid": self.job_state.pid}
-        rec.update({name: st.get(name) for name in STATUS_FIELDS})
+        rec.update({key: st.get(key) for key in STATUS_FIELDS})
+        rec.update(answers(st))  # by_provider, by_finish_reason, cut, ... checked
         rec.update(finished_with_failures=self.job_state.with_failures, ok=self.ok,
                    shard=meta.get("shard"), input_sha256=meta.get("input_sha256"),
                    secrets_placed=self.job_state.keys_placed)
@@ -274,6 +331,12 @@ def combined(views: list[JobView]) -> list[JobView]:
         summed["bad_lines"] = max((int(_number(st.get("bad_lines"))) for st in sts), default=0)
         totals = [t for t in (st.get("total") for st in sts) if isinstance(t, int)]
         summed["total"] = sum(totals) if sts and len(totals) == len(sts) else None
+        got = [answers(st) for st in sts]
+        for k in BREAKDOWNS:
+            summed[k] = _summed([g[k] for g in got])
+        for k in COUNTS:
+            known = [g[k] for g in got if g[k] is not None]
+            summed[k] = sum(known) if known else None
         label = f"all ({len(present)} host{'s' if len(present) != 1 else ''})"
         if shards.state is not None:
             summed.update(failed="?", total=shards.prompts if shards.prompts is not None else "?",
@@ -320,6 +383,7 @@ def table(views: list[JobView]) -> Any:
     rows = []
     shown = [*views, *combined(views)]
     with_bad = any(_number(v.status.get("bad_lines")) for v in shown)
+    with_cut = any(count(v.status.get("cut")) for v in shown)
     for v in shown:
         st = v.status
         progress = f"{st.get('done', '-')}/{st.get('failed', '-')}/{st.get('total', '?')}" if st else "-"
@@ -334,6 +398,9 @@ def table(views: list[JobView]) -> Any:
         ]
         if with_bad:
             row.append(str(st.get("bad_lines") or 0) if st else "-")
+        if with_cut:
+            cut = count(st.get("cut"))
+            row.append(str(cut) if cut is not None else "-")
         row += [
             ((f"yes ({v.key.mode})" if v.key.placed else "no") if v.key and not v.error else "?")
             if not bold else "",
@@ -342,7 +409,8 @@ def table(views: list[JobView]) -> Any:
         ]
         rows.append(row)
     columns = ["host", "job", "state", "done/fail/total", "tok/s", "$ spent", "ETA",
-               *(["bad lines"] if with_bad else []), "key placed", "key spend", "note"]
+               *(["bad lines"] if with_bad else []), *(["cut"] if with_cut else []),
+               "key placed", "key spend", "note"]
     if not any(row[-1] for row in rows):
         columns.pop()
         rows = [row[:-1] for row in rows]

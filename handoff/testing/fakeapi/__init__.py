@@ -36,6 +36,11 @@ Modes that stand in for real servers and real trouble (all off by default):
   `finish_reason: "length"` with empty content (`native_finish_reason: "max_tokens"`);
   `generation_header=True` also sends `X-Generation-Id` (`body_id=False`: only there);
   `providers=[...]` spreads answers over several provider names (by prompt);
+- `token_ids=True`: a request with `return_token_ids: true` (vLLM's field) gets
+  `choices[0].token_ids` (one id below `token_vocab` per completion token, a function of the
+  answer: `fake_token_ids`) and `prompt_token_ids`, as vLLM answers; what it sent is kept
+  per prompt (`token_ids_by_prompt`); `refuse_fields=("return_token_ids",)` answers a
+  request carrying such a field 400 "Unrecognized request argument supplied: …" (OpenAI);
 - `check_history=True`: every assistant turn in a request's history must be what the fake
   answered for the history before it (its visible content), as `--turns all` sends it;
   mismatches are counted (`history_mismatches`, checked turns in `history_checked`).
@@ -60,8 +65,9 @@ from handoff.testing.fakeapi.faults import (
     FakeStats,
     FaultPlan,
     answer_digest,
+    fake_token_ids,
 )
 from handoff.testing.fakeapi.server import FakeOpenRouter
 
 __all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS",
-           "FakeOpenRouter", "FakeStats", "FaultPlan", "answer_digest"]
+           "FakeOpenRouter", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]

@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cost", action="store_true", help="no usage.cost in answers")
     parser.add_argument("--timeline", action="store_true",
                         help="record a per-100 ms timeline (in the stats printed at exit)")
+    parser.add_argument("--token-ids", action="store_true",
+                        help="answer vLLM's token_ids to a request with return_token_ids")
+    parser.add_argument("--thinking", choices=("field", "tags"),
+                        help="a thinking model: reasoning before the answer")
     args = parser.parse_args(argv)
     plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
         args.faults)
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 else args.capacity_retry_after),
                           outage_at_s=args.outage_at, outage_for_s=args.outage_for,
                           outage_kind=args.outage_kind, fast_faults=args.fast_faults,
-                          report_cost=not args.no_cost, timeline=args.timeline)
+                          report_cost=not args.no_cost, timeline=args.timeline,
+                          token_ids=args.token_ids, thinking=args.thinking)
 
     async def serve() -> None:
         stop = asyncio.Event()

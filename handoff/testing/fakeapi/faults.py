@@ -44,6 +44,17 @@ def answer_digest(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def fake_token_ids(text: str, n: int, vocab: int) -> list[int]:
+    """n stand-in "sampled" token ids below `vocab`, a pure function of the answer's text."""
+    out: list[int] = []
+    counter = 0
+    while len(out) < n:
+        digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+        out.extend(b % vocab for b in digest)
+        counter += 1
+    return out[:n]
+
+
 @dataclass
 class FaultPlan:
     """Which faults to inject. `rates`: kind -> probability per request (summing <= 1).
@@ -109,6 +120,10 @@ class FakeStats:
     requests_by_prompt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     history_checked: int = 0  # assistant turns in histories checked (check_history)
     history_mismatches: int = 0  # ... that were not what the fake had answered
+    # The sampled token ids answered (token_ids=True, asked with return_token_ids), by
+    # derive_id of the request's messages; and requests that asked for them.
+    token_ids_by_prompt: dict[str, list[int]] = field(default_factory=dict)
+    token_id_requests: int = 0
     # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
     timeline: dict[int, list[int]] = field(default_factory=dict)
     outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
@@ -131,4 +146,4 @@ DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
 ]
 
 
-__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats", "FaultPlan", "answer_digest"]
+__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]

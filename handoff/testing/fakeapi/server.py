@@ -20,6 +20,7 @@ from handoff.testing.fakeapi.faults import (
     FakeStats,
     FaultPlan,
     answer_digest,
+    fake_token_ids,
 )
 from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
@@ -46,7 +47,9 @@ class FakeOpenRouter:
                  fast_faults: bool = False, timeline: bool = False,
                  thinking: str | None = None, reasoning_tokens: int = 48,
                  generation_header: bool = False, body_id: bool = True,
-                 providers: list[str] | None = None, check_history: bool = False) -> None:
+                 providers: list[str] | None = None, check_history: bool = False,
+                 token_ids: bool = False, token_vocab: int = 100,
+                 refuse_fields: tuple[str, ...] = ()) -> None:
         if not host.startswith("127.") and host not in ("localhost", "::1"):
             raise ValueError("the fake API only listens on loopback")
         self.api_key = api_key
@@ -87,6 +90,9 @@ class FakeOpenRouter:
         self.body_id = body_id
         self.providers = providers or ["DeepInfra"]
         self.check_history = check_history
+        self.token_ids = token_ids  # answer vLLM's token_ids when asked (return_token_ids)
+        self.token_vocab = token_vocab
+        self.refuse_fields = refuse_fields  # body fields refused with OpenAI's 400
         self._answered: dict[str, str] = {}  # derive_id(history) -> the visible answer given
         self.serving = 0  # requests past the capacity gate
         self._t0: float | None = None  # first chat request (monotonic)
@@ -265,6 +271,11 @@ class FakeOpenRouter:
             return self._error(400, "request body is not a chat completion request")
         if self.record_bodies:
             self.stats.bodies.append(body)
+        if isinstance(body, dict) and body.get("return_token_ids") is True:
+            self.stats.token_id_requests += 1
+        refused = [f for f in self.refuse_fields if isinstance(body, dict) and f in body]
+        if refused:
+            return self._error(400, f"Unrecognized request argument supplied: {refused[0]}")
         if isinstance(messages, list):
             self.stats.requests_by_prompt[derive_id(messages)] += 1
             if self.check_history:
@@ -403,6 +414,14 @@ class FakeOpenRouter:
             "usage": usage}
         if self.error_null:
             result["error"] = None
+        if self.token_ids and body.get("return_token_ids") is True:
+            seen = f"{reasoning if isinstance(reasoning, str) else ''}\x00{content or ''}"
+            ids = fake_token_ids(seen, completion, self.token_vocab)
+            choice["token_ids"] = ids
+            result["prompt_token_ids"] = fake_token_ids(json.dumps(body["messages"]),
+                                                        prompt_tokens, self.token_vocab)
+            if isinstance(body.get("messages"), list):
+                self.stats.token_ids_by_prompt[derive_id(body["messages"])] = ids
         return result
 
     async def _fault(self, fault: str, request: web.Request) -> web.StreamResponse | None:

@@ -157,3 +157,34 @@ def test_an_estimate_over_the_budget_is_a_warning_with_the_budgets_eta(tmp_path:
     [warning] = estimate.budget_warnings([row], 1.05)
     assert "B3: the estimate ~$2.10 exceeds the budget $1.05 (--max-cost)" in warning
     assert "about 50% of its 1000 prompts answered, after ~25s" in warning, warning
+def test_estimate_counts_reasoning_at_the_smoke_tests_ratio(ws: Workstation, tmp_path: Path) -> None:
+    """Issue 20: the smoke test's `completion N (reasoning R, content C)` is recorded; the
+    estimate scales the old answers by it, and says when it cannot."""
+    fields = smoke.parse("latency:   2.0 s\ntokens:    prompt 12, completion 64 (reasoning 48, "
+                         "content 16)\ncost:      $0.000100\nfinish:    stop\n")
+    got = smoke.measured(fields)
+    assert got is not None and (got["reasoning_tokens"], got["content_tokens"], got["cut"]) == (48, 16, False)
+    assert smoke.tokens_cell(fields["tokens"]) == "prompt 12, reasoning 48, content 16"
+    state.save_smoke("http://r/api/v1", "m/think", got)
+    basis = estimate.Basis.of("http://r/api/v1", "m/think")
+    assert basis.reasoning_ratio == 3.0
+    path = write(tmp_path / "B5.jsonl", *[
+        {"id": i, "conversations": [{"from": "human", "value": "q" * 40},
+                                    {"from": "gpt", "value": "a" * 400}]} for i in range(10)])
+    [ds] = datasets.load([path], ["B5"])
+    row = estimate.estimate(ds, basis, hosts=1, concurrency=10, max_tokens=None)
+    assert row.answer_tokens == pytest.approx(10 * 100 * 4) and row.answer_source == "old answers + reasoning"
+    assert "reasoning counted at 3.00 tokens per answer token" in basis.reasoning_text()
+    # all reasoning (cut at 64): no ratio, and the estimate says so
+    cut = smoke.measured(smoke.parse("latency:   2.0 s\ntokens:    prompt 12, completion 64 "
+                                     "(reasoning 64, content 0)\nfinish:    length (cut by --max-tokens)\n"))
+    assert cut is not None and cut["cut"] is True
+    state.save_smoke("http://r/api/v1", "m/cut", cut)
+    basis = estimate.Basis.of("http://r/api/v1", "m/cut")
+    assert basis.reasoning_ratio is None
+    assert estimate.estimate(ds, basis, 1, 10, None).answer_tokens == pytest.approx(1000)
+    assert "NOT counted" in basis.reasoning_text() and "all reasoning" in basis.reasoning_text()
+    old = estimate.Basis.of("http://r/api/v1", "m/none")
+    assert "no smoke test recorded" in old.reasoning_text()
+    table = estimate.table([estimate.estimate(ds, basis, 1, 10, None)], basis, 1, 10)
+    assert "NOT counted" in str(table.caption)

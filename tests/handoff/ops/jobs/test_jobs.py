@@ -866,3 +866,100 @@ def test_the_probe_says_a_job_is_new_not_none(ws: Workstation, tmp_path: Path,
     assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 0
     assert "job sleeper: was stopped, resumes" in capfd.readouterr().out
     assert commands.stop("s", None, timeout=20) == 0
+def test_launch_plan_shows_and_passes_the_sampling(ws: Workstation) -> None:
+    """Issue 20: temperature, top_p, seed, reasoning, provider, turns, max_timeouts from the
+    flags (or vars) reach the payload's argv, and the plan says them."""
+    flags = {"temperature": 1.0, "top_p": 0.95, "seed": 7, "reasoning": {"effort": "high"},
+             "provider": {"require_parameters": True}, "turns": "all", "max_timeouts": 0}
+    p = launch.plan(ws.targets("a", flags=flags), local_input=None, remote_input="/d/x.jsonl",
+                    job_flag=None)
+    start = p.hosts[0].steps[-2]
+    for text in ("--temperature 1.0", "--top-p 0.95", "--seed 7",
+                 """--reasoning '{"effort":"high"}'""",
+                 """--provider '{"require_parameters":true}'""", "--turns all",
+                 "--max-timeouts 0"):
+        assert text in start.detail, (text, start.detail)
+    assert ('sampling: temperature 1.0, top_p 0.95, seed 7, reasoning {"effort":"high"}, '
+            'provider {"require_parameters":true}, turns all, max_timeouts 0') in start.description
+    assert launch.sampling(ws.targets("a")[0]) == {}  # none set: the payload's defaults
+    plain = launch.plan(ws.targets("a"), local_input=None, remote_input="/d/x.jsonl", job_flag=None)
+    assert "--temperature" not in plain.hosts[0].steps[-2].detail
+    assert "sampling" not in plain.hosts[0].steps[-2].description
+    # the vars in the inventory's shapes: YAML mappings, or JSON text; null provider: send none
+    t = ws.targets("a", flags={"reasoning": '{"max_tokens": 8000, "exclude": true}',
+                               "provider": "null"})[0]
+    assert launch.sampling(t) == {"reasoning": {"max_tokens": 8000, "exclude": True},
+                                  "provider": "null"}
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("temperature", "3", "--temperature: expected a number from 0 to 2"),
+    ("temperature", "nan", "--temperature: expected a number from 0 to 2"),
+    ("top_p", "1.5", "--top-p: expected a number from 0 to 1"),
+    ("seed", "1.5", "--seed: expected a whole number from 0 to 9223372036854775807"),
+    ("max_timeouts", "-1", "--max-timeouts: expected a whole number >= 0"),
+    ("reasoning", "high", "--reasoning: expected a JSON object"),
+    ("reasoning", '{"efort": "high"}', "--reasoning: unknown key 'efort'"),
+    ("reasoning", '{"effort": "hi"}', "--reasoning: effort must be one of"),
+    ("reasoning", '{"effort": "high", "max_tokens": 10}', "give effort or max_tokens, not both"),
+    ("reasoning", '{"exclude": "yes"}', "--reasoning: exclude must be true or false"),
+    ("provider", "[1]", "--provider: expected a JSON object"),
+    ("turns", "some", "--turns: expected one of last, all"),
+])
+def test_bad_sampling_flags_exit_2_naming_the_flag(ws: Workstation, capfd: pytest.CaptureFixture[str],
+                                                   flag: str, value: str, says: str) -> None:
+    assert commands.launch("a", None, local_input=None, remote_input="/in.jsonl",
+                           flags={flag: value}, dry_run=True) == 2
+    assert says in capfd.readouterr().err
+
+
+def test_extractor_role_passes_completion_format_turns_and_on_mismatch(ws: Workstation) -> None:
+    """Issue 19: set, they reach `payload extract`; the completion form's braces are the
+    payload's placeholders, passed as written (not vars: `reasoning` is one)."""
+    form = "{reasoning}\n</think>\n\n{content}<｜end▁of▁sentence｜>"
+    base = {"gpus": 1, "model_dir": "/models/r1"}
+    p = launch.plan(ws.targets("a", role="extractor", flags={
+        **base, "completion_format": form, "turns": "all", "on_mismatch": "skip",
+        "reasoning": "include"}), local_input=None, remote_input="/in.jsonl", job_flag=None)
+    detail = p.hosts[0].steps[-2].detail
+    assert f"--completion-format '{form}'" in detail
+    assert "--turns all" in detail and "--on-mismatch skip" in detail
+    assert "--reasoning include" in detail  # the extractor's own reasoning var, not JSON
+    assert "sampling" not in p.hosts[0].steps[-2].description
+    plain = launch.plan(ws.targets("a", role="extractor", flags=base), local_input=None,
+                        remote_input="/in.jsonl", job_flag=None).hosts[0].steps[-2].detail
+    assert "--completion-format" not in plain and "--turns" not in plain
+
+
+def test_status_breaks_answers_down_by_provider_and_finish_reason() -> None:
+    """Issue 20: the status file's by_provider, by_finish_reason and cut in `--json`, the
+    table and the notes; shards summed; a host's values read as hostile input."""
+    def view(host: str, st: dict) -> status.JobView:  # type: ignore[type-arg]
+        return status.JobView(host, "B3", "running", JobState("/j/B3", status=st, alive=True))
+
+    a = view("a", {"done": 5, "by_provider": {"DeepInfra": 4, "Together": 1},
+                   "by_finish_reason": {"stop": 3, "length": 2}, "cut": 2, "timeouts": 1,
+                   "think_split": 0})
+    b = view("b", {"done": 2, "by_provider": {"Together": 2}, "by_finish_reason": {"stop": 2},
+                   "cut": 0})
+    rec = a.record()
+    assert rec["by_provider"] == {"DeepInfra": 4, "Together": 1}
+    assert (rec["cut"], rec["timeouts"], rec["think_split"]) == (2, 1, 0)
+    assert status.breakdown_notes([a, b]) == [
+        "B3 (2 hosts) answers: by provider DeepInfra 4, Together 3; by finish reason stop 5, "
+        "length 2; 2 cut by max_tokens (recorded, not asked again)"]
+    allrow = status.combined([a, b])[0]
+    assert allrow.status["by_finish_reason"] == {"stop": 5, "length": 2} and allrow.status["cut"] == 2
+    table = status.table([a, b])
+    assert "cut" in [c.header for c in table.columns]
+    # hostile values: wrong types, NaN, negatives, huge and control-character names
+    evil = view("c", {"by_provider": {"x": float("nan")}, "by_finish_reason": ["stop"],
+                      "cut": -1, "timeouts": float("inf"), "think_split": True})
+    assert {k: evil.record()[k] for k in (*status.BREAKDOWNS, *status.COUNTS)} == dict.fromkeys(
+        (*status.BREAKDOWNS, *status.COUNTS))
+    assert status.breakdown_notes([evil]) == []
+    many = status.counts_by_name({f"p{i}\x1b[31m" + "y" * 100: 1 for i in range(40)})
+    assert many is not None and len(many) == status.MAX_NAMES
+    assert all("\x1b" not in k and len(k) <= status.MAX_NAME for k in many)
+    assert many["other (9 names)"] == 9
+    assert status.counts_by_name({"a": 10**400}) is None
