@@ -285,7 +285,7 @@ def rel_path(rel: Any) -> str:
     """A file's path relative to its job folder, from a host, else Untrusted."""
     problem = name_problem(rel, path=True)
     if problem:
-        raise Untrusted(f"file {visible(repr(rel), 120)} {problem}")
+        raise Untrusted(f"file {visible(repr(rel), 1024)} {problem}")
     return str(rel)
 
 

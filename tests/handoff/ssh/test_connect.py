@@ -7,10 +7,12 @@ prints nothing of its own."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -107,7 +109,10 @@ def test_encrypted_key_without_agent_says_ssh_add(known_server: FakeSSH, home: P
 @pytest.fixture
 def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A real ssh-agent holding one key that no identity file names."""
-    sock = tmp_path / "agent.sock"
+    # A unix socket's path is at most 107 bytes: pytest's tmp_path (longer under xdist's
+    # popen-gwN folders) can exceed it, so the socket gets a short folder of its own.
+    short = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp"))
+    sock = short / "agent.sock"
     proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30  # the agent's start, on a loaded CI machine too
@@ -121,6 +126,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield agent_key
     proc.send_signal(signal.SIGTERM)
     proc.wait(5)
+    shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.mark.parametrize("only", [True, False])

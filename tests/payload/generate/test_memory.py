@@ -43,7 +43,10 @@ def measure(fake_factory, key_file: Path, tmp_path: Path, small: int, big: int
             ) -> tuple[float, float]:
     results = []
     for n in (small, big):
-        fake = fake_factory(latency_s=0.1)  # answers overlap: 2000 really are in flight
+        # Answers slow enough that 2000 really are in flight: by Little's law in flight =
+        # throughput x latency, and client + fake on 2 cores answer a few thousand a second,
+        # so 0.1 s answers held only ~1000 in flight whatever the window allowed.
+        fake = fake_factory(latency_s=1.0)
         inp, out = tmp_path / f"in{n}.jsonl", tmp_path / f"out{n}.jsonl"
         write_prompts(inp, n)
         results.append(peak_rss_mb(gen_args(fake, key_file, inp, out, "--concurrency", "2000")))

@@ -17,6 +17,7 @@ import pytest
 from handoff.cli import commands
 from handoff.defaults import BUILTIN_VARS
 from handoff.errors import RoleError, UsageError
+from handoff.host import untrusted
 from handoff.ops import deploy
 from handoff.ops.jobs import launch, smoke, status, stop
 from handoff.ops.jobs.state import OK_STATES, JobState, job_name
@@ -959,7 +960,7 @@ def test_status_breaks_answers_down_by_provider_and_finish_reason() -> None:
         (*status.BREAKDOWNS, *status.COUNTS))
     assert status.breakdown_notes([evil]) == []
     many = status.counts_by_name({f"p{i}\x1b[31m" + "y" * 100: 1 for i in range(40)})
-    assert many is not None and len(many) == status.MAX_NAMES
-    assert all("\x1b" not in k and len(k) <= status.MAX_NAME for k in many)
+    assert many is not None and len(many) == untrusted.MAX_NAMES
+    assert all("\x1b" not in k and len(k) <= untrusted.MAX_SHOWN_NAME for k in many)
     assert many["other (9 names)"] == 9
     assert status.counts_by_name({"a": 10**400}) is None
