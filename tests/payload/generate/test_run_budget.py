@@ -47,7 +47,7 @@ def test_one_dollar_at_one_cent_spends_most_of_it(fake_factory, key_file, tmp_pa
 def test_ample_budget_keeps_the_full_concurrency_in_flight(fake_factory, key_file, tmp_path):
     """$100 at 2000 concurrency and $0.002 an answer: the worst case allowed ~76 in flight;
     the expectation keeps ~2000."""
-    fake = fake_factory(cost_per_request=0.002, latency_s=0.5)
+    fake = fake_factory(cost_per_request=0.002, latency_s=1.0)  # 2000 in flight = throughput x latency: 0.5 s sat at ~1400-1800 on 2 cores
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 8000)
     proc = run_payload(*gen_args(fake, key_file, inp, out, "--concurrency", "2000",

@@ -52,7 +52,7 @@ def test_outage_at_2000_in_flight_costs_no_id(fake_factory, key_file, tmp_path, 
     backoff would fail every id within a second; the breaker pauses dispatch instead, and
     the run ends with every id done, exit 0. (8 s here; the 35 s of the issue is the
     opt-in test below: the breaker does not count time, so the length changes nothing.)"""
-    fake = fake_factory(latency_s=0.5, outage_at_s=3.5, outage_for_s=8.0, outage_kind=kind)
+    fake = fake_factory(latency_s=0.8, outage_at_s=4.5, outage_for_s=8.0, outage_kind=kind)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 10000)
     t0 = time.monotonic()
