@@ -239,6 +239,20 @@ def _text_of(content: Any) -> str | None:
     return None
 
 
+def _reasoning_of(message: dict[str, Any]) -> str | None:
+    """The reasoning trace of an answer's message. OpenRouter sends it as `reasoning`;
+    DeepSeek's API and vLLM's reasoning parsers before 0.10 send `reasoning_content`: read
+    either, or a thinking model's trace would be recorded as null and lost without a word.
+    Anything but text is no trace."""
+    reasoning = message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        return reasoning
+    other = message.get("reasoning_content")
+    if isinstance(other, str) and other:
+        return other
+    return reasoning if isinstance(reasoning, str) else None
+
+
 def classify_body(status: int, raw: bytes, retry_after: float | None,
                   content_type: str | None = None, generation_id: str | None = None,
                   think: str = "split") -> Outcome:
@@ -282,7 +296,7 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
     message_obj: dict[str, Any] = (choice["message"] if isinstance(choice.get("message"), dict)
                                    else {})
     content = _text_of(message_obj.get("content"))
-    reasoning = message_obj.get("reasoning")
+    reasoning = _reasoning_of(message_obj)
     usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
     cost = usage.get("cost")
     cost_f = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \

@@ -155,6 +155,20 @@ def test_markers_are_left_alone_when_reasoning_came_in_its_field():
     assert not plain.think_split and plain.result["reasoning"] is None
 
 
+def test_reasoning_content_is_read_when_reasoning_is_absent():
+    """DeepSeek's API and older vLLM name the trace `reasoning_content`: it is kept, not lost."""
+    body = json.dumps({"choices": [{"finish_reason": "stop", "message": {
+        "content": "Paris.", "reasoning_content": "the capital"}}]}).encode()
+    o = classify_body(200, body, None)
+    assert o.kind is Kind.OK and o.result["reasoning"] == "the capital"
+    assert not o.think_split
+    both = classify_body(200, json.dumps({"choices": [{"finish_reason": "stop", "message": {
+        "content": "a", "reasoning": "r", "reasoning_content": "other"}}]}).encode(), None)
+    assert both.result["reasoning"] == "r"
+    odd = classify_body(200, think_body("a", reasoning={"not": "text"}), None)
+    assert odd.result["reasoning"] is None
+
+
 def test_a_cut_answer_is_done_even_empty_and_keeps_its_provenance():
     o = classify_body(200, think_body("", reasoning="all of it", finish="length",
                                       id="gen-123"), None)
