@@ -54,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import zlib
@@ -65,7 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import report as report_md  # noqa: E402
-from benchmarks.generator import MODEL, _feed, client_cmd, measured, write_prompts  # noqa: E402
+from benchmarks.generator import MODEL, _feed, client_cmd, write_prompts  # noqa: E402
 
 SECTION = "Seed scenario (thinking-size answers)"
 POOL = 4096  # distinct answer bodies the server holds (~57 MB)
@@ -141,7 +142,7 @@ async def serve(seed: int, time_scale: float) -> None:
     noise = [rnd.lognormvariate(0.0, SIGMA_NOISE) for _ in range(1 << 16)]
     state = {"in_flight": 0, "arrivals": 0, "done": 0, "first": 0.0, "last_arrival": 0.0,
              "latency_sum": 0.0, "latency_max": 0.0}
-    samples: list[tuple[float, int, int, int]] = []
+    samples: list[tuple[float, float, float, float]] = []
     lags: list[float] = []
     t0 = time.monotonic()
 
@@ -235,7 +236,7 @@ def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def _write_all(fd: int, line: bytes) -> None:
+def _write_all(fd: int, line: bytes | memoryview) -> None:
     view = memoryview(line)
     while view:
         view = view[os.write(fd, view):]
@@ -326,6 +327,47 @@ def command(client: str, inp: Path, out: Path, url: str, key_file: Path, conc: i
 
 
 # -- one run ------------------------------------------------------------------------------------
+def _hwm_mb(pid: int) -> float | None:
+    """The process's peak RSS since its exec (VmHWM), in MB; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, int, str]:
+    """(wall s, CPU s, peak RSS MB, exit code, stderr) of one client process. Peak RSS is
+    the child's VmHWM, polled every 0.2 s: `ru_maxrss` also counts the pages a forked
+    child shared with this process before its exec (a parent grown to 2 GB read 2 GB)."""
+    t0 = time.monotonic()
+    peak = [0.0]
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty client never blocks
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.wait(0.2):
+                hwm = _hwm_mb(proc.pid)
+                if hwm is not None:
+                    peak[0] = max(peak[0], hwm)
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        watcher.join()
+        wall = time.monotonic() - t0
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    rss = peak[0] or usage.ru_maxrss / 1024
+    return (wall, usage.ru_utime + usage.ru_stime, rss, os.waitstatus_to_exitcode(status),
+            text)
+
+
 def held(stats: dict[str, Any], n: int, conc: int) -> dict[str, float]:
     """From the server's 100 ms samples: when in-flight first reached the concurrency (the
     start), when the last prompt arrived (from then on fewer than `conc` are left: the tail),
@@ -553,7 +595,7 @@ def report(data: dict[str, Any]) -> str:
         runs.setdefault(r["client"], []).append(r)
 
     def m(c: str, k: str) -> float:
-        return statistics.median(r[k] for r in runs[c])
+        return statistics.median(r[k] for r in runs[c] if r.get(k) is not None)
 
     reps = min(len(v) for v in runs.values())
     any_run = data["runs"][0]
@@ -593,8 +635,9 @@ def report(data: dict[str, Any]) -> str:
             f"{1000 * m(c, 'lag_max_s'):.0f} |")
     out.append("")
     out.append("Per rep (CPU ms / request, RSS MB, held): " + "; ".join(
-        f"{c} " + ", ".join(f"{1000 * r['cpu_s'] / n:.3f}/{r['rss_mb']:.0f}/{r['held']:.3f}"
-                            for r in runs[c]) for c in runs) + ".")
+        f"{c} " + ", ".join(f"{1000 * r['cpu_s'] / n:.3f}/"
+                            f"{'-' if r.get('rss_mb') is None else round(r['rss_mb'])}/"
+                            f"{r['held']:.3f}" for r in runs[c]) for c in runs) + ".")
     if "differing_records" in data:
         out.append(f"The bare loop's records equal the payload's (latency_s aside): "
                    f"{data['differing_records']} of {n} differ (rep 1).")
@@ -608,9 +651,11 @@ def report(data: dict[str, Any]) -> str:
             f"{'met' if m('payload', 'rss_mb') <= RSS_TARGET_MB else 'MISSED'})",
             f"- in flight held at the concurrency {m('payload', 'held'):.1%} of the time after "
             f"the start (target >= {HELD_TARGET:.0%}: "
-            f"{'met' if m('payload', 'held') >= HELD_TARGET else 'MISSED'}); the start (slow "
-            f"start from 32, tripling per round trip of ~3 s) took {m('payload', 'ramp_s'):.1f}"
-            f" s, the bare loop's {m('bare', 'ramp_s'):.1f} s"]
+            f"{'met' if m('payload', 'held') >= HELD_TARGET else 'MISSED'}; the bare loop "
+            f"{m('bare', 'held'):.1%}); the start (slow start from 32, tripling per round trip "
+            f"of ~{any_run['latency_mean_s']:.1f} s) took {m('payload', 'ramp_s'):.1f} s, "
+            f"{m('payload', 'ramp_s') / any_run['latency_mean_s']:.1f}x the mean latency; the "
+            f"bare loop's {m('bare', 'ramp_s'):.1f} s"]
     w = data.get("write")
     if w:
         size = w["bytes"] / 1e6
@@ -684,6 +729,7 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help=f"record it as ## {SECTION}")
     ap.add_argument("--server", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--client", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--compare", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.server:
         with contextlib.suppress(KeyboardInterrupt):
@@ -695,12 +741,15 @@ def main() -> int:
         fn = bare_client if kind == "bare" else sdk_client
         asyncio.run(fn(Path(inp), Path(out), url, key, int(n)))
         return 0
+    if args.compare:
+        print(same_records(*args.compare))
+        return 0
     if args.report:
-        data = {}
+        saved: dict[str, Any] = {}
         for path in args.report:
-            data.update({k: v for k, v in json.loads(path.read_text()).items()
-                         if k not in data or k in ("transfer", "write")})
-        report_md.publish(SECTION, report(data), args.write)
+            saved.update({k: v for k, v in json.loads(path.read_text()).items()
+                          if k not in saved or k in ("transfer", "write")})
+        report_md.publish(SECTION, report(saved), args.write)
         return 0
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -717,14 +766,24 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(data, indent=1))
 
-    if args.transfer_from:
-        with locked(args.lock), tempfile.TemporaryDirectory(prefix="bench-seed-") as tmp_s:
-            load0s = report_md.load()
-            t = transfer(args.transfer_from, Path(tmp_s), args.transfer_reps)
-            t["load"] = [load0s, report_md.load()]
-        data = {"transfer": t}
-        save()
-        print(json.dumps({k: v for k, v in t.items()}, indent=None))
+    if args.transfer_from:  # the writes and the fetch of a kept output, in one lock
+        with locked(args.lock), tempfile.TemporaryDirectory(prefix="bench-seed-",
+                                                             dir=args.transfer_from.parent
+                                                             ) as tmp_s:
+            kept_data: dict[str, Any] = {}
+            if not args.no_writes:
+                w: dict[str, Any] = dict(write_rate_reps(args.transfer_from, Path(tmp_s)))
+                w["bytes"] = args.transfer_from.stat().st_size
+                kept_data["write"] = w
+                print(f"writes MB/s: {w}", flush=True)
+            if args.transfer_reps > 0:
+                load0s = report_md.load()
+                t = transfer(args.transfer_from, Path(tmp_s), args.transfer_reps)
+                t["load"] = [load0s, report_md.load()]
+                kept_data["transfer"] = t
+                print(json.dumps(t), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(kept_data, indent=1))
         return 0
 
     with tempfile.TemporaryDirectory(prefix="bench-seed-") as tmp_s:
@@ -748,7 +807,12 @@ def main() -> int:
                     outs[c] = out
                 data["loads"].append((load0[0], os.getloadavg()[0]))
             if rep == 0 and "payload" in outs and "bare" in outs:
-                data["differing_records"] = same_records(outs["payload"], outs["bare"])
+                # In a child: parsing 2 x 560 MB would grow this process, and every client
+                # forked after it.
+                data["differing_records"] = int(subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--compare",
+                     str(outs["payload"]), str(outs["bare"])], cwd=REPO, env=env, check=True,
+                    capture_output=True, text=True).stdout)
                 print(f"  records differing payload/bare: {data['differing_records']}")
             for c, out in outs.items():
                 if c == "payload":
