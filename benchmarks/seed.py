@@ -669,15 +669,21 @@ def report(data: dict[str, Any]) -> str:
                 f"needs {need:.1f} MB/s ({size:.0f} MB in {m('payload', 'wall_s'):.0f} s); "
                 "writing its lines one by one costs "
                 f"{size / statistics.median(w['per_line_nofsync']):.2f} s of the run's "
-                f"{m('payload', 'cpu_s'):.0f} s of CPU.",
-                "fsync policy (payload/generate/journal.py `Writer`): each record is one "
-                "unbuffered `os.write` of the whole line to an O_APPEND file, so a killed "
-                "process loses at most the line being written (a torn tail, cut on resume); "
-                "nothing is fsynced per record: the output and errors files are fsynced once, "
-                "on close (also after a stop), and the status file only in its final write. "
-                "A crash of the host itself can lose what the kernel had not yet written back "
-                "(Linux: dirty pages older than ~30 s are written); those ids are simply asked "
-                "again on resume, so exactly-once holds."]
+                f"{m('payload', 'cpu_s'):.0f} s of CPU."]
+    out += ["", "fsync policy (payload/generate/journal.py `Writer`): each record is one "
+            "unbuffered `os.write` of the whole line to an O_APPEND file, so a killed "
+            "process loses at most the line being written (a torn tail, cut on resume); "
+            "nothing is fsynced per record: the output and errors files are fsynced once, "
+            "on close (also after a stop), and the status file only in its final write. "
+            "A crash of the host itself can lose what the kernel had not yet written back "
+            "(Linux: dirty pages older than ~30 s are written); those ids are simply asked "
+            "again on resume, so exactly-once holds."]
+    if not w or not data.get("transfer"):
+        missing = " and ".join(x for x, got in (("the write rates", w),
+                                                ("the fetch against scp", data.get("transfer")))
+                               if not got)
+        out += ["", f"Not measured in this run: {missing} (`--transfer-from` on the kept "
+                "output; it waited for the shared benchmark lock past the deadline)."]
     t = data.get("transfer")
     if t:
         mb = t["bytes"] / 1e6
