@@ -738,6 +738,13 @@ NOTES = """### Reading these figures
   payload's and the bare loop's 560 MB outputs record by record) and `ru_maxrss` of every
   forked client counted those pages (2360 MB for all three); the script now reads each
   client's VmHWM instead and compares in a child.
+- Writes were measured in a fixed order per rep (per line, 8 MiB blocks, dd) at load 10-20
+  with other benchmarks' I/O on the same disk: the order of the three figures is noise at
+  that load (8 MiB blocks below per-line writes); the slowest is still ~65x the 3.4 MB/s the
+  run needs, and the payload's own writes are under 2% of its CPU.
+- The fetch: `fab fetch` of two hosts + the merge (a new 576 MB file, each id checked) 1.37x
+  scp of the two files at once; scp + `cat` into one file 0.95x. The download itself is
+  1.9 s of fab's 3.6 s; the rest is fab's startup, the listing and the merge.
 - Medians of 2 reps, not 3: the third waited for the shared benchmark lock behind four
   other benchmarks and was given up to meet the deadline.
 """
