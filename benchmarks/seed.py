@@ -17,7 +17,7 @@ long tail. This benchmark replays that shape on loopback, fast enough to take mi
   instead of ~60 s);
 - the server samples its in-flight count every 100 ms (and how late its own timer fires,
   the check that it keeps up), and counts its own CPU;
-- clients, each a subprocess measured by `wait4` (CPU = user+sys, peak RSS), in a rotating
+- clients, each a subprocess (CPU = user+sys from `wait4`, peak RSS = its VmHWM), in a rotating
   order per rep: `payload generate` (the real CLI), a bare aiohttp loop writing the same
   JSONL records (same keys, same order, one unbuffered `os.write` per line, as the payload's
   Writer) and the openai SDK (aiohttp transport, no retries: the run is fault-free).
