@@ -7,7 +7,8 @@ Builds the tests' tiny chat model (tests/vllm_support.py: Llama H=256, 6 layers,
 and generator-style records, then, --reps times, in alternating order:
   vllm  `python -m payload extract --backend vllm --format native` (its extract phase:
         feeding the engine, reading each engine file back, checks, the format's writes,
-        the manifest; the engine start is its load phase and is not counted);
+        the manifest; the engine start is its load phase and the engine's shutdown after
+        the last write its close_s, neither counted: the bare loop counts neither);
   bare  a fresh engine with exactly the backend's engine arguments
         (backends/vllm.engine_kwargs), the same prompts as token ids (read back from the
         vllm run's own files), the same layers; `LLM.generate` over all of them at once,
@@ -145,6 +146,7 @@ def main() -> int:
         inp.write_text("".join(json.dumps(r) + "\n" for r in records(a.samples)))
         got: dict[str, list[float]] = {"vllm": [], "bare": [], "hf": []}
         cpu: list[float] = []  # the vllm run's own CPU seconds (the engine's are not in it)
+        close: list[float] = []  # the vllm run's engine teardown (stats close_s), not counted
         tokens = 0
         prompts_file = d / "prompts.json"
         for rep in range(a.reps):
@@ -161,6 +163,7 @@ def main() -> int:
                 got[which].append(s["extract_s"])
                 if which == "vllm":
                     cpu.append(s["extract_cpu_s"])
+                    close.append(s.get("close_s", 0.0))
                 if which == "vllm":
                     prompts_file.write_text(json.dumps(prompts_of(d / "out-vllm")))
     per = {k: med(v) / tokens * 1e6 for k, v in got.items()}
@@ -169,6 +172,7 @@ def main() -> int:
               "us_per_token": {k: round(v, 1) for k, v in per.items()},
               "median_s": {k: round(med(v), 3) for k, v in got.items()},
               "vllm_payload_cpu_s": round(med(cpu), 3),
+              "vllm_engine_close_s": round(med(close), 3),
               "ratio_vllm_vs_bare": round(per["vllm"] / per["bare"], 3),
               "ratio_hf_vs_bare": round(per["hf"] / per["bare"], 3)}
     for k, v in result.items():

@@ -97,7 +97,7 @@ class Rule:
 VARS: dict[str, Rule] = {
     "concurrency": Rule(whole=True, minimum=1),
     "max_tokens": Rule(whole=True, minimum=1),
-    "gpus": Rule(whole=True, minimum=1),
+    "gpus": Rule(whole=True, minimum=0),  # 0: a CPU host (verify asks for no GPU, no CUDA)
     "max_cost": Rule(minimum=0),  # USD for the whole job
     "io_timeout": Rule(minimum=0.1),  # seconds
     "start_watch_s": Rule(minimum=0),  # seconds a fresh job is watched for an instant crash

@@ -13,7 +13,10 @@ is shell-quoted when rendered, except `{python}` alone (it may be a command such
 `conda run -n x python`). A nested list is an optional group, dropped when any of
 its vars is unset: `[--max-cost, "{max_cost}"]`. A `{?var}` token in a group is a
 switch: the group is kept only when the var is set and true, and the token itself
-renders nothing: `["{?trust_remote_code}", --trust-remote-code]`.
+renders nothing: `["{?trust_remote_code}", --trust-remote-code]`. A switch may compare
+instead, `{?var==value}` or `{?var!=value}` (an unset var equals nothing), so a group can
+follow another var: `["{?backend==vllm}", --tensor-parallel-size, "{tp}"]` passes a
+vLLM-only flag only to the vLLM backend, whatever `tp` defaults to.
 
 A var's value may itself name other vars (`ranks: "{gpus}"` as a role default), so a
 default can follow another var the inventory sets.
@@ -22,7 +25,10 @@ Beyond modules, commands and GPUs a role can ask verify for more, still declarat
 `requires.modules` entries may be `{module, when, fix}` (needed only when a condition
 such as `"{ranks} < {gpus}"` holds; `fix` says how to install it by hand),
 `requires.cuda_torch` (torch must see CUDA and enough devices, checked by importing
-torch on the host), `requires.files` (paths that must exist, each with its fix) and a
+torch on the host; like the GPU count and a `{command, gpu_only: true}` entry of
+`requires.commands` such as nvidia-smi, not asked of a host whose `gpus` is 0: a CPU
+host), a module's `version` range (`{module: vllm, version: ">=0.32,<0.33"}`: verify
+imports it on the host and compares its `__version__`), `requires.files` (paths that must exist, each with its fix) and a
 `preflight` command whose JSON verdict verify reports (see `Preflight`).
 """
 
@@ -44,7 +50,9 @@ from handoff.errors import RoleError, did_you_mean
 
 _ROLE_KEYS = {"description", "requires", "install", "secret", "vars", "launch", "smoke", "preflight"}
 _REQ_KEYS = {"python", "modules", "commands", "gpus", "disk_gb", "cuda_torch", "files"}
-_MODULE_KEYS = {"module", "when", "fix"}
+_MODULE_KEYS = {"module", "when", "fix", "version"}
+_COMMAND_KEYS = {"command", "gpu_only"}
+_VERSION = re.compile(r"^\s*(>=|<|==)\s*(\d+(?:\.\d+)*)\s*$")
 _PREFLIGHT_KEYS = {"name", "needs", "run", "timeout_s"}
 _CONDITION = re.compile(r"^\s*(\S+)\s*(<=|>=|==|!=|<|>)\s*(\S+)\s*$")
 
@@ -58,6 +66,37 @@ class Module:
     name: str
     when: str | None = None  # e.g. "{ranks} < {gpus}": needed only when it holds
     fix: str = ""  # how to install it by hand, when pip-installing it is not the answer
+    version: str = ""  # e.g. ">=0.32,<0.33": its __version__ must fall in this range
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "0.32.0+cpu" -> (0, 32, 0)."""
+    out: list[int] = []
+    for part in text.split("+")[0].split("."):
+        m = re.match(r"\d+", part)
+        if not m:
+            break
+        out.append(int(m.group()))
+        if m.group() != part:
+            break
+    return tuple(out)
+
+
+def version_in_range(version: str, spec: str) -> bool:
+    """Whether `version` satisfies every clause of `spec` (">=0.32,<0.33"; `==0.32` means
+    0.32.*). Clauses compare the leading numbers, the length of the clause's own."""
+    have = _version_tuple(version)
+    if not have:
+        return False
+    for clause in spec.split(","):
+        m = _VERSION.match(clause)
+        if not m:
+            raise RoleError(f"bad version range {spec!r} (want e.g. '>=0.32,<0.33')")
+        op, want = m.group(1), tuple(int(x) for x in m.group(2).split("."))
+        mine = have[:len(want)] + (0,) * max(0, len(want) - len(have))
+        if not {">=": mine >= want, "<": mine < want, "==": mine == want}[op]:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -107,6 +146,18 @@ class Requirements:
     fixes: dict[str, str] = field(default_factory=dict)  # module -> how to install it by hand
     cuda_torch: bool = False  # torch must report CUDA available and >= gpus devices
     files: dict[str, str] = field(default_factory=dict)  # path template -> fix when missing
+    gpu_commands: tuple[str, ...] = ()  # of `commands`: needed only on a host with GPUs
+    versions: dict[str, str] = field(default_factory=dict)  # module -> its version range
+
+    def commands_needed(self, variables: dict[str, Any]) -> list[str]:
+        """The commands to look for: a GPU-only one (nvidia-smi) not on a CPU host (gpus 0)."""
+        gpus = self.gpus_needed(variables) > 0
+        return [c for c in self.commands if gpus or c not in self.gpu_commands]
+
+    def versions_needed(self, variables: dict[str, Any]) -> dict[str, str]:
+        """module -> range, for the modules needed here that have one."""
+        needed = set(self.modules_needed(variables))
+        return {m: r for m, r in self.versions.items() if m in needed}
 
     def modules_needed(self, variables: dict[str, Any]) -> list[str]:
         return list(self.modules) + [m.name for m in self.conditional
@@ -152,6 +203,24 @@ def _reject_unknown(path: Path, node: dict[Any, Any], known: frozenset[str] | se
                                          f"(known: {', '.join(sorted(known))})")
 
 
+def _commands(path: Path, req: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(every command, the GPU-only ones): entries are a name or {command, gpu_only}."""
+    names: list[str] = []
+    gpu_only: list[str] = []
+    for entry in req.get("commands", []):
+        if isinstance(entry, dict):
+            _reject_unknown(path, entry, _COMMAND_KEYS, "command key")
+            if not isinstance(entry.get("command"), str):
+                raise _fail(path, req, "commands", f"commands: bad entry {entry!r} (a name or "
+                                                   "{command, gpu_only})")
+            names.append(entry["command"])
+            if entry.get("gpu_only"):
+                gpu_only.append(entry["command"])
+        else:
+            names.append(str(entry))
+    return names, gpu_only
+
+
 def _modules(path: Path, req: dict[str, Any]) -> tuple[list[str], list[Module], dict[str, str]]:
     plain: list[str] = []
     conditional: list[Module] = []
@@ -169,7 +238,14 @@ def _modules(path: Path, req: dict[str, Any]) -> tuple[list[str], list[Module], 
         when = entry.get("when")
         if when is not None and not _CONDITION.match(str(when)):
             raise _fail(path, req, "modules", f"modules: bad condition {when!r} (want e.g. '{{ranks}} < {{gpus}}')")
-        mod = Module(entry["module"], str(when) if when is not None else None, str(entry.get("fix") or ""))
+        version = str(entry.get("version") or "")
+        if version:
+            try:
+                version_in_range("0", version)
+            except RoleError as exc:
+                raise _fail(path, req, "modules", f"modules: {exc}") from None
+        mod = Module(entry["module"], str(when) if when is not None else None,
+                     str(entry.get("fix") or ""), version)
         if mod.fix:
             fixes[mod.name] = mod.fix
         if mod.when:
@@ -242,10 +318,15 @@ def load_role(path: Path) -> Role:
     if not isinstance(req.get("cuda_torch", False), bool):
         raise _fail(path, req, "cuda_torch", "cuda_torch must be true or false")
     plain, conditional, fixes = _modules(path, req)
+    commands, gpu_commands = _commands(path, req)
+    versions = {str(e["module"]): str(e["version"]) for e in req.get("modules", [])
+                if isinstance(e, dict) and e.get("version")}
     requires = Requirements(
         python=parse_version(str(req.get("python", ">=3.10"))),
         modules=tuple(plain),
-        commands=tuple(str(c) for c in req.get("commands", [])),
+        commands=tuple(commands),
+        gpu_commands=tuple(gpu_commands),
+        versions=versions,
         gpus=gpus,
         disk_gb=float(req.get("disk_gb", 0) or 0),
         conditional=tuple(conditional),
@@ -297,7 +378,7 @@ def var_names(role: Role) -> set[str]:
     names = set(role.vars)
     for text in texts:
         if text.startswith("{?") and text.endswith("}"):
-            names.add(text[2:-1])
+            names.add(_switch_var(text[2:-1]))
             continue
         try:
             names.update(f.split(".")[0].split("[")[0] for f in _fields(text))
@@ -360,10 +441,25 @@ _MAX_DEPTH = 8  # vars naming vars: enough for defaults, and a cycle cannot loop
 
 
 def _switch(token: str) -> str | None:
-    """The var of a `{?var}` switch token, else None."""
+    """The inside of a `{?var}` (or `{?var==value}`, `{?var!=value}`) switch token, else None."""
     if token.startswith("{?") and token.endswith("}") and token.count("{") == 1:
         return token[2:-1]
     return None
+
+
+def _switch_var(inside: str) -> str:
+    """The var a switch reads: `backend` of `backend==vllm`."""
+    return re.split(r"==|!=", inside, maxsplit=1)[0].strip()
+
+
+def _switch_holds(inside: str, variables: dict[str, Any]) -> bool:
+    """`var`: set and true; `var==value` / `var!=value`: its rendered value compared."""
+    m = re.fullmatch(r"\s*([^=!\s]+)\s*(==|!=)\s*(.*?)\s*", inside)
+    if not m:
+        return _truthy(_lookup(inside, variables, 0))
+    name, op, want = m.groups()
+    equal = _lookup(name, variables, 0) == want
+    return equal if op == "==" else not equal
 
 
 def _lookup(name: str, variables: dict[str, Any], depth: int) -> str | None:
@@ -417,7 +513,7 @@ def render_argv(tokens: tuple[Token, ...], variables: dict[str, Any], what: str)
     for tok in tokens:
         group = tok if isinstance(tok, list) else [tok]
         switches = [name for name in map(_switch, group) if name]
-        if switches and not all(_truthy(_lookup(name, variables, 0)) for name in switches):
+        if switches and not all(_switch_holds(inside, variables) for inside in switches):
             continue  # a switch that is off drops its group
         plain = [t for t in group if not _switch(t)]
         rendered = [render_value(t, variables) for t in plain]

@@ -145,6 +145,8 @@ class Facts:
     need: dict[str, FileFacts] = field(default_factory=dict)  # requires.files template -> path
     preflight_wanted: bool = False
     preflight: PreflightFacts | None = None
+    # module -> its __version__ ("" when it has none), or the import's error as "error: ..."
+    versions: dict[str, str] = field(default_factory=dict)
 
     def file(self, name: str) -> FileFacts:
         return self.files.get(name) or FileFacts("", False)
@@ -181,6 +183,9 @@ class Facts:
             preflight=None if not isinstance(pre, dict) else PreflightFacts(
                 tuple(pre.get("missing") or ()), tuple(pre.get("modules") or ()), pre.get("rc"),
                 str(pre.get("out") or ""), str(pre.get("err") or "")),
+            versions={str(k): (str(v.get("version") or "")[:80] if "version" in v
+                               else f"error: {str(v.get('error') or '?')[:300]}")
+                      for k, v in (raw.get("versions") or {}).items() if isinstance(v, dict)},
         )
 
 
@@ -217,7 +222,11 @@ def deep_args(role: Role, variables: dict[str, Any], shard: str | None,
     """The probe's extra work for a role check: torch/CUDA, required files, the preflight
     (when asked: it may tokenize the whole input, so only `fab verify` runs it)."""
     v = check_vars(role, variables, shard)
-    args: dict[str, Any] = {"torch_cuda": role.requires.cuda_torch}
+    # A CPU host (gpus 0) is not asked for CUDA; a module with a version range is imported
+    # (in a child) to read its __version__.
+    args: dict[str, Any] = {"torch_cuda": role.requires.cuda_torch
+                            and role.requires.gpus_needed(v) > 0,
+                            "versions": sorted(role.requires.versions_needed(v))}
     need = {}
     for template in role.requires.files:
         path = render_value(template, v)
@@ -257,7 +266,7 @@ def gather(
     args: dict[str, Any] = {
         "remote_dir": session.target.layout.root,
         "modules": req.modules_needed(session.vars) if req else [],
-        "commands": list(req.commands) if req else [],
+        "commands": req.commands_needed(session.vars) if req else [],
         "gpus": bool(req and req.gpus_needed(session.vars) > 0),
         "files": files or {},
         "dirs": dirs or [],

@@ -1,7 +1,8 @@
 """`fab fetch`: every job's folder (or the `--job` one) from each host to
 `DEST/<host>/<job>/`, skipping what is already complete locally and resuming what is partly
 there; then each job's shards merged into `DEST/<job>/output.jsonl` and
-`output.errors.jsonl` (handoff.ops.merge: every id exactly once, checked).
+`output.errors.jsonl` (handoff.ops.merge: every id exactly once, checked); a job with no
+answers file on any host (the extractor: its features) is not merged.
 
 One round trip lists the jobs' files (handoff.host.remote_code.fetch_list) together with the
 sha256 of the host file's first N bytes for each file the workstation holds a prefix of
@@ -337,6 +338,11 @@ def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
             for job, folder in rep.data_as(FetchedTo).jobs.items():
                 copies.setdefault(job, []).append(merging.ShardCopy(rep.target.label, Path(folder)))
     # Job names were checked when fetched (untrusted.job_name); the merged folder must not
-    # be reached through a symlink either.
+    # be reached through a symlink either. A job that wrote no answers file on any host
+    # has nothing to merge (the extractor's features stay per host, each shard whole in
+    # DEST/<host>/<job>/features/), and its status totals would count ids that no
+    # output.jsonl holds.
     return [merging.merge(job, found, untrusted.inside(dest, job).parent)
-            for job, found in sorted(copies.items())]
+            for job, found in sorted(copies.items())
+            if any((c.folder / name).exists() for c in found
+                   for name in (merging.OUTPUT, merging.ERRORS))]

@@ -16,7 +16,14 @@ from typing import Any
 
 from handoff import console
 from handoff.config.layout import RemoteLayout, key_record
-from handoff.config.roles import Preflight, Role, render_argv, render_value, unset_vars
+from handoff.config.roles import (
+    Preflight,
+    Role,
+    render_argv,
+    render_value,
+    unset_vars,
+    version_in_range,
+)
 from handoff.errors import HandoffError, RoleError
 from handoff.host import remote_code
 from handoff.host.facts import (
@@ -95,6 +102,9 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any],
     for command, path in facts.commands.items():
         v.checks.append(Check(f"command {command}", "on PATH", path or "missing", bool(path),
                               f"install {command} on the host (e.g. apt-get install {command})"))
+    for module, spec in role.requires.versions_needed(variables).items():
+        if module in facts.versions:
+            v.checks.append(_version_check(module, spec, facts.versions[module], variables, role))
     need_gpus = role.requires.gpus_needed(variables)
     if need_gpus > 0:
         gpus = facts.gpus
@@ -103,7 +113,7 @@ def evaluate(facts: Facts, role: Role | None, variables: dict[str, Any],
                if gpus is None else f"this host has {have} GPU(s); set `gpus` to at most {have} or use a bigger host")
         v.checks.append(Check("CUDA GPUs", f">= {need_gpus}", "no nvidia-smi" if gpus is None else str(have),
                               have >= need_gpus, fix))
-    if role.requires.cuda_torch and "torch" in facts.modules:
+    if role.requires.cuda_torch and "torch" in facts.modules and need_gpus > 0:
         v.checks.append(_torch_check(facts, max(need_gpus, 1), variables))
     if role.requires.disk_gb > 0:
         free = facts.disk_free
@@ -124,6 +134,17 @@ def _fill(text: str, variables: dict[str, Any]) -> str:
         return render_value(text, variables) or text
     except (KeyError, ValueError, IndexError, RoleError):
         return text
+
+
+def _version_check(module: str, spec: str, got: str, variables: dict[str, Any],
+                   role: Role) -> Check:
+    """The module's __version__ against the role's range; an import that fails says why."""
+    fix = _fill(role.requires.fixes.get(module, ""), variables) or \
+        f"install {module}{spec} into the `python` var's interpreter"
+    if got.startswith("error: "):
+        return Check(f"{module} version", spec, f"import failed: {got[7:]}", False, fix)
+    return Check(f"{module} version", spec, got or "no __version__", version_in_range(got, spec),
+                 fix)
 
 
 def _torch_check(facts: Facts, need: int, variables: dict[str, Any]) -> Check:
@@ -266,12 +287,13 @@ def probe_step(target: Target, *, check: bool, install: bool = False, key: bool 
     wants = []
     if req:
         wants.append("python >= " + ".".join(map(str, req.python)))
-        wants += req.modules_needed(target.vars) + list(req.commands)
+        wants += req.modules_needed(target.vars) + req.commands_needed(target.vars)
+        wants += [f"{m} {r}" for m, r in req.versions_needed(target.vars).items()]
         if req.gpus_needed(target.vars):
             wants.append(f"{req.gpus_needed(target.vars)} CUDA GPU(s)")
         if req.disk_gb:
             wants.append(f"{req.disk_gb:g} GB free")
-        if req.cuda_torch:
+        if req.cuda_torch and req.gpus_needed(target.vars):
             wants.append("CUDA through torch")
         wants += [render_value(f, target.vars) or f for f in req.files]
         if preflight and role is not None and role.preflight is not None:

@@ -238,7 +238,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, object]:
     backend = getattr(args, "backend", "hf")
     tp = getattr(args, "tensor_parallel_size", None)
     if tp is not None and tp < 1:
-        raise UsageError("--tensor-parallel-size must be at least 1")
+        raise UsageError("--tensor-parallel-size must be at least 1 (the extractor role's "
+                         "`tp` defaults to the host's `gpus`: on a CPU host set tp: 1)")
     kv = getattr(args, "kv_cache_memory", None)
     util = getattr(args, "gpu_memory_utilization", None)
     extra = getattr(args, "engine_arg", []) or []

@@ -373,7 +373,20 @@ def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFl
 
     stats = run.stats
     t0 = time.monotonic()
-    fm = load_backend(run, samples)
+    if stop.set:  # before the load: nothing to load for
+        raise Stopped("stopped by SIGTERM before the model loaded; rerun the same command "
+                      "to resume")
+    stop.loading = True  # a SIGTERM from here raises Stopped in the load (StopFlag)
+    try:
+        fm = load_backend(run, samples)
+    except Exception:
+        if stop.set:  # raised by the signal, or what the loader made of it (an engine
+            # whose start was cut reports a start failure): a stop either way
+            raise Stopped("stopped by SIGTERM while the model loaded; nothing was written "
+                          "by this run: rerun the same command to resume") from None
+        raise
+    finally:
+        stop.loading = False
     stats.device = fm.device_summary
     stats.load_s = time.monotonic() - t0
     print(f"[{run.label}] model loaded on {fm.device_summary} in {stats.load_s:.1f}s; "
@@ -395,11 +408,19 @@ def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFl
                     with run.lock:
                         update_rates(stats, time.monotonic() - t1)
                         run.save_stats("running")
+        # Every sample is written here: the teardown below is the model's (for vllm, the
+        # engine's processes joining: ~5-10 s on a busy CPU box, whatever the run's size),
+        # counted apart as close_s, as load_s counts the start.
+        stats.extract_s = time.monotonic() - t1
+        stats.extract_cpu_s = time.process_time() - c1
     finally:
         progress.close()
+        t2 = time.monotonic()
         fm.close()
-    stats.extract_s = time.monotonic() - t1
-    stats.extract_cpu_s = time.process_time() - c1
+        stats.close_s = time.monotonic() - t2
+        if not stats.extract_s:  # failed or stopped mid-way: the phase ran until now
+            stats.extract_s = t2 - t1
+            stats.extract_cpu_s = time.process_time() - c1
     update_rates(stats, stats.extract_s)
 
 

@@ -20,10 +20,16 @@ from typing import Any
 
 
 class StopFlag:
-    """Set by SIGTERM; checked between batches (a signal handler must not do the I/O)."""
+    """Set by SIGTERM; checked between batches (a signal handler must not do the I/O).
+
+    While the model loads (`loading`) there is nothing to drain, and a load can take
+    minutes (a vLLM engine start, a 600 GB checkpoint) while torchrun kills its worker
+    30 s after forwarding the SIGTERM: then the signal raises Stopped at once, the load is
+    abandoned (its engine processes ended by the backend's close) and the run exits 3."""
 
     def __init__(self) -> None:
         self.set = False
+        self.loading = False
 
     @contextlib.contextmanager
     def installed(self) -> Any:
@@ -33,6 +39,12 @@ class StopFlag:
 
         def handler(_sig: int, _frame: Any) -> None:
             self.set = True
+            if self.loading:
+                from payload.errors import Stopped
+
+                self.loading = False  # once: the cleanup that follows is not interrupted
+                raise Stopped("stopped by SIGTERM while the model loaded; nothing was "
+                              "written by this run: rerun the same command to resume")
             print("extract: SIGTERM: finishing the current batch, then stopping (resumable)",
                   file=sys.stderr, flush=True)
 
@@ -86,6 +98,9 @@ class Stats:
     load_s: float = 0.0
     extract_s: float = 0.0
     extract_cpu_s: float = 0.0  # process CPU time of the extract phase (all threads)
+    # the model's teardown after the last write (vllm: the engine's shutdown, seconds of
+    # process joins whatever the run's size), apart from extract_s as load_s is
+    close_s: float = 0.0
     samples_per_s: float = 0.0
     tokens_per_s: float = 0.0
     last_error: str = ""

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,95 @@ def test_generate_kill_9_resume_then_extract(vllm_server: tuple[str, Path],
     assert s["failed_boundary"] == s["failed_nonfinite"] == 0, s
     assert len((feats / "manifest.jsonl").read_text().splitlines()) == N_PROMPTS
     assert json.loads((feats / "meta.json").read_text())["hidden_size"] == 256
+
+
+class RecordingProxy:
+    """A loopback HTTP relay between the generator and the vLLM server that keeps every
+    chat answer's body exactly as the server sent it: what the server sampled
+    (`choices[0].token_ids`) is read from the wire, not from what the generator stored."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+
+        self.upstream = upstream.rstrip("/")
+        self.answers: list[tuple[dict, dict]] = []  # (request body, response body)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = self.path[len("/v1"):] if self.path.startswith("/v1") else self.path
+                req = urllib.request.Request(
+                    proxy.upstream + path, data=body, method="POST",
+                    headers={"Content-Type": "application/json",
+                             "Authorization": self.headers.get("Authorization", "")})
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as exc:
+                    status, data = exc.code, exc.read()
+                if status == 200:
+                    proxy.answers.append((json.loads(body), json.loads(data)))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_supervised_ids_are_the_ids_the_real_server_sampled(vllm_server: tuple[str, Path],
+                                                            tmp_path: Path) -> None:
+    """Token fidelity against a real server (issue 19): `generate --token-ids auto` asks
+    vLLM for `return_token_ids`, and the extractor (HF backend) supervises exactly the ids
+    the server's answers carried, byte for byte as they crossed the wire: no
+    re-tokenization of the text, whatever the BPE would have split otherwise."""
+    base, model = vllm_server
+    proxy = RecordingProxy(base)
+    try:
+        key = write_private(tmp_path / "key", "sk-local-not-a-secret")
+        inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        ids = write_prompts(inp, 12)
+        args = gen_args(proxy.base, key, inp, out)
+        args[args.index("--max-tokens") + 1] = "40"
+        proc = run_payload(*args, "--token-ids", "auto", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        proxy.close()
+    done, failed = assert_exactly_once(ids, out)
+    assert not failed and len(proxy.answers) == len(done) == 12
+    sampled: dict[str, list[int]] = {}
+    for request, answer in proxy.answers:
+        assert request.get("return_token_ids") is True, request  # auto asked for them
+        choice = answer["choices"][0]
+        assert isinstance(choice.get("token_ids"), list) and choice["token_ids"], answer
+        assert len(choice["token_ids"]) == answer["usage"]["completion_tokens"]
+        sampled[request["messages"][-1]["content"]] = choice["token_ids"]
+    for r in done:
+        assert r["response_token_ids"] == sampled[r["messages"][-1]["content"]], r["id"]
+
+    from tests.payload.extract.helpers import load_sample, manifest, run_extract, stats
+
+    feats = tmp_path / "features"
+    assert run_extract(out, model, feats, "--max-length", "1000", "--layers", "2,3,6") == 0
+    s = stats(feats)
+    assert s["written"] == 12 and s["retokenized_mismatch"] == 0, s
+    by_id = {str(r["id"]): sampled[r["messages"][-1]["content"]] for r in done}
+    assert s["supervised_from_token_ids"] == sum(map(len, by_id.values())), s
+    for e in manifest(feats):
+        f = load_sample(feats, e["file"])
+        got = [i for i, m in zip(f["input_ids"].tolist(), f["loss_mask"].tolist(), strict=True)
+               if m]
+        assert got == by_id[str(e["id"])], e["id"]

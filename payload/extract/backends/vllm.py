@@ -317,6 +317,8 @@ class VllmFeatureModel:
 
         try:
             return LLM(**engine_kwargs(self.cfg, self.ids, self.max_model_len, self.storage, cpu))
+        except PayloadError:
+            raise  # a stop (SIGTERM during the start) is not the engine's error
         except Exception as exc:
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise EngineError(f"the vLLM engine did not start: {type(exc).__name__}: "

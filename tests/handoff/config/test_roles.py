@@ -176,3 +176,62 @@ def test_a_misspelt_role_key_names_line_and_suggests(tmp_path: Path) -> None:
     path.write_text("requires:\n  python: '>=3.10'\n  modulez: [a]\n")
     with pytest.raises(RoleError, match="did you mean 'modules'"):
         load_role(path)
+
+
+def test_extractor_tp_defaults_to_the_hosts_gpus_for_the_vllm_backend_only() -> None:
+    """`tp: "{gpus}"`: the vllm backend gets --tensor-parallel-size = the host's gpus unless
+    tp is set; the hf backend (which refuses engine flags) never gets it, whatever tp is."""
+    argv = extract_argv(backend="vllm", ranks=1)
+    assert argv[argv.index("--backend") + 1] == "vllm"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"  # the host's gpus
+    argv = extract_argv(backend="vllm", ranks=1, gpus=4, tp=2, kv_cache_memory="40G")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"  # set: it wins
+    assert argv[argv.index("--kv-cache-memory") + 1] == "40G"
+    for hf in ({}, {"backend": "hf"}, {"backend": "hf", "tp": 2, "kv_cache_memory": "40G"}):
+        argv = extract_argv(**hf)
+        assert "--tensor-parallel-size" not in argv and "--kv-cache-memory" not in argv, hf
+    # gpus unset: the group drops and the payload's own default applies (every visible GPU)
+    argv = extract_argv(backend="vllm", ranks=1, gpus=None)
+    assert "--tensor-parallel-size" not in argv
+    pf = get_role("extractor").preflight
+    assert pf is not None
+    argv = shlex.split(render_command(pf.run, extractor_vars(backend="vllm", gpus=2), "preflight"))
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    argv = shlex.split(render_command(pf.run, extractor_vars(tp=2), "preflight"))
+    assert "--tensor-parallel-size" not in argv
+
+
+def test_switch_comparisons() -> None:
+    tokens = ("x", ["{?b==v}", "--on"], ["{?b!=v}", "--off"], ["{?b==v}", "--n", "{n}"])
+    assert render_command(tokens, {"b": "v", "n": 3}, "t") == "x --on --n 3"
+    assert render_command(tokens, {"b": "w", "n": 3}, "t") == "x --off"
+    assert render_command(tokens, {"b": None}, "t") == "x --off"  # unset equals nothing
+    assert render_command(tokens, {"b": "{c}", "c": "v"}, "t") == "x --on"  # vars naming vars
+
+
+def test_cpu_host_is_not_asked_for_gpu_commands_and_vllm_has_a_version_range() -> None:
+    from handoff.config.roles import version_in_range
+    from payload.extract.backends.vllm import VLLM_BELOW, VLLM_MIN
+
+    req = get_role("extractor").requires
+    assert req.commands_needed({"gpus": 8}) == ["nvidia-smi"]
+    assert req.commands_needed({"gpus": None}) == ["nvidia-smi"]  # unknown: at least one GPU
+    assert req.commands_needed({"gpus": 0}) == []
+    assert req.versions_needed(extractor_vars()) == {}  # hf backend: vllm not needed at all
+    spec = req.versions_needed(extractor_vars(backend="vllm"))["vllm"]
+    # the role's range is the payload's own (what backends/vllm.py was written against)
+    assert spec == f">={VLLM_MIN[0]}.{VLLM_MIN[1]},<{VLLM_BELOW[0]}.{VLLM_BELOW[1]}"
+    assert version_in_range("0.32.0", spec) and version_in_range("0.32.3+cpu", spec)
+    assert not version_in_range("0.33.0", spec) and not version_in_range("0.31.9", spec)
+    assert not version_in_range("dev", spec)
+    assert version_in_range("0.32.1", "==0.32") and not version_in_range("0.3", "==0.32")
+
+
+def test_role_file_validation_of_commands_and_versions(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yml"
+    bad.write_text("requires:\n  commands:\n    - {comand: x}\n")
+    with pytest.raises(RoleError, match="unknown command key 'comand'"):
+        load_role(bad)
+    bad.write_text("requires:\n  modules:\n    - {module: m, version: 'about 1'}\n")
+    with pytest.raises(RoleError, match=r"bad version range 'about 1'"):
+        load_role(bad)

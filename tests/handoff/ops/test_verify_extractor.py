@@ -179,3 +179,33 @@ def test_deploy_does_not_run_the_preflight() -> None:
     assert "preflight" not in args and args["preflight_wanted"] is False
     verdict = evaluate(facts(preflight=None, preflight_wanted=False), ROLE, host_vars())
     assert verdict.ok and not [c for c in verdict.checks if c.name == "disk for the features"]
+
+
+def test_vllm_backend_checks_the_version_range_and_cpu_host_skips_cuda() -> None:
+    """backend: vllm asks the probe for vllm's __version__ (in the pinned range); a CPU
+    host (gpus: 0) is asked for no nvidia-smi, no GPU count and no CUDA through torch."""
+    mods = {"torch": True, "transformers": True, "safetensors": True, "tokenizers": True,
+            "vllm": True}
+    cpu = host_vars(backend="vllm", gpus=0, ranks=1, tp=1)
+    args = deep_args(ROLE, cpu, None)
+    assert args["versions"] == ["vllm"] and args["torch_cuda"] is False
+    assert deep_args(ROLE, host_vars(), None)["versions"] == []  # hf: vllm not imported
+    ok = evaluate(facts(modules=mods, commands={}, gpus=None, torch=None,
+                        versions={"vllm": {"version": "0.32.0"}}), ROLE, cpu)
+    assert not ok.missing, [(c.name, c.have, c.fix) for c in ok.missing]
+    names = [c.name for c in ok.checks]
+    assert "vllm version" in names and "CUDA GPUs" not in names and "CUDA via torch" not in names
+    old = evaluate(facts(modules=mods, commands={}, gpus=None, torch=None,
+                         versions={"vllm": {"version": "0.31.2"}}), ROLE, cpu)
+    row = check(old, "vllm version")
+    assert not row.ok and row.have == "0.31.2" and row.want == ">=0.32,<0.33"
+    assert "pip install 'vllm==0.32.*'" in row.fix
+    broken = evaluate(facts(modules=mods, commands={}, gpus=None, torch=None,
+                            versions={"vllm": {"error": "ImportError: libcuda.so.1"}}), ROLE, cpu)
+    row = check(broken, "vllm version")
+    assert not row.ok and "libcuda.so.1" in row.have
+    # a GPU host with backend vllm still gets every GPU check
+    gpu = evaluate(facts(modules=mods, versions={"vllm": {"version": "0.32.0"}}), ROLE,
+                   host_vars(backend="vllm", ranks=1))
+    assert not gpu.missing and {"CUDA GPUs", "CUDA via torch", "command nvidia-smi",
+                                "vllm version"} <= {c.name for c in gpu.checks}

@@ -5,7 +5,8 @@ can catch the run mid-way. With STALL_AFTER=K, the (K+1)th sample file is writte
 half-way to its temp name, a marker file appears, and the process sleeps: the test then
 sends SIGKILL from outside, which is exactly a run killed in the middle of a write.
 With STALL_ROWS_AFTER=K (speculators), the finalize stalls the same way after K of its
-renames. Sample files are written by safetensors' save_file or torch.save (specforge);
+renames. With STALL_LOAD=marker, loading the model writes the marker and then takes
+600 s (a vLLM engine start, a huge checkpoint): a test sends SIGTERM meanwhile. Sample files are written by safetensors' save_file or torch.save (specforge);
 both are wrapped. Test-only code: the product has no such hook.
 """
 
@@ -85,9 +86,21 @@ def _stall_rows_after(k: int, marker: Path) -> None:
     rows.move = move
 
 
+def _stall_load(marker: Path) -> None:
+    from payload.extract.backends import hf
+
+    def slow_load(*_a: object, **_k: object) -> None:
+        marker.write_text("loading")
+        time.sleep(600)
+
+    hf.FeatureModel.__init__ = slow_load  # type: ignore[assignment,method-assign]
+
+
 def main() -> int:
     from payload.extract import add_arguments, run
 
+    if os.environ.get("STALL_LOAD"):
+        _stall_load(Path(os.environ["STALL_LOAD"]))
     if os.environ.get("WRITE_DELAY"):
         _slow_writes(float(os.environ["WRITE_DELAY"]))
     stall = os.environ.get("STALL_AFTER")

@@ -168,6 +168,35 @@ def test_sigterm_drains_and_exits_3(tmp_path: Path, model_dir: Path, fmt: str) -
     assert_complete(out, records, fmt)
 
 
+def test_sigterm_while_the_model_loads_stops_at_once(tmp_path: Path, model_dir: Path) -> None:
+    """A load takes minutes (a vLLM engine start) and torchrun kills its worker 30 s after
+    forwarding SIGTERM: the signal during the load stops the run at once (exit 3, state
+    stopped), not after the load; the rerun does everything."""
+    records = make_records(6, seed=12)
+    inp = write_jsonl(tmp_path / "in.jsonl", records)
+    out, marker = tmp_path / "out", tmp_path / "loading"
+    proc = spawn(inp, model_dir, out, env={"STALL_LOAD": str(marker)})
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err
+    assert took < 20 and "stopped by SIGTERM while the model loaded" in err, (took, err)
+    s = stats(out)
+    assert s["state"] == "stopped" and s["written"] == 0, s
+    assert run_extract(inp, model_dir, out) == 0
+    assert_complete(out, records)
+
+
 def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path) -> None:
     """A file cut short under its final name (a machine crash) is redone, never counted."""
     records = make_records(3)
