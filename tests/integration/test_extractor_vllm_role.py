@@ -1,9 +1,8 @@
 """`backend: vllm` through `.venv/bin/fab` against a real sshd container on loopback (CPU).
 
 The container's `python` var is a vLLM venv's interpreter (HANDOFF_VLLM_PYTHON: it must
-live where the sandbox's throwaway users can run it, so not under /root; build one with
-`HANDOFF_VLLM_VENV=/var/cache/handoff-vllm-0.32.0 PYTHON=/usr/bin/python3 bash
-scripts/vllm-venv` and point HANDOFF_VLLM_PYTHON at its bin/python). The host says
+live where the sandbox's throwaway users can run it, so not under /root; `bash scripts/vllm-venv` as root
+builds it at /var/cache/handoff-vllm-0.32.0 on the system python; point HANDOFF_VLLM_PYTHON at its bin/python). The host says
 `gpus: 0` (a CPU host: no nvidia-smi, no CUDA asked) and `tp: 1`.
 
 One pass over the control plane, as an operator would run it:
