@@ -27,10 +27,11 @@ import pytest
 
 SECOND_PASS_MARKS = ("serial", "after_every_fab_run")
 # Longest first: a vLLM engine start per module fixture (tests/payload/extract/test_vllm.py),
-# a vLLM server, then tiny-model extractions shared by a module's tests.
+# a vLLM server, the vllm backend through fab, then tiny-model extractions shared by a module's tests.
 LONG_CHAINS = (
     "tests/payload/extract/test_vllm.py",
     "tests/payload/test_generate_vllm.py",
+    "tests/integration/test_extractor_vllm_role.py",  # one test, ~2 min: a vLLM engine via fab
     "tests/payload/extract/formats/test_trainers.py",
     "tests/payload/extract/formats/test_formats.py",
     "tests/payload/extract/backends/test_hf.py",
