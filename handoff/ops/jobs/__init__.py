@@ -15,7 +15,7 @@ round trip per start, stop, check or state read; `list` reads every job of a hos
 - `budget`: a job's budget split over its hosts (`host_share`), the child keys' limits.
 - `launch`: the launch plan (probe, push the inputs, start, check), `--dry-run` included.
 - `stop`: the stop plan (SIGTERM, wait for the drain), every running job or one.
-- `status`: the per-host-and-job table / JSON records, `--wait`.
+- `status/`: the per-host-and-job table / JSON records, `--wait` (views, shards, tables, wait).
 - `logs`: every job's last log lines, `--follow`.
 - `forget`: remove a finished or abandoned job's folder from its hosts (never while it runs).
 - `smoke`: `fab smoke-test`, one real request per host, its figures kept for the estimate.
