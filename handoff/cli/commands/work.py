@@ -44,10 +44,14 @@ def launch(
     shard: bool = True,
     dry_run: bool = False,
 ) -> int:
-    """Start one job per dataset detached on each host, sharded i/n; the estimate first."""
+    """Start one job per dataset detached on each host, sharded i/n; the estimate first (of
+    every prompt), and on a relaunch, once the hosts have answered, the estimate of what is
+    left."""
     from handoff.ops.jobs import estimate
     from handoff.ops.jobs import launch as launch_plan
+    from handoff.ops.jobs.probe import Resumed
     from handoff.ops.secrets import settings
+    from handoff.run import plan
 
     values = dict(flags)
     job_flag = values.pop("job", None)
@@ -73,7 +77,12 @@ def launch(
             console.say(line)
     if loaded:
         rows, basis = estimate.rows_for(loaded, targets)
-        console.say(estimate.table(rows, basis, len(targets), int(targets[0].vars.get("concurrency") or 1)))
+        # Before any host answers, every prompt counts: a relaunch asks only what is left.
+        note = ("on a relaunch only the prompts not done yet are asked: "
+                + ("a dry run contacts no host to count them" if dry_run else
+                   "what is left is said once the hosts answer"))
+        console.say(estimate.table(rows, basis, len(targets),
+                                   int(targets[0].vars.get("concurrency") or 1), note=note))
         for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
             console.warn(warning)
     private = launch_plan.private_of(p)
@@ -83,7 +92,15 @@ def launch(
     # A budget limits the hosts' child keys too: the management key is read (once, on this
     # workstation) only if a host turns out to hold one.
     private.management = settings.ManagementKeys()
-    return run_plan(p, dry_run)
+    if dry_run or not loaded:
+        return run_plan(p, dry_run)
+    reports = plan.execute(p, connect=common.CONNECT)
+    if all(isinstance(r.data, Resumed) for r in reports):  # every host's probe answered
+        done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
+                                     sharded=shard and len(targets) > 1)
+        for line in estimate.left_lines(loaded, targets, done):
+            console.say(console.r(line))
+    return exit_code(reports)
 
 
 @guarded

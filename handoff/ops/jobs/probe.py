@@ -7,13 +7,14 @@ first launched with (`identity_problem`, naming the way out, with a pasteable `s
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from handoff.errors import HandoffError
 from handoff.host.facts import KEY_FILE, disk_short, gather
 from handoff.host.session import Session
 from handoff.host.targets import Target
-from handoff.ops.jobs.state import JobState, read_all, require_deployed
+from handoff.host.untrusted import count
+from handoff.ops.jobs.state import HostJobs, JobState, read_all, require_deployed
 from handoff.ops.jobs.upload import LaunchJob, LaunchPrivate, input_file
 from handoff.run.plan import HostContext, Skipped, Step
 from payload import units
@@ -67,9 +68,37 @@ def _probe(ctx: HostContext, step: Step) -> str:
         meta = host_jobs.get(j.job).meta
         if meta is not None and meta.get("shard") != shard:
             moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now {shard or 'all'}")
+    ctx.report.data = resumed(host_jobs, [j.job for j in jobs], shard)
     note = f" (resharded: {'; '.join(moved)})" if moved else ""
     return Skipped(f"release {'and key ' if role and role.secret else ''}in place, "
                    f"{units.size(facts.disk_free)} free; {states}{note}")
+
+
+@dataclass
+class Resumed:
+    """What a launch's probe found of its jobs on one host, for the estimate of what is left
+    (`estimate.already_done`): per job already launched here, the ids of this host's shard
+    recorded as done or failed (a resumed run asks neither again), or None when the host
+    held another shard of it (resharded: which of those ids this shard owns is unknown). A
+    job new on the host is not listed."""
+
+    recorded: dict[str, int | None] = field(default_factory=dict)
+
+
+def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:
+    """The host's `Resumed`, from the job states the probe read (their status.json, checked:
+    a count the host got wrong counts as none done, so the estimate stays an upper bound)."""
+    found = Resumed()
+    for job in jobs:
+        current = host_jobs.get(job)
+        if current.state == "none":
+            continue
+        if current.meta is None or current.meta.get("shard") != shard:
+            found.recorded[job] = None
+            continue
+        st = current.status or {}
+        found.recorded[job] = (count(st.get("done")) or 0) + (count(st.get("failed")) or 0)
+    return found
 
 
 def identity_problem(s: Session, j: LaunchJob, current: JobState, remote_sha: str | None) -> str | None:
