@@ -21,6 +21,7 @@ import sys
 import paramiko
 
 from handoff import console
+from handoff.config import state
 from handoff.errors import ChangedHostKey, HostKeyError, RevokedHostKey, UnknownHostKey
 from handoff.host.targets import Target
 from handoff.ssh import connect, hostkeys
@@ -73,7 +74,7 @@ def _decide(hop: Hop, key: paramiko.PKey, known: hostkeys.Knowledge, yes: bool,
         return False
     else:
         console.say(f"{where}: {console.r(kind)} {fp} is already trusted ({console.r(how)})")
-        if known_hosts and how.startswith(str(hostkeys.state.pinned_keys_path())):
+        if known_hosts and how.startswith(str(state.pinned_keys_path())):
             # Trusted by handoff's own pin only: copied where ssh looks, as asked.
             path = hostkeys.pin(ep.hostname, ep.port, key, known.name,
                                 hostkeys.user_known_hosts(ep.known_hosts))

@@ -2,7 +2,9 @@
 every hop of a ProxyJump chain gone through, failures explained.
 
 - `ssh_config`: `ssh -G`'s view of a host (or the same rules read here without ssh).
-- `hostkeys`: known_hosts, CAs and revoked keys; the check a host key must pass.
+- `known_hosts`: known_hosts files read as OpenSSH reads them, and pinning a key.
+- `certificates`: OpenSSH host certificates (type, validity, principals, signature).
+- `hostkeys`: the check a host key must pass (revoked, CAs, changed or unknown).
 - `endpoint`: `Endpoint` (where and as whom) and its route of hops; no sockets, no paramiko.
 - `auth`: the login (identity files, the agent).
 - `connect`: the socket, the key exchange and the host key check, put together (`Link`).
@@ -11,4 +13,5 @@ every hop of a ProxyJump chain gone through, failures explained.
 Imports the foundations and handoff.config only.
 """
 
-__all__ = ["auth", "connect", "endpoint", "hostkeys", "sftp", "ssh_config"]
+__all__ = ["auth", "certificates", "connect", "endpoint", "hostkeys", "known_hosts", "sftp",
+           "ssh_config"]

@@ -47,7 +47,7 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workstation]
     monkeypatch.delenv("HANDOFF_INVENTORY", raising=False)
     monkeypatch.setattr(paths, "_project", project)
     station = Workstation(tmp_path)
-    monkeypatch.setattr(commands, "CONNECT", station.connect)
+    monkeypatch.setattr(commands.common, "CONNECT", station.connect)
     console._console = None  # fresh consoles bound to the captured stdout/stderr
     console._err_console = None
     monkeypatch.setenv("COLUMNS", "300")  # one line per table row: nothing wrapped mid-phrase

@@ -141,7 +141,7 @@ def test_a_cut_upload_resumes_over_openssh(session: Any, tmp_path: Path) -> None
     """A resumed upload over real sftp-server (issue 22 #9): the part file is continued from
     its end (explicit offsets after its size), its prefix proven by sha256 on the host."""
     from handoff.host.transfer import upload_resumable
-    from handoff.ops.jobs.launch import _prefix_sha256
+    from handoff.ops.jobs.upload import _prefix_sha256
 
     sbx, s = session
     c = sbx.containers[0]

@@ -2,7 +2,7 @@
 that set them up, `ws`, `keyed_api` and `memory`, are in tests/handoff/conftest.py).
 
 `ws` (a `Workstation`) isolates HOME, the state dir, the inventory and the project dir in
-a temp dir, and points `handoff.cli.commands.CONNECT` at `LocalSession`s: each inventory host
+a temp dir, and points `handoff.cli.commands.common.CONNECT` at `LocalSession`s: each inventory host
 is a folder standing for its login user's home, where commands run with the local sh and
 remote modules with this python. The project's `roles/` adds two test roles whose job is
 tests/support/sleeper.py (runs until SIGTERM, crashes, finishes at once, or answers its shard

@@ -14,8 +14,11 @@ round trip per start, stop, check or state read; `list` reads every job of a hos
 - `estimate`: prompts, tokens, cost and time per dataset, before a launch.
 - `budget`: a job's budget split over its hosts (`host_share`), the child keys' limits.
 - `launch`: the launch plan (probe, push the inputs, start, check), `--dry-run` included.
+- `upload`: a launch's jobs and their inputs; pushing the local ones (resumable).
+- `probe`: a launch's first step per host: what must be there, a job's identity.
+- `start`: a launch's start-job and check-jobs steps; the sampling vars.
 - `stop`: the stop plan (SIGTERM, wait for the drain), every running job or one.
-- `status`: the per-host-and-job table / JSON records, `--wait`.
+- `status/`: the per-host-and-job table / JSON records, `--wait` (views, shards, tables, wait).
 - `logs`: every job's last log lines, `--follow`.
 - `forget`: remove a finished or abandoned job's folder from its hosts (never while it runs).
 - `smoke`: `fab smoke-test`, one real request per host, its figures kept for the estimate.

@@ -18,7 +18,11 @@
   so the job takes about max(1, prompts / (hosts x concurrency)) requests' time. It is a
   floor: throttling and outages only add to it.
 
-Everything here is local: no host and no API is contacted (the smoke test did that).
+Everything here is local: no host and no API is contacted (the smoke test did that). So
+the estimate printed before a launch counts every prompt of the input; a relaunch resumes
+its job, asking only the prompts not yet done or failed. Once every host has answered its
+probe (`probe.Resumed`: each shard's ids already recorded), the launch prints what is left
+and what that costs and takes (`already_done`, `left_lines`).
 """
 
 from __future__ import annotations
@@ -120,9 +124,13 @@ class Row:
 
 
 def estimate(ds: Dataset, basis: Basis, hosts: int, concurrency: int,
-             max_tokens: int | None) -> Row:
+             max_tokens: int | None, prompts: int | None = None) -> Row:
+    """The dataset's row; `prompts`: only that many of its prompts still to ask (a relaunch),
+    each as long as the dataset's average one."""
     c = ds.check
-    prompt_tokens = c.prompt_chars / CHARS_PER_TOKEN
+    n = c.prompts if prompts is None else max(0, min(prompts, c.prompts))
+    share = n / c.prompts if c.prompts else 0.0
+    prompt_tokens = c.prompt_chars / CHARS_PER_TOKEN * share
     per_answer: float | None
     if c.answers:
         per_answer, source = c.answer_chars / c.answers / CHARS_PER_TOKEN, "old answers"
@@ -135,18 +143,18 @@ def estimate(ds: Dataset, basis: Basis, hosts: int, concurrency: int,
         per_answer, source = float(max_tokens), "at most --max-tokens"
     else:
         per_answer, source = None, "unknown"
-    answer_tokens = None if per_answer is None else per_answer * c.prompts
+    answer_tokens = None if per_answer is None else per_answer * n
     cost = None
     if basis.prices is not None and answer_tokens is not None:
         p, a, r = basis.prices
-        cost = prompt_tokens * p + answer_tokens * a + c.prompts * r
+        cost = prompt_tokens * p + answer_tokens * a + n * r
     elif basis.per_token is not None and answer_tokens is not None:
         cost = (prompt_tokens + answer_tokens) * basis.per_token
     seconds = None
     if basis.speed and per_answer is not None and concurrency > 0:
-        waves = max(1.0, c.prompts / (max(1, hosts) * concurrency))
-        seconds = waves * per_answer / basis.speed
-    return Row(ds.job, c.prompts, c.bad, prompt_tokens, answer_tokens, source, cost, seconds)
+        waves = max(1.0, n / (max(1, hosts) * concurrency))
+        seconds = waves * per_answer / basis.speed if n else 0.0
+    return Row(ds.job, n, c.bad, prompt_tokens, answer_tokens, source, cost, seconds)
 
 
 def budget_warnings(rows: list[Row], budget: float | None) -> list[str]:
@@ -177,17 +185,70 @@ def _tokens(n: float | None) -> str:
     return f"~{n:.0f}"
 
 
-def rows_for(datasets: list[Dataset], targets: list[Target]) -> tuple[list[Row], Basis]:
+def rows_for(datasets: list[Dataset], targets: list[Target],
+             left: dict[str, int] | None = None) -> tuple[list[Row], Basis]:
     """One row per dataset, at the first target's API, model, concurrency and max_tokens
-    (a launch gives every host the same flags; inventory vars may differ, the first speaks)."""
+    (a launch gives every host the same flags; inventory vars may differ, the first speaks);
+    `left`: per job, the prompts still to ask (a relaunch), when not all of them."""
     v = targets[0].vars
     basis = Basis.of(str(v.get("base_url") or ""), str(v.get("model") or ""))
     concurrency = int(v.get("concurrency") or 1)
     max_tokens = int(v["max_tokens"]) if v.get("max_tokens") else None
-    return [estimate(ds, basis, len(targets), concurrency, max_tokens) for ds in datasets], basis
+    return [estimate(ds, basis, len(targets), concurrency, max_tokens, (left or {}).get(ds.job))
+            for ds in datasets], basis
 
 
-def table(rows: list[Row], basis: Basis, hosts: int, concurrency: int) -> Any:
+def already_done(recorded: list[dict[str, int | None]], sharded: bool) -> dict[str, int | None]:
+    """Per job relaunched (`recorded`: each host's `probe.Resumed.recorded`), its prompts
+    already done or failed on the hosts: the shards' sum; with every host running the whole
+    input (`--no-shard`), the fewest any host did (a host new to the job did none). None: not
+    known (a host held another shard of it before: resharded). Jobs new everywhere are not
+    listed: their estimate is already right."""
+    jobs = {job for r in recorded for job in r}
+    out: dict[str, int | None] = {}
+    for job in sorted(jobs):
+        counts = [r.get(job, 0) for r in recorded]
+        if any(c is None for c in counts):
+            out[job] = None
+        else:
+            known = [c or 0 for c in counts]
+            out[job] = sum(known) if sharded else min(known)
+    return out
+
+
+def left_lines(datasets: list[Dataset], targets: list[Target],
+               done: dict[str, int | None]) -> list[str]:
+    """What a relaunch has left, per job relaunched: how many prompts are already done on the
+    hosts, and the estimate of the rest (cost and time as the table before it reckons them)."""
+    left = {ds.job: max(0, ds.check.prompts - (done.get(ds.job) or 0)) for ds in datasets
+            if done.get(ds.job) is not None}
+    rows = {r.job: r for r in rows_for(datasets, targets, left)[0]}
+    lines = []
+    for ds in datasets:
+        if ds.job not in done:
+            continue
+        total = ds.check.prompts
+        n = done[ds.job]
+        if n is None:
+            lines.append(f"{ds.job}: relaunched over other shards than before: the prompts "
+                         f"already done are not known here (ids another host did may be asked "
+                         f"again), so the estimate above, for all {total}, is an upper bound")
+            continue
+        row = rows[ds.job]
+        if row.prompts == 0:
+            lines.append(f"{ds.job}: relaunched: every prompt is already done or failed on the "
+                         f"hosts ({min(n, total)} of {total}): nothing left to ask")
+            continue
+        cost = f"~${row.cost:,.2f}" if row.cost is not None else "cost ?"
+        time = f"~{units.duration(row.seconds)} (floor)" if row.seconds is not None else "time ?"
+        lines.append(f"{ds.job}: relaunched: {min(n, total)} of {total} prompts already done or "
+                     f"failed on the hosts (not asked again); what is left, {row.prompts} "
+                     f"prompt{'s' if row.prompts != 1 else ''}: {cost}, {time}")
+    return lines
+
+
+def table(rows: list[Row], basis: Basis, hosts: int, concurrency: int, note: str = "") -> Any:
+    """The estimate table; `note` ends its caption (what a relaunch changes)."""
     def money(x: float | None) -> str:
         return f"~${x:,.2f}" if x is not None else "?"
 
@@ -208,5 +269,7 @@ def table(rows: list[Row], basis: Basis, hosts: int, concurrency: int) -> Any:
     caption = basis.describe() + f"; tokens at ~{CHARS_PER_TOKEN:g} characters each"
     if any(r.answer_source.startswith("old answers") for r in rows):
         caption += "; " + basis.reasoning_text()
+    if note:
+        caption += "; " + note
     t.caption = console.r(caption)
     return t

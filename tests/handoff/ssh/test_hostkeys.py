@@ -24,8 +24,9 @@ import paramiko
 import pytest
 
 from handoff import console
+from handoff.config import state
 from handoff.errors import ChangedHostKey, ConnectError, RevokedHostKey, UnknownHostKey
-from handoff.ssh import hostkeys
+from handoff.ssh import hostkeys, known_hosts
 from handoff.ssh.connect import open_connection
 from handoff.ssh.endpoint import Endpoint
 from tests.support.fakessh import FakeSSH, ed25519_key
@@ -66,7 +67,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HANDOFF_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     console._err_console = None
-    hostkeys._warned.clear()
+    known_hosts._warned.clear()
     return home
 
 
@@ -274,6 +275,6 @@ def test_pin_into_the_users_known_hosts(home: Path, keys: dict[str, paramiko.PKe
     assert f"other.example {other_key.get_name()}" in text and "[127.0.0.51]:2222," not in text
     assert hashed not in text and "*.example" in text and "@revoked [127.0.0.52]:2222" in text
     assert hostkeys.lookup("127.0.0.51", 2222) == [keys["ssh-rsa"]]
-    assert not hostkeys.state.pinned_keys_path().exists()  # nothing in the state dir
+    assert not state.pinned_keys_path().exists()  # nothing in the state dir
     assert hostkeys.user_known_hosts(["~/.ssh/team_hosts", "~/.ssh/known_hosts"]) == \
         home / ".ssh" / "team_hosts"

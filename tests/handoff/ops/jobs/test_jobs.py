@@ -141,7 +141,7 @@ def test_launch_plan_refuses_what_no_host_can_fix(ws: Workstation, tmp_path: Pat
 
 def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
     touched: list[str] = []
-    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    commands.common.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
     assert commands.launch("a,b", None, local_input=None, remote_input="/in.jsonl", flags={},
                            dry_run=True) == 0
     assert commands.stop("a,b", None, timeout=5, dry_run=True) == 0
@@ -348,7 +348,7 @@ def test_a_reused_pid_is_not_the_job(ws: Workstation) -> None:
 def test_status_marks_an_unreadable_host_unreachable(ws: Workstation,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
-    real = commands.CONNECT
+    real = commands.common.CONNECT
 
     def flaky(target):  # type: ignore[no-untyped-def]
         if target.label == "t":
@@ -357,7 +357,7 @@ def test_status_marks_an_unreadable_host_unreachable(ws: Workstation,
             raise ConnectError("t: connection refused; is sshd running and is the port right?")
         return real(target)
 
-    commands.CONNECT = flaky
+    commands.common.CONNECT = flaky
     assert commands.status("s,t", None) == 1
     out = capfd.readouterr().out
     assert "unreachable" in out and "connection refused" in out and "not running or finished: s, t" in out
@@ -468,7 +468,7 @@ def test_an_input_with_no_valid_record_touches_no_host(ws: Workstation, tmp_path
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"id": 1, "text": "x"}\n\xe9\n')
     touched: list[str] = []
-    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    commands.common.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
     assert commands.launch("s,t", "batch", local_input=str(bad), remote_input=None, flags={}) == 2
     err = capfd.readouterr().err.replace("\n", " ")
     assert "has no valid record: 2 bad lines" in err and "not valid UTF-8 (byte 0xe9" in err
@@ -579,7 +579,7 @@ def test_status_accounts_for_every_shard_of_a_job(ws: Workstation, tmp_path: Pat
     assert "partial" in out.out and f"{done}/?/30" in out.out and "t (not asked)" in out.out
     assert "B3: partial, shards not seen: t (not asked)" in out.err.replace("\n", " ")
 
-    real = commands.CONNECT
+    real = commands.common.CONNECT
 
     def flaky(target):  # type: ignore[no-untyped-def]
         if target.label == "t":
@@ -588,7 +588,7 @@ def test_status_accounts_for_every_shard_of_a_job(ws: Workstation, tmp_path: Pat
             raise ConnectError("t: connection refused; is sshd running and is the port right?")
         return real(target)
 
-    commands.CONNECT = flaky
+    commands.common.CONNECT = flaky
     assert commands.status("s,t", "batch") == 1
     out = capfd.readouterr()
     assert "unknown" in out.out and "t (unreachable)" in out.out
@@ -632,7 +632,7 @@ def test_status_wait_off_a_terminal_prints_progress_and_outlasts_an_outage(
     pid = int((job_dir(ws, "s") / "pid").read_text())
     capfd.readouterr()
     outage = threading.Event()
-    real = commands.CONNECT
+    real = commands.common.CONNECT
 
     class Flaky:
         def __init__(self, session) -> None:  # type: ignore[no-untyped-def]
@@ -646,7 +646,7 @@ def test_status_wait_off_a_terminal_prints_progress_and_outlasts_an_outage(
                 raise ConnectError("s: connection reset by peer")
             return self.session.run_code(*args, **kwargs)
 
-    commands.CONNECT = lambda target: Flaky(real(target))
+    commands.common.CONNECT = lambda target: Flaky(real(target))
     threading.Timer(0.5, outage.set).start()
     threading.Timer(1.3, outage.clear).start()
     threading.Timer(2.2, os.kill, args=(pid, signal.SIGTERM)).start()
@@ -959,8 +959,8 @@ def test_status_breaks_answers_down_by_provider_and_finish_reason() -> None:
     assert {k: evil.record()[k] for k in (*status.BREAKDOWNS, *status.COUNTS)} == dict.fromkeys(
         (*status.BREAKDOWNS, *status.COUNTS))
     assert status.breakdown_notes([evil]) == []
-    many = status.counts_by_name({f"p{i}\x1b[31m" + "y" * 100: 1 for i in range(40)})
+    many = untrusted.counts_by_name({f"p{i}\x1b[31m" + "y" * 100: 1 for i in range(40)})
     assert many is not None and len(many) == untrusted.MAX_NAMES
     assert all("\x1b" not in k and len(k) <= untrusted.MAX_SHOWN_NAME for k in many)
     assert many["other (9 names)"] == 9
-    assert status.counts_by_name({"a": 10**400}) is None
+    assert untrusted.counts_by_name({"a": 10**400}) is None

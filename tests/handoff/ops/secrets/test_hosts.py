@@ -81,7 +81,7 @@ def test_cleanup_dry_run_lists_the_files_and_contacts_no_host(ws: Workstation,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     place(ws, "a,b")
     touched: list[str] = []
-    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    commands.common.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
     assert commands.cleanup_secrets(dry_run=True) == 0
     out = capfd.readouterr().out
     # a and b from the ledger (with their fingerprints), s and t: inventory hosts to check.

@@ -149,7 +149,7 @@ def test_management_errors_are_reported_per_host_with_the_fix(ws: Workstation,
 def test_key_vars_are_checked_before_any_host_is_touched(ws: Workstation, minted: KeyedAPI,
                                                          capfd: pytest.CaptureFixture[str]) -> None:
     touched: list[str] = []
-    commands.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
+    commands.common.CONNECT = lambda target: touched.append(target.label)  # type: ignore[assignment,return-value]
     inventory = ws.root / "project" / "inventory" / "hosts.yml"
     inventory.write_text(inventory.read_text().replace(f"key_limit: {LIMIT}, ", "key_mode: minted, "))
     assert commands.deploy("a") == 2
@@ -221,7 +221,7 @@ def test_cleanup_revokes_the_key_of_an_unreachable_host(
             raise ConnectError("a: no SSH answer from 127.0.0.2:2201 within 10 s")
         return ws.connect(target)
 
-    commands.CONNECT = down_a  # type: ignore[assignment]
+    commands.common.CONNECT = down_a  # type: ignore[assignment]
     assert commands.cleanup_secrets() == 1
     captured = capfd.readouterr()
     text = (captured.out + captured.err).replace("\n", " ")
@@ -230,7 +230,7 @@ def test_cleanup_revokes_the_key_of_an_unreachable_host(
     assert "may remain there, but the child key it holds is revoked, so it is dead" in text
     assert a_hash[:12] in text
     # back up: the file goes, the key is already revoked
-    commands.CONNECT = ws.connect
+    commands.common.CONNECT = ws.connect
     assert commands.cleanup_secrets() == 0
     assert not keyfile(ws, "a").exists()
 

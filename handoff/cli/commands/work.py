@@ -1,0 +1,220 @@
+"""The jobs' commands: `smoke-test`, `launch` (its estimate first), `status` (`--wait`),
+`jobs`, `forget`, `logs`, `stop`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from handoff import console
+from handoff.cli.commands import common
+from handoff.cli.commands.common import Interrupted, ask, exit_code, guarded, run_plan, targets_for
+from handoff.config import flags as _flag
+from handoff.errors import UsageError
+from payload import units
+
+
+@guarded
+def smoke_test(host: str | None, role: str | None, model: str | None = None) -> int:
+    """One real request per host with the placed key."""
+    from handoff.config import state
+    from handoff.ops.jobs import smoke
+
+    reports = smoke.run(targets_for(host, role, {"model": model}), common.CONNECT)
+    if len(reports) > 1:  # one host: its block already shows every line the table would
+        console.say(smoke.table(reports))
+    for rep in reports:  # launch's estimate reads what was measured, per API and model
+        measured = smoke.measured(rep.data_as(smoke.Smoked).fields) if rep.ok else None
+        if measured is not None:
+            v = rep.target.vars
+            state.save_smoke(str(v.get("base_url") or ""), str(v.get("model") or ""),
+                             {**measured, "host": rep.target.label})
+    return exit_code(reports)
+
+
+@guarded
+def launch(
+    host: str | None,
+    role: str | None,
+    *,
+    local_input: str | list[str] | None,
+    remote_input: str | None,
+    flags: dict[str, Any],
+    shard: bool = True,
+    dry_run: bool = False,
+) -> int:
+    """Start one job per dataset detached on each host, sharded i/n; the estimate first (of
+    every prompt), and on a relaunch, once the hosts have answered, the estimate of what is
+    left."""
+    from handoff.ops.jobs import estimate
+    from handoff.ops.jobs import launch as launch_plan
+    from handoff.ops.jobs.probe import Resumed
+    from handoff.ops.secrets import settings
+    from handoff.run import plan
+
+    values = dict(flags)
+    job_flag = values.pop("job", None)
+    for name in ("concurrency", "max_tokens", "max_cost"):  # each by its one rule
+        values[name] = _flag.var(name, values.get(name), flag="--" + name.replace("_", "-"))
+    for name in _flag.SAMPLING:  # temperature, top_p, seed, reasoning, provider, turns, ...
+        values[name] = _flag.sampling_var(name, values.get(name), flag="--" + name.replace("_", "-"))
+    targets = targets_for(host, role, values)
+    inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
+    # Every local input is read once, here: checked (an all-bad file stops the launch before
+    # any host is touched), measured for the estimate, hashed for the job's identity.
+    loaded = launch_plan.load_datasets(targets, inputs, job_flag) if inputs and not remote_input else None
+    p = launch_plan.plan(targets, local_input=inputs, remote_input=remote_input, job_flag=job_flag,
+                         shard=shard, loaded=loaded)
+    for ds in loaded or []:
+        n = ds.check.prompts
+        line = f"{ds.job}: {ds.path} ({units.size(ds.size)}), {n} prompt{'s' if n != 1 else ''}"
+        if ds.check.duplicates:
+            line += f", {ds.check.duplicates} repeated ids (done once)"
+        if ds.check.bad:
+            console.warn(f"{line}; {ds.check.bad_summary()}: skipped, never sent")
+        else:
+            console.say(line)
+    if loaded:
+        rows, basis = estimate.rows_for(loaded, targets)
+        # Before any host answers, every prompt counts: a relaunch asks only what is left.
+        note = ("on a relaunch only the prompts not done yet are asked: "
+                + ("a dry run contacts no host to count them" if dry_run else
+                   "what is left is said once the hosts answer"))
+        console.say(estimate.table(rows, basis, len(targets),
+                                   int(targets[0].vars.get("concurrency") or 1), note=note))
+        for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
+            console.warn(warning)
+    private = launch_plan.private_of(p)
+    budget_line = launch_plan.budget_line(targets, [j.job for j in private.jobs])
+    if budget_line:
+        console.say(budget_line)
+    # A budget limits the hosts' child keys too: the management key is read (once, on this
+    # workstation) only if a host turns out to hold one.
+    private.management = settings.ManagementKeys()
+    if dry_run or not loaded:
+        return run_plan(p, dry_run)
+    reports = plan.execute(p, connect=common.CONNECT)
+    if all(isinstance(r.data, Resumed) for r in reports):  # every host's probe answered
+        done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
+                                     sharded=shard and len(targets) > 1)
+        for line in estimate.left_lines(loaded, targets, done):
+            console.say(console.r(line))
+    return exit_code(reports)
+
+
+@guarded
+def status(host: str | None, role: str | None, *, job: str | None = None, as_json: bool = False,
+           wait: bool = False, interval: float | str | None = None) -> int:
+    """Each host's job: state, progress, tok/s, cost, ETA, whether a key is placed."""
+    import json
+
+    from handoff.ops.jobs import status as st
+    from handoff.ops.secrets import settings
+
+    every = _flag.real("--interval", interval, minimum=0.2, default=2.0)
+    assert every is not None
+    # Child keys' usage, limit and expiry: from the management API, on this workstation.
+    watcher = st.Watcher(targets_for(host, role), job, common.CONNECT,
+                         key_lookup=settings.ManagementKeys().lookup)
+    live = wait and console.console().is_terminal and not as_json
+    try:
+        views = watcher.collect()
+        if wait:
+            try:
+                # Off a terminal (piped, logged) one line per job per refresh, so the
+                # watch shows progress instead of nothing until the end.
+                views = st.watch(watcher, views, every, live,
+                                 say=None if as_json else console.say)
+            except KeyboardInterrupt:
+                raise Interrupted(
+                    "stopped watching; the jobs keep running on the hosts (`fab status` shows "
+                    "them again, `fab stop` ends them)") from None
+    finally:
+        watcher.close()
+    if as_json:
+        for v in views:
+            print(json.dumps(v.record(), sort_keys=True))
+    elif not live:  # the live display leaves its last frame on screen: no second table
+        console.say(st.table(views))
+    if not as_json:
+        for line in st.breakdown_notes(views):
+            console.say(console.r(line))
+    for note in [*st.bad_line_notes(views), *st.table_notes(views)]:
+        console.warn(note)
+    bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
+    if bad and not as_json:
+        console.say(f"not running or finished: {console.r(', '.join(bad))}")
+    # A shard not seen (its host unreachable, or not asked) is never a success.
+    missing = st.unaccounted(views)
+    for line in missing:
+        console.warn(f"{line}; `fab status` over every host of the job accounts for them "
+                     f"(or `fab forget --job JOB` for an abandoned one)")
+    return 1 if bad or missing else 0
+
+
+@guarded
+def jobs(host: str | None, role: str | None) -> int:
+    """Every job on the hosts: input, shards → hosts, state (one round trip per host)."""
+    from handoff.ops.jobs import status as st
+
+    watcher = st.Watcher(targets_for(host, role), None, common.CONNECT)
+    try:
+        views = watcher.collect()
+    finally:
+        watcher.close()
+    console.say(st.jobs_table(views))
+    down = [v.host for v in views if v.state == "unreachable"]
+    for v in views:
+        if v.state == "unreachable":
+            console.error(str(v.error))
+    return 1 if down else 0
+
+
+@guarded
+def forget(host: str | None, role: str | None, *, job: str | None, yes: bool = False,
+           dry_run: bool = False) -> int:
+    """Remove a finished or abandoned job's folder from the hosts, after confirmation."""
+    from handoff.ops.jobs import forget as forgetting
+
+    if not job:
+        raise UsageError("fab forget needs --job NAME (the jobs: fab jobs)")
+    targets = targets_for(host, role)
+    p = forgetting.plan(targets, job_flag=job)
+    if dry_run:
+        return run_plan(p, dry_run=True)
+    if not yes:
+        where = ", ".join(t.label for t in targets)
+        if not sys.stdin.isatty():
+            raise UsageError(f"forgetting job {job!r} removes its folder and outputs on {where}; "
+                             f"pass --yes to confirm (fetch first: fab fetch --job {job})")
+        answer = ask(f"Remove job {job!r} and its outputs from {where}? (fetch first) [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.say("nothing removed")
+            return 1
+    return run_plan(p, dry_run=False)
+
+
+@guarded
+def logs(host: str | None, role: str | None, *, job: str | None = None, follow: bool = False,
+         lines: int | str | None = None) -> int:
+    """The job's last log lines; `follow` streams from every host until Ctrl-C."""
+    from handoff.ops.jobs import logs as job_logs
+
+    count = _flag.whole("--lines", lines, minimum=0, default=40)
+    assert count is not None
+    targets = targets_for(host, role)
+    if follow:
+        return job_logs.follow(targets, job, count, common.CONNECT)
+    return exit_code(job_logs.tail(targets, job, count, common.CONNECT))
+
+
+@guarded
+def stop(host: str | None, role: str | None, *, job: str | None = None,
+         timeout: float | str | None = None, dry_run: bool = False) -> int:
+    """SIGTERM the job: graceful drain, stays resumable."""
+    from handoff.ops.jobs import stop as stop_plan
+
+    wait_s = _flag.real("--timeout", timeout, minimum=0, default=60.0)
+    assert wait_s is not None
+    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=wait_s), dry_run)

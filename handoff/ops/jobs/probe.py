@@ -1,0 +1,146 @@
+"""A launch's first step on each host, `probe` (reads only, two round trips: the probe, then
+every job's state): the release and (for a role that takes it) the key are there, there is
+room on the disk, no job of this launch runs, and each job is bound to the input it was
+first launched with (`identity_problem`, naming the way out, with a pasteable `ssh` line).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from handoff.errors import HandoffError
+from handoff.host.facts import KEY_FILE, disk_short, gather
+from handoff.host.session import Session
+from handoff.host.targets import Target
+from handoff.host.untrusted import count
+from handoff.ops.jobs.state import HostJobs, JobState, read_all, require_deployed
+from handoff.ops.jobs.upload import LaunchJob, LaunchPrivate, input_file
+from handoff.run.plan import HostContext, Skipped, Step
+from payload import units
+
+
+@dataclass(frozen=True)
+class ProbeJobs:
+    shard: str | None  # the shard this host is given (a resumed job may have had another)
+
+
+def _probe(ctx: HostContext, step: Step) -> str:
+    s = ctx.session
+    jobs = ctx.private_as(LaunchPrivate).jobs
+    files = {KEY_FILE: str(s.vars["key_path"])}
+    files.update({input_file(j.job): j.input_path for j in jobs})
+    ctx.facts = facts = gather(s, None, files=files)
+    role = s.target.role
+    require_deployed(s, facts, role)
+    # Room for the role, and for each input that is not there yet.
+    incoming = sum(j.dataset.size for j in jobs
+                   if j.dataset is not None and facts.file(input_file(j.job)).sha256 != j.dataset.sha256)
+    short = disk_short(facts, role, s.layout.root, incoming)
+    if short:
+        raise HandoffError(f"{s.label}: {short}; nothing was started")
+    host_jobs = read_all(s)
+    problems = []
+    for j in jobs:
+        current = host_jobs.get(j.job)
+        if current.alive:
+            problems.append(f"job {j.job!r} is already running (pid {current.pid}); watch it with "
+                            f"`fab status {s.target.flags(j.job)}`, or stop it first with "
+                            f"`fab stop {s.target.flags(j.job)}`")
+            continue
+        if j.dataset is None and not facts.file(input_file(j.job)).exists:
+            problems.append(f"input {j.input_path} of job {j.job!r} is not on the host; put it "
+                            f"there, or pass --input LOCAL.jsonl to push it")
+            continue
+        problem = identity_problem(s, j, current, facts.file(input_file(j.job)).sha256)
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
+    # "job B3: new" rather than the state's own word for a job never launched ("none").
+    states = ", ".join(f"job {j.job}: " + ("new" if host_jobs.get(j.job).state == "none" else
+                                          f"was {host_jobs.get(j.job).state}, resumes") for j in jobs)
+    # A job resumed over another set of hosts gets another share of the ids: say so (ids
+    # another host already did may be asked again here; the merge keeps each id once).
+    shard = step.args(ProbeJobs).shard
+    moved = []
+    for j in jobs:
+        meta = host_jobs.get(j.job).meta
+        if meta is not None and meta.get("shard") != shard:
+            moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now {shard or 'all'}")
+    ctx.report.data = resumed(host_jobs, [j.job for j in jobs], shard)
+    note = f" (resharded: {'; '.join(moved)})" if moved else ""
+    return Skipped(f"release {'and key ' if role and role.secret else ''}in place, "
+                   f"{units.size(facts.disk_free)} free; {states}{note}")
+
+
+@dataclass
+class Resumed:
+    """What a launch's probe found of its jobs on one host, for the estimate of what is left
+    (`estimate.already_done`): per job already launched here, the ids of this host's shard
+    recorded as done or failed (a resumed run asks neither again), or None when the host
+    held another shard of it (resharded: which of those ids this shard owns is unknown). A
+    job new on the host is not listed."""
+
+    recorded: dict[str, int | None] = field(default_factory=dict)
+
+
+def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:
+    """The host's `Resumed`, from the job states the probe read (their status.json, checked:
+    a count the host got wrong counts as none done, so the estimate stays an upper bound)."""
+    found = Resumed()
+    for job in jobs:
+        current = host_jobs.get(job)
+        if current.state == "none":
+            continue
+        if current.meta is None or current.meta.get("shard") != shard:
+            found.recorded[job] = None
+            continue
+        st = current.status or {}
+        found.recorded[job] = (count(st.get("done")) or 0) + (count(st.get("failed")) or 0)
+    return found
+
+
+def identity_problem(s: Session, j: LaunchJob, current: JobState, remote_sha: str | None) -> str | None:
+    """Why this launch may not run under job `j.job` on this host: the job exists and was
+    launched with another input. None when it is new, or its input is the same."""
+    sha = j.dataset.sha256 if j.dataset is not None else remote_sha
+    meta = current.meta or {}
+    recorded = current.input_sha256
+    if recorded and sha and recorded == sha:
+        return None
+    if recorded is None:
+        # A job from before inputs were recorded: known by the path it read.
+        old_path = meta.get("input")
+        if not old_path or old_path == s.abs(j.input_path):
+            return None
+        was = f"another input ({old_path})"
+    else:
+        was = f"another input (sha256 {recorded[:12]}, {meta.get('input', '?')})"
+    if sha is None:
+        return None
+    old_dir = s.layout.job(j.job)
+    aside = f"{old_dir}-{(recorded or 'old')[:12]}"
+    return (f"job {j.job!r} was launched with {was}; this input is sha256 {sha[:12]}, so "
+            f"resuming would mix two datasets. Launch it under another name (`--job "
+            f"{j.job}-2`), or move the old job aside first (its results stay there, listed as "
+            f"job {aside.rsplit('/', 1)[-1]}): {ssh_command(s.target, f'mv {shlex.quote(old_dir)} {shlex.quote(aside)}')}")
+
+
+def ssh_command(target: Target, command: str) -> str:
+    """The plain `ssh` line that runs `command` on the host, for a message to paste. When
+    the host's key is pinned in handoff's state dir (trust-host without --known-hosts),
+    the line names that file too: plain ssh would answer "Host key verification failed"."""
+    from handoff.config.state import pinned_keys_path
+    from handoff.ssh import hostkeys
+
+    ep = target.endpoint
+    hops = ",".join(ep.proxy_jump)
+    opts = (f"-p {ep.port} " if ep.port != 22 else "") + "".join(
+        f"-i {shlex.quote(i)} " for i in ep.identity[:1]) + (f"-J {shlex.quote(hops)} " if hops else "")
+    pinned = pinned_keys_path()
+    names = hostkeys.names_for(ep.hostname, ep.port, ep.host_key_alias)
+    if any(e.matches(names) for e in hostkeys.read_file(pinned)):
+        files = " ".join([str(pinned), *(ep.known_hosts or ("~/.ssh/known_hosts",))])
+        opts += f"-o {shlex.quote('UserKnownHostsFile=' + files)} "
+    return f"`ssh {opts}{ep.user}@{ep.hostname} {shlex.quote(command)}`"

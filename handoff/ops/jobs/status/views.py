@@ -1,0 +1,238 @@
+"""What `fab status` knows of one host's job: a row (`JobView`, its key `KeyView`) and how
+the rows are read (`Watcher`: one round trip per host and refresh).
+
+A host that cannot be read is an "unreachable" row, never left out; `outage` tells a
+connection that failed (a blip `--wait` waits through) from a host that answered something
+unusable (final). The key is read from the host too: whether its key file is there, and
+whether it is a minted child key (the record beside it names its hash); a child key's
+usage, limit and expiry come from the management API, asked from the workstation
+(`KeyLookup`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from handoff.errors import ConnectError, HandoffError
+from handoff.host import keyrecord
+from handoff.host.session import Connector, Session
+from handoff.host.targets import Target
+from handoff.host.untrusted import count, counts_by_name
+from handoff.ops import keyapi
+from handoff.ops.jobs.state import (
+    OK_STATES,
+    JobState,
+    job_name,
+    read,
+    read_all,
+    unknown_job,
+)
+from handoff.run.parallel import HostReport, run_parallel
+from payload import units
+
+# What the management API says about the child key a host's record names (None: revoked),
+# asked at the URL the workstation configured for that host (never the record's).
+KeyLookup = Callable[[Target, keyrecord.KeyRecord], "keyapi.ChildKey | None"]
+
+
+@dataclass
+class KeyView:
+    """The key on one host, as the host and the management API tell it."""
+
+    placed: bool
+    record: keyrecord.KeyRecord | None = None  # a minted child key's record, beside the file
+    info: keyapi.ChildKey | None = None  # what the API says about it (None: revoked/unknown)
+    error: str | None = None  # why the API could not be asked
+
+    @property
+    def mode(self) -> str:
+        if not self.placed:
+            return "none"
+        return "minted" if self.record is not None else "plain"
+
+    def spend(self) -> str:
+        """The table's "key spend" cell."""
+        if self.mode == "plain":
+            return "uncapped, never expires"
+        if self.mode == "none" or self.record is None:
+            return "-"
+        if self.error:
+            return f"{self.record.hash[:12]}: usage unknown ({self.error})"
+        if self.info is None:
+            return f"{self.record.hash[:12]}: REVOKED (the file holds a dead key)"
+        return self.info.describe()
+
+    def record_json(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"placed": self.placed, "mode": self.mode}
+        if self.record is not None:
+            rec["hash"] = self.record.hash
+            info = self.info
+            rec.update(revoked=info is None and not self.error,
+                       usage=info.usage if info else None, limit=info.limit if info else None,
+                       limit_remaining=info.limit_remaining if info else None,
+                       expires_at=keyapi.utc_iso(info.expires_at) if info and info.expires_at
+                       else self.record.expires_at,
+                       disabled=info.disabled if info else None)
+        if self.error:
+            rec["error"] = self.error
+        return rec
+
+
+def key_view(job_state: JobState, lookup: KeyLookup | None, target: Target | None = None) -> KeyView:
+    """The host's key: placed or not (read on the host), and for a minted one its usage,
+    limit and expiry from `lookup` (skipped without one, e.g. in a unit test)."""
+    view = KeyView(bool(job_state.keys_placed), job_state.key_record)
+    if view.mode != "minted" or view.record is None or lookup is None or target is None:
+        return view
+    try:
+        view.info = lookup(target, view.record)
+    except HandoffError as exc:
+        view.error = str(exc)
+    return view
+
+
+# Status-file fields passed through to `--json` as the payload wrote them (docs/records.md).
+STATUS_FIELDS = ("done", "failed", "total", "cost", "tokens_per_s", "rate_rps", "updated",
+                 "last_error", "exit_code", "stop_reason", "max_failed", "max_cost",
+                 "budget_enforced", "bad_lines", "bad_line_samples", "duplicates", "in_flight",
+                 "window", "outage_s", "started")
+
+
+WITH_FAILURES = "finished with failures"
+
+
+# --- the answers' breakdown (status.json's by_provider, by_finish_reason, cut, ...) ---------
+# Read from the host through handoff.host.untrusted (counts finite whole numbers >= 0,
+# names printable and cut, at most untrusted.MAX_NAMES of them); summed here per job.
+BREAKDOWNS = ("by_provider", "by_finish_reason")
+
+
+COUNTS = ("cut", "timeouts", "think_split")
+
+
+def answers(st: dict[str, Any]) -> dict[str, Any]:
+    """The breakdown fields of a status, each checked (a bad or missing one is None)."""
+    found: dict[str, Any] = {k: counts_by_name(st.get(k)) for k in BREAKDOWNS}
+    found.update({k: count(st.get(k)) for k in COUNTS})
+    return found
+
+
+@dataclass
+class JobView:
+    """One row of the table: a host's job, or why it could not be read."""
+
+    host: str
+    job: str | None  # None: a host with no job at all
+    state: str
+    job_state: JobState = field(default_factory=lambda: JobState(""))
+    error: str | None = None
+    key: KeyView | None = None
+    # Unreachable because the connection failed (a network blip `--wait` waits through), not
+    # because the host answered something unusable (that is final: the host's error row).
+    outage: bool = False
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.job_state.status or {}
+
+    @property
+    def shown_state(self) -> str:
+        """The state as the table shows it: a run that ended with too many failures is not
+        simply "finished"."""
+        return WITH_FAILURES if self.job_state.with_failures else self.state
+
+    def record(self) -> dict[str, Any]:
+        """The `--json` record: host, job, state, done, failed, total, cost, alive, and the
+        status file's other fields (stop_reason, last_error, bad_lines, ...)."""
+        st = self.status
+        meta = self.job_state.meta or {}
+        rec: dict[str, Any] = {"host": self.host, "job": self.job, "state": self.state,
+                               "alive": self.job_state.alive, "pid": self.job_state.pid}
+        rec.update({key: st.get(key) for key in STATUS_FIELDS})
+        rec.update(answers(st))  # by_provider, by_finish_reason, cut, ... checked
+        rec.update(finished_with_failures=self.job_state.with_failures, ok=self.ok,
+                   shard=meta.get("shard"), input_sha256=meta.get("input_sha256"),
+                   secrets_placed=self.job_state.keys_placed)
+        if self.key is not None:
+            rec["key"] = self.key.record_json()
+        if self.error:
+            rec["error"] = self.error
+        if self.job_state.problems:
+            rec["problems"] = list(self.job_state.problems)
+        return rec
+
+    @property
+    def ok(self) -> bool:
+        return (self.state in OK_STATES and not self.job_state.with_failures
+                and not self.job_state.problems)
+
+
+def eta(st: dict[str, Any]) -> str:
+    total = st.get("total")
+    left = None if not total else total - (st.get("done") or 0) - (st.get("failed") or 0)
+    return units.eta(left, st.get("rate_rps"))
+
+
+def money(value: Any) -> str:
+    return f"${value:.4f}" if isinstance(value, (int, float)) else "-"
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+class Watcher:
+    """Reads every target's job; keeps each host's session open between reads."""
+
+    def __init__(self, targets: list[Target], job_flag: str | None, connect: Connector,
+                 key_lookup: KeyLookup | None = None) -> None:
+        self.targets = targets
+        self.job_flag = job_flag
+        self.connect = connect
+        self.key_lookup = key_lookup
+        self.sessions: dict[str, Session] = {}
+
+    def collect(self) -> list[JobView]:
+        views: dict[str, list[JobView]] = {}
+
+        def one(target: Target, report: HostReport) -> None:
+            job = job_name(target, self.job_flag) if self.job_flag else None
+            try:
+                s = self.sessions.get(target.label)
+                if s is None or not s.connected:
+                    s = self.connect(target)
+                    s.connect()
+                    self.sessions[target.label] = s
+                views[target.label] = self._read(s, job)
+            except Exception as exc:  # any failure to read a host makes it "unreachable", never absent
+                old = self.sessions.pop(target.label, None)
+                if old is not None:
+                    old.close()
+                views[target.label] = [JobView(target.label, job, "unreachable", error=str(exc),
+                                               outage=isinstance(exc, (ConnectError, OSError)))]
+                raise
+
+        run_parallel(self.targets, one, title="status", grouped=False, summary=False)
+        return [v for t in self.targets for v in views.get(t.label, [])]
+
+    def _read(self, s: Session, job: str | None) -> list[JobView]:
+        """The `--job` job, or every job on the host (one round trip either way)."""
+        label = s.target.label
+        if job is not None:
+            current = read(s, job)
+            error = str(unknown_job(s, job)) if current.state == "none" else None
+            return [JobView(label, job, current.state, current, error=error,
+                            key=key_view(current, self.key_lookup, s.target))]
+        host = read_all(s)
+        key = key_view(host.keys, self.key_lookup, s.target)  # one lookup per host, for its jobs
+        if not host.jobs:
+            return [JobView(label, None, "none", host.keys, key=key)]
+        return [JobView(label, name, current.state, current, key=key)
+                for name, current in host.jobs.items()]
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
