@@ -52,9 +52,9 @@ class Capped:
         self.timeline: dict[int, list[int]] = {}
 
     def cap(self, now: float) -> int:
-        if self.change is not None and self.t0 is not None:
-            if self.change[0] <= now - self.t0 < self.change[1]:
-                return self.capacity // 2
+        if (self.change is not None and self.t0 is not None
+                and self.change[0] <= now - self.t0 < self.change[1]):
+            return self.capacity // 2
         return self.capacity
 
     def _row(self, now: float) -> list[int]:
