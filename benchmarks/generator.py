@@ -15,8 +15,12 @@ Clients:
 Scenarios (`--scenarios`, default all):
 - `floor`: fault-free, 0.2 s latency, 2000 in flight: client CPU per request vs the bare
   loop and the SDK, with and without a budget; peak RSS, and RSS at 10x the input;
-- `capacity`: 20k prompts, --concurrency 2000, a provider serving at most K=500 at once
-  (429 + Retry-After 1 beyond), 0.5 s latency: the ideal wall is 20k x 0.5 / 500 = 20 s;
+- `capped`: 20k prompts, --concurrency 2000, 0.5 s answers, on the independent capped
+  servers of benchmarks/capped.py (K=500 at once; 429 with and without Retry-After, 402
+  in-flight budget, a cap halved from 6 s to 14 s): ideal 20 s (24 s for the changing
+  cap); payload vs the exact-K oracle (it follows the changing cap too) vs the SDK, with
+  per-second served rates (`--shapes`, `--sdk-reps`, `--skip-clients`);
+- `capacity`: the same on the project's own fake (429 + Retry-After 1 beyond K);
 - `outage`: the same with every request 503 for 30 s from 10 s in; recovery (time back
   to 90% of the full rate) and the burst (peak requests in the server, and arrivals, in
   the first second after the outage) from the fake's 100 ms timeline;
@@ -25,6 +29,7 @@ Scenarios (`--scenarios`, default all):
 - `index`: the resume index of a synthetic 1 GB output (built in a fresh process).
 
     .venv/bin/python benchmarks/generator.py                         # everything, 3 reps
+    .venv/bin/python benchmarks/generator.py --scenarios capped --cap-reps 3 --sdk-reps 1
     .venv/bin/python benchmarks/generator.py --scenarios capacity,outage --reps 1
     .venv/bin/python benchmarks/generator.py --write-md BENCHMARKS.md   # the `## Generator` section
 
