@@ -15,8 +15,12 @@ Clients:
 Scenarios (`--scenarios`, default all):
 - `floor`: fault-free, 0.2 s latency, 2000 in flight: client CPU per request vs the bare
   loop and the SDK, with and without a budget; peak RSS, and RSS at 10x the input;
-- `capacity`: 20k prompts, --concurrency 2000, a provider serving at most K=500 at once
-  (429 + Retry-After 1 beyond), 0.5 s latency: the ideal wall is 20k x 0.5 / 500 = 20 s;
+- `capped`: 20k prompts, --concurrency 2000, 0.5 s answers, on the independent capped
+  servers of benchmarks/capped.py (K=500 at once; 429 with and without Retry-After, 402
+  in-flight budget, a cap halved from 6 s to 14 s): ideal 20 s (24 s for the changing
+  cap); payload vs the exact-K oracle (it follows the changing cap too) vs the SDK, with
+  per-second served rates (`--shapes`, `--sdk-reps`, `--skip-clients`);
+- `capacity`: the same on the project's own fake (429 + Retry-After 1 beyond K);
 - `outage`: the same with every request 503 for 30 s from 10 s in; recovery (time back
   to 90% of the full rate) and the burst (peak requests in the server, and arrivals, in
   the first second after the outage) from the fake's 100 ms timeline;
@@ -25,6 +29,7 @@ Scenarios (`--scenarios`, default all):
 - `index`: the resume index of a synthetic 1 GB output (built in a fresh process).
 
     .venv/bin/python benchmarks/generator.py                         # everything, 3 reps
+    .venv/bin/python benchmarks/generator.py --scenarios capped --cap-reps 3 --sdk-reps 1
     .venv/bin/python benchmarks/generator.py --scenarios capacity,outage --reps 1
     .venv/bin/python benchmarks/generator.py --write-md BENCHMARKS.md   # the `## Generator` section
 
@@ -112,13 +117,53 @@ async def sdk_client(inp: Path, out: Path, base_url: str, key: str, concurrency:
     await client.close()
 
 
-async def bare_client(inp: Path, out: Path, base_url: str, key: str, concurrency: int) -> None:
+class Gate:
+    """At most `limit` at once; with `change` (start, end) the limit halves between those
+    seconds after the first request, as the changing-cap server does: the oracle KNOWS K."""
+
+    def __init__(self, limit: int, change: tuple[float, float] | None) -> None:
+        self.limit, self.change = limit, change
+        self.busy = 0
+        self.t0: float | None = None
+        self.cond = asyncio.Condition()
+
+    def _limit(self) -> int:
+        if self.change is None or self.t0 is None:
+            return self.limit
+        t = time.monotonic() - self.t0
+        return self.limit // 2 if self.change[0] <= t < self.change[1] else self.limit
+
+    async def _tick(self) -> None:  # wake waiters when the cap recovers
+        assert self.change is not None
+        await asyncio.sleep(self.change[1] + 0.001)
+        async with self.cond:
+            self.cond.notify_all()
+
+    async def __aenter__(self) -> None:
+        async with self.cond:
+            if self.t0 is None:
+                self.t0 = time.monotonic()
+                if self.change is not None:
+                    self._ticker = asyncio.ensure_future(self._tick())
+            await self.cond.wait_for(lambda: self.busy < self._limit())
+            self.busy += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        async with self.cond:
+            self.busy -= 1
+            self.cond.notify(1)
+
+
+async def bare_client(inp: Path, out: Path, base_url: str, key: str, concurrency: int,
+                      change: tuple[float, float] | None = None) -> None:
     """The floor: a semaphore-bounded aiohttp loop. Refusals (429/402/5xx, resets) are
-    retried after their Retry-After (else 0.5 s): the oracle needs no cleverness, only K."""
+    retried after their Retry-After (else 0.5 s): the oracle needs no cleverness, only K
+    (and, on a changing cap, when it changes: `change`)."""
     import aiohttp
     url = base_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=concurrency)
+    gate = Gate(concurrency, change)
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         with out.open("w", encoding="utf-8") as fh:
@@ -130,7 +175,8 @@ async def bare_client(inp: Path, out: Path, base_url: str, key: str, concurrency
                     while True:
                         attempts += 1
                         try:
-                            async with session.post(url, data=body, headers=headers) as resp:
+                            async with gate, session.post(url, data=body,
+                                                          headers=headers) as resp:
                                 raw = await resp.read()
                                 wait = float(resp.headers.get("Retry-After") or 0.5)
                                 status = resp.status
@@ -218,9 +264,29 @@ class Fake:
             self.proc.kill()
 
 
+class CappedServer(Fake):
+    """benchmarks/capped.py in its own process, for one run (the same interface as Fake)."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.capped", "--port", "0", *args], cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("base_url="):
+            raise SystemExit(f"capped server did not start: {line!r}")
+        self.url = line.split("=", 1)[1]
+
+    def stats(self) -> dict[str, Any]:
+        root = self.url.split("/api/v1")[0]
+        with urllib.request.urlopen(root + "/_capped/stats", timeout=30) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+        return data
+
+
 def client_cmd(client: str, inp: Path, out: Path, url: str, key_file: Path,
-               concurrency: int, oracle: int | None = None, max_cost: float | None = None
-               ) -> list[str]:
+               concurrency: int, oracle: int | None = None, max_cost: float | None = None,
+               change: str | None = None) -> list[str]:
     if client.startswith("payload"):
         cmd = [sys.executable, "-m", "payload", "generate", "--input", str(inp), "--output",
                str(out), "--base-url", url, "--api-key-file", str(key_file), "--concurrency",
@@ -231,7 +297,7 @@ def client_cmd(client: str, inp: Path, out: Path, url: str, key_file: Path,
     me = str(Path(__file__).resolve())
     if client == "oracle":
         return [sys.executable, me, "--client", "bare", str(inp), str(out), url, str(key_file),
-                str(oracle), "-", "-"]
+                str(oracle), change or "-", "-"]
     if client == "bare":
         return [sys.executable, me, "--client", "bare", str(inp), str(out), url, str(key_file),
                 str(concurrency), "-", "-"]
@@ -261,16 +327,21 @@ def count_output(out: Path, ids: list[int]) -> tuple[int, int, int]:
 
 def run_client(client: str, tmp: Path, key_file: Path, fake_args: list[str], n: int,
                concurrency: int, env: dict[str, str], oracle: int | None = None,
-               max_cost: float | None = None, inp: Path | None = None) -> tuple[Run, dict]:
+               max_cost: float | None = None, inp: Path | None = None,
+               capped: list[str] | None = None, change: str | None = None
+               ) -> tuple[Run, dict]:
+    """One client against a fresh server: the fake API, or with `capped` (its argv) the
+    independent capped server of benchmarks/capped.py."""
     if inp is None:
         inp = tmp / f"in-{n}.jsonl"
         if not inp.exists():
             write_prompts(inp, n)
     out = tmp / f"{client}-{secrets.token_hex(3)}.jsonl"
-    fake = Fake(key_file, fake_args)
+    fake = Fake(key_file, fake_args) if capped is None else CappedServer(capped)
     try:
         wall, cpu, rss, rc, err = measured(
-            client_cmd(client, inp, out, fake.url, key_file, concurrency, oracle, max_cost), env)
+            client_cmd(client, inp, out, fake.url, key_file, concurrency, oracle, max_cost,
+                       change), env)
         stats = fake.stats()
     finally:
         fake.close()
@@ -397,6 +468,106 @@ def scenario_capacity(tmp: Path, key_file: Path, env: dict[str, str], args: argp
     return [*lines, ""]
 
 
+CAPPED_SHAPES = {
+    "429-ra": "429 with Retry-After: 1",
+    "429": "429 without Retry-After",
+    "402-ra": "402 in-flight budget with Retry-After: 1",
+    "changing": "429 with Retry-After: 1, K halved from 6 s to 14 s",
+}
+
+
+def capped_ideal(n: int, lat: float, k: int, change: tuple[float, float] | None) -> float:
+    """Seconds to serve n answers of `lat` s at the cap (halved during `change`)."""
+    work, t, dt = n * lat, 0.0, 0.001
+    while work > 0:
+        half = change is not None and change[0] <= t < change[1]
+        work -= (k // 2 if half else k) * dt
+        t += dt
+    return t
+
+
+def served_rates(stats: dict[str, Any], k: int, lat: float,
+                 change: tuple[float, float] | None) -> list[float]:
+    """Per whole second from the first request: answers served as a share of what the cap
+    allowed that second (K / latency; half of it while the cap is halved)."""
+    tl = {int(b): v for b, v in stats["timeline"].items()}
+    if not tl:
+        return []
+    rates = []
+    for sec in range(max(tl) // 10 + 1):
+        served = sum(tl.get(b, [0, 0, 0, 0])[1] for b in range(sec * 10, sec * 10 + 10))
+        half = change is not None and change[0] <= sec < change[1]
+        rates.append(served / ((k // 2 if half else k) / lat))
+    return rates
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def scenario_capped(tmp: Path, key_file: Path, env: dict[str, str], args: argparse.Namespace
+                    ) -> list[str]:
+    """payload vs the exact-K oracle vs the SDK on benchmarks/capped.py, shape by shape."""
+    n, conc, k, lat = args.cap_prompts, args.concurrency, args.capacity, 0.5
+    shapes = args.shapes.split(",")
+    clients = [c for c in ("payload", "oracle", "sdk") if c not in args.skip_clients.split(",")]
+    lines = [f"### Capacity\n\n{n} prompts, --concurrency {conc}, 0.5 s answers, on "
+             f"benchmarks/capped.py (an independent server that counts the requests it is "
+             f"answering and refuses beyond K={k} at once: the providers' documented "
+             f"answers, not the limiter's model), in its own process. Medians of "
+             f"{args.cap_reps} (the SDK: {min(args.sdk_reps, args.cap_reps)}); per-second "
+             f"served = answers per whole second after the "
+             f"first 2 s and before the last 2, as a share of K / latency.\n",
+             "| shape | client | wall s | x ideal | x oracle | requests / prompts | "
+             "ids once | dup | failed | served/s p10 | p50 | min |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for shape in shapes:
+        change = (6.0, 14.0) if shape == "changing" else None
+        ideal = capped_ideal(n, lat, k, change)
+        server = ["--shape", shape, "--capacity", str(k), "--latency", str(lat)]
+        runs: dict[str, list[Run]] = {c: [] for c in clients}
+        for rep in range(args.cap_reps):
+            for c in clients if rep % 2 == 0 else clients[::-1]:
+                if c == "sdk" and rep >= args.sdk_reps:
+                    continue
+                r, stats = run_client(c, tmp, key_file, [], n, conc, env, oracle=k,
+                                      capped=server,
+                                      change=None if change is None else
+                                      f"{change[0]},{change[1] + 0.02}")
+                rates = served_rates(stats, k, lat, change)
+                body = rates[2:-2] if len(rates) > 5 else rates
+                r.extra.update(p10=pct(body, 0.1), p50=pct(body, 0.5),
+                               low=min(body) if body else float("nan"))
+                runs[c].append(r)
+                series = " ".join(f"{x:.2f}" for x in rates)
+                print(f"capped {shape:8s} rep {rep} {c:8s} wall {r.wall_s:.1f}s "
+                      f"({r.wall_s / ideal:.2f}x ideal {ideal:.1f}) requests "
+                      f"{r.requests / n:.3f}x, {r.unique}/{n} ids, {r.lines - r.unique} dup, "
+                      f"{r.failed} failed, rc {r.rc}; served/s p10 {r.extra['p10']:.2f} "
+                      f"p50 {r.extra['p50']:.2f} min {r.extra['low']:.2f}\n    per s: {series}",
+                      flush=True)
+        oracle_wall = med(runs["oracle"], "wall_s") if "oracle" in runs else float("nan")
+        names = {"payload": "payload generate", "oracle": "semaphore of exactly K (oracle)",
+                 "sdk": "openai SDK, default retries"}
+        for c in clients:
+            v = runs[c]
+            w = med(v, "wall_s")
+            lines.append(
+                f"| {CAPPED_SHAPES[shape]} | {names[c]} | {w:.1f} | {w / ideal:.2f}x | "
+                f"{w / oracle_wall:.2f}x | {med(v, 'requests') / n:.3f}x | "
+                f"{min(r.unique for r in v)}/{n} | {max(r.lines - r.unique for r in v)} | "
+                f"{max(r.failed for r in v)} | {med(v, 'p10'):.2f} | {med(v, 'p50'):.2f} | "
+                f"{med(v, 'low'):.2f} |")
+    lines.append("")
+    lines.append("Ideal: " + "; ".join(
+        f"{s} {capped_ideal(n, lat, k, (6.0, 14.0) if s == 'changing' else None):.1f} s"
+        for s in shapes) + ".")
+    return [*lines, ""]
+
+
 def scenario_sporadic(tmp: Path, key_file: Path, env: dict[str, str], args: argparse.Namespace
                       ) -> list[str]:
     n, conc = args.sporadic_prompts, args.sporadic_concurrency
@@ -485,7 +656,7 @@ def scenario_index(tmp: Path, env: dict[str, str], args: argparse.Namespace) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="floor,capacity,outage,sporadic,index")
+    ap.add_argument("--scenarios", default="floor,capped,outage,sporadic,index")
     ap.add_argument("--prompts", type=int, default=20_000, help="floor scenario")
     ap.add_argument("--new-fields", dest="fake_fields", action="store_const",
                     const=["--token-ids", "--thinking", "field"], default=[],
@@ -500,6 +671,12 @@ def main() -> int:
     ap.add_argument("--capacity", type=int, default=500)
     ap.add_argument("--capacity-status", type=int, default=429, choices=(429, 402))
     ap.add_argument("--cap-reps", type=int, default=3)
+    ap.add_argument("--shapes", default="429-ra,429,402-ra,changing",
+                    help="capped scenario: the server shapes (benchmarks/capped.py)")
+    ap.add_argument("--sdk-reps", type=int, default=3,
+                    help="capped scenario: reps of the SDK (slow; its figure is a peer's)")
+    ap.add_argument("--skip-clients", default="",
+                    help="capped scenario: clients to leave out (payload, oracle, sdk)")
     ap.add_argument("--sporadic-prompts", type=int, default=2000)
     ap.add_argument("--sporadic-concurrency", type=int, default=200)
     ap.add_argument("--index-gb", type=float, default=1.0)
@@ -511,7 +688,10 @@ def main() -> int:
         kind, inp, out, url, keyf, n, transport, retries = args.client
         key = Path(keyf).read_text().strip()
         if kind == "bare":
-            asyncio.run(bare_client(Path(inp), Path(out), url, key, int(n)))
+            change = (None if transport == "-" else
+                      tuple(float(x) for x in transport.split(",")))
+            asyncio.run(bare_client(Path(inp), Path(out), url, key, int(n),
+                                    change))  # type: ignore[arg-type]
         else:
             asyncio.run(sdk_client(Path(inp), Path(out), url, key, int(n), transport,
                                    None if retries == "default" else int(retries)))
@@ -531,6 +711,8 @@ def main() -> int:
         os.close(fd)
         if "floor" in chosen:
             sections += scenario_floor(tmp, key_file, env, args)
+        if "capped" in chosen:
+            sections += scenario_capped(tmp, key_file, env, args)
         if "capacity" in chosen:
             sections += scenario_capacity(tmp, key_file, env, args, outage=False)
         if "outage" in chosen:

@@ -10,32 +10,48 @@ proportion to the share of throttled answers, and what keeps a full server from 
 flooded: a slot given back during the wait would be refilled at once and refused again,
 a refusal storm at CPU speed.
 
-Telling a capacity limit from sporadic throttling. Both answer 429; what differs is the
-retry. A prompt that waited and asks again is refused again far more often than a first
-try when the server is full (a fresh request goes out when a success has just freed a
-place; a retry lands whenever its wait ends), but about as often when throttling is
-random. Each refused retry, while retries are refused at least half the time and twice
-as often as first tries, by more than chance gives a few dozen answers (or, with
-Retry-After, three times in four), gives its slot up for good
-(YIELD): the window shrinks by one and from then on grows by one per round trip only
-(ssthresh), settling at the capacity. Random 429s, even half of all answers, never
-shrink it.
+Telling a capacity limit from sporadic throttling. Both answer 429 (or 402 with
+Retry-After); what differs is the retry. A prompt that waited and asks again is refused
+again far more often than a first try when the server is full (a fresh request goes out
+when a success has just freed a place; a retry lands whenever its wait ends), but about as
+often when throttling is random. Each refused retry, while retries are refused at least
+half the time and twice as often as first tries by more than chance gives a few dozen
+answers, or three times in four where the server says Retry-After, or nine times in ten
+on 32 retries where it does not, gives its slot up for good (YIELD): the window shrinks by
+one and from then on grows by one per round trip only (ssthresh), settling at the
+capacity. Only a slot inside the window shrinks it: one already beyond it (the window
+shrank while its prompt waited) is given back and that is all, or the waiters of one
+overshoot, refused one after another, would take the window far below the capacity. A
+window twice what the server serves or more (successes answered over the last round trip:
+Little's law, never below the server's own concurrency) is halved at a yield, once a
+round trip, but never below that: a start that overshot on a loaded machine, where
+refusals come back seconds late, comes down in a few round trips instead of one slot per
+refusal. Random 429s, even half of all answers, never shrink it.
 
 Answers arrive out of order (refusals at the door at once, successes a round trip
 later), so shares and ratios are counted by *when the request was sent* (the answer's
 time less its latency), in 50 ms bins, over the requests of about the last round trip
 that have all been answered: never over the last N answers, which in slow start would
-read several times the true share. Many requests of a round trip answered "Retry-After"
-also stop slow start's fast growth (a start against a full server would otherwise
-overshoot it); if no refused retry confirms a full server within a few seconds, fast
-growth resumes.
+read several times the true share. A round trip in which a third or more of the requests
+were throttled (with or without Retry-After) also stops slow start's fast growth (a start
+against a full server would otherwise overshoot it); fast growth resumes as soon as the
+retries say "not full" (refused less than three times in four), and from then on only a
+clearly larger share (+0.25) stops it again, or after a few seconds without a yield.
+
+A cap that rises again (a provider's limit halved for a while, then restored): when the
+window sits in congestion avoidance more than 10% below the largest window a capacity
+was found at, and nothing has been throttled for max(1 s, 3 round trips), slow start
+resumes up to that window, then the window grows on by one per round trip. A cap still in
+force refuses a retry every round trip or so, so this never fires there.
 
 The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
 flight, and when the server answers again the window restarts from `initial_window` and
 grows back (slow start) to where it was, instead of releasing 2000 requests at once.
 
 tests/payload/generate/test_limiter_model.py checks these rules on a virtual-time model of a
-provider (capacity, outages, sporadic 429s); the benchmark measures them for real.
+provider (a cap with and without Retry-After, 402, a cap that halves and recovers,
+outages, sporadic 429s); the benchmark (benchmarks/generator.py --scenarios capped, on the
+independent capped servers of benchmarks/capped.py) measures them for real.
 """
 
 from __future__ import annotations
@@ -103,6 +119,14 @@ class Limiter:
         self.capacity_events = 0
         self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
         self._yielded_at = -1e9
+        self._throttled_at = -1e9  # the last throttled answer
+        # Successes by the 50 ms bin they were ANSWERED in: those of the last round trip
+        # are how many of ours the server serves at once (Little's law), or more (our own
+        # queueing lengthens the round trip): a floor a cut never goes below.
+        self._ok_bins: collections.deque[list[float]] = collections.deque()
+        self._cut_at = -1e9
+        self._peak = 0.0  # the largest window a capacity was found below (0: none yet)
+        self._random_share = 0.0  # a share of refusals the retries showed to be random
         self._longest_wait = 0.0
         self._pre_outage_window = float(max_in_flight)
         self._woken = 0
@@ -222,8 +246,9 @@ class Limiter:
         now = self.breaker.clock()
         if outcome.retry_after is not None:
             self._longest_wait = max(self._longest_wait, outcome.retry_after)
+        self._throttled_at = now
         if (self.window < self.ssthresh and self._exited_at is None and
-                self.share_ra > SLOW_START_EXIT_SHARE):
+                self.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
             # Told to wait by a large share of a round trip's answers: stop growing fast
             # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
@@ -233,7 +258,22 @@ class Limiter:
             self.capacity_events += 1
             self._yielded_at = now
             self._exited_at = None  # confirmed
-            self.window = max(float(self.min_window), self.window - 1.0)
+            # Only a slot inside the window shrinks it: a slot already beyond it (the window
+            # shrank while this prompt waited) is given back and that is all; otherwise the
+            # waiters of one overshoot, refused again one after another, shrink the window
+            # far below the capacity (seen at half of it on a loaded machine).
+            if self.in_flight <= self._allowed():
+                served = self._served(now)
+                if self.window >= 2.0 * served and now - self._cut_at > max(self.srtt, BIN_S):
+                    # Twice what the server serves or more (a start that overshot on a
+                    # loaded machine, where refusals come back seconds late): halve, once a
+                    # round trip, but never below what it serves.
+                    self._cut_at = now
+                    self.window = max(float(self.min_window), 0.5 * self.window,
+                                      1.05 * served)
+                else:
+                    self._peak = max(self._peak, self.window)
+                    self.window = max(float(self.min_window), self.window - 1.0)
             self.ssthresh = min(self.ssthresh, max(self.window, float(self.min_window)))
             self.in_flight -= 1
             self._wake()
@@ -258,6 +298,13 @@ class Limiter:
         self.share_slow += (float(throttled) - self.share_slow) / 256
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
+            b = self.breaker.clock() // BIN_S
+            if self._ok_bins and self._ok_bins[-1][0] == b:
+                self._ok_bins[-1][1] += 1
+            else:
+                self._ok_bins.append([b, 1.0])
+                while len(self._ok_bins) > 400:  # 20 s
+                    self._ok_bins.popleft()
         now = self.breaker.clock()
         sent = int((now - outcome.latency_s) / BIN_S)
         row = self._bins.get(sent)
@@ -313,10 +360,43 @@ class Limiter:
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
         # 429s): grow fast again.
         quiet = max(2.0, 2.0 * self._longest_wait, 4.0 * self.srtt)
-        if (self._exited_at is not None and now - self._exited_at > quiet
-                and now - self._yielded_at > quiet):
-            self.ssthresh = float(self.max_in_flight)
-            self._exited_at = None
+        if self._exited_at is not None and now - self._yielded_at > quiet:
+            if self._not_full():
+                # Random throttling at this share: only a clearly larger one stops slow
+                # start again.
+                self._random_share = self.share
+            if self._random_share or now - self._exited_at > quiet:
+                self.ssthresh = float(self.max_in_flight)
+                self._exited_at = None
+        # A cap that rose again (a provider's limit halved, then restored): the window sits
+        # below a capacity found before and nothing is throttled for a few round trips:
+        # grow back to it by slow start (tripling per round trip), then on by one per
+        # round trip. A cap still in force refuses a retry every round trip or so.
+        calm = max(1.0, 3.0 * self.srtt)
+        if (self._peak > self.window * 1.1 and self.window >= self.ssthresh
+                and now - self._throttled_at > calm and now - self._yielded_at > calm):
+            self.ssthresh = min(self._peak, float(self.max_in_flight))
+            self._peak = 0.0
+
+    def _served(self, now: float) -> float:
+        """Successes answered over the last round trip: at least how many of ours the
+        server serves at once."""
+        since = (now - max(self.srtt, BIN_S)) // BIN_S
+        total = 0.0
+        for b, n in reversed(self._ok_bins):
+            if b <= since:
+                break
+            total += n
+        return total
+
+    def _not_full(self) -> bool:
+        """Do the retries already say the server is NOT full (refused about as often as
+        first tries, under 3 in 4: a full server refuses nearly all)? Then a stop of slow
+        start's fast growth on a share of refusals was random throttling: resume at once."""
+        t = self._settled
+        if t[REPEATS] < REPEAT_EVIDENCE:
+            return False
+        return t[REPEATS_REFUSED] / t[REPEATS] < 0.75
 
     def _full_server(self) -> bool:
         """Are retries refused as a full server refuses them: at least half the time and at
@@ -345,7 +425,12 @@ class Limiter:
         # "wait" about its load): random throttling without it, even at half of all
         # answers, is not taken for capacity.
         told = self.share_ra > 0 and self.share_ra >= 0.5 * self.share
-        return told and repeat_ratio >= 0.75
+        if told and repeat_ratio >= 0.75:
+            return True
+        # Without Retry-After: nearly every retry refused, on enough of them that random
+        # throttling (even half of all answers) cannot read so (0.9 is 4.5 standard errors
+        # above 0.5 on 32 retries).
+        return t[REPEATS] >= 4 * REPEAT_EVIDENCE and repeat_ratio >= 0.9
 
     def throttle_wait(self, retry_after: float | None, throttles_in_a_row: int) -> float:
         """How long a throttled prompt waits: the server's Retry-After (already capped), else a

@@ -74,6 +74,8 @@ class Server:
     jitter: float = 0.2  # each answer takes latency x uniform(1 - jitter, 1 + jitter)
     capacity: int | None = None
     capacity_retry_after: float | None = 1.0
+    capacity_status: int = 429  # 402: OpenRouter's in-flight budget (with Retry-After)
+    halved: tuple[float, float] | None = None  # the capacity halves between these seconds
     throttle_share: float = 0.0
     throttle_retry_after: float | None = None
     outage: tuple[float, float] | None = None  # (start, end) in seconds
@@ -86,6 +88,12 @@ class Server:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+
+    def cap(self, now: float) -> int:
+        assert self.capacity is not None
+        if self.halved and self.halved[0] <= now < self.halved[1]:
+            return self.capacity // 2
+        return self.capacity
 
     def _row(self, now: float) -> list[int]:
         return self.timeline.setdefault(int(now * 10), [0, 0, 0, 0])
@@ -100,12 +108,14 @@ class Server:
             await asyncio.sleep(DOOR_S)
             return Outcome(Kind.RETRY, 503, "unavailable", server_failure=True,
                            latency_s=DOOR_S)
-        if self.capacity is not None and self.serving >= self.capacity:
+        if self.capacity is not None and self.serving >= self.cap(now):
             self.refusals += 1
             row[2] += 1
             await asyncio.sleep(DOOR_S)
-            return Outcome(Kind.RETRY, 429, "rate_limited", retry_after=self.capacity_retry_after,
-                           throttled=True, latency_s=DOOR_S)
+            kind = "inflight_limited" if self.capacity_status == 402 else "rate_limited"
+            return Outcome(Kind.RETRY, self.capacity_status, kind,
+                           retry_after=self.capacity_retry_after, throttled=True,
+                           latency_s=DOOR_S)
         if self.throttle_share and self.rng.random() < self.throttle_share:
             self.refusals += 1
             row[2] += 1
