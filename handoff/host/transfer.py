@@ -18,6 +18,7 @@ grew since it was fetched is appended to in place.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets as pysecrets
@@ -30,6 +31,7 @@ from handoff.host.session import RemoteFiles
 from payload import atomic
 
 UPLOAD_CHUNK = 1 << 20  # bytes handed to the writer at once (it splits them into requests)
+WATCH_EVERY = 32 << 20  # bytes a download writes between two `on_written` calls
 
 
 def temp_name(final: str) -> str:
@@ -194,11 +196,26 @@ def completes(part: Path) -> Path | None:
     return None
 
 
+class PrefixMismatch(Exception):
+    """The bytes a download or upload resumed after are not the other side's (found by
+    the whole-prefix hash once the rest had moved): start the file over."""
+
+
 def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: int,
              mtime: float, *, in_place: bool = False, label: str = "",
-             name: str | None = None) -> None:
+             name: str | None = None, verify: Callable[[], bool] | None = None,
+             on_written: Callable[[Path], None] | None = None) -> None:
     """Bring `remote` (`size` bytes) to `local`, the bytes before `offset` being already
-    there and proven (by hash, on the host) to match.
+    there and their probe matching the host's (handoff.ops.fetch).
+
+    `verify` (a resumed download) is asked once the rest is written whether the whole
+    prefix matches too (its hashes were computed meanwhile); no: PrefixMismatch, and the
+    partial file is not renamed into place (an in-place append has been written, and the
+    caller fetches the file whole over it).
+
+    `on_written(target)` is called every WATCH_EVERY bytes written, once they are all
+    written, and after what a cut download wrote (flushed first): fetch indexes a merged
+    file's lines as they land (handoff.ops.merge_index), so a resume indexes only the rest.
 
     `in_place`: they are `local`'s own first bytes (an append-only file that grew): the
     rest is appended to it. Otherwise they are in `partial(local)`, which is written to
@@ -230,10 +247,26 @@ def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: in
             # hash again before a byte is appended.
             out.truncate(offset)  # what was proven, nothing after it
             out.seek(offset)
-            for chunk in files.read_chunks(remote, offset, size):
-                out.write(chunk)
-                meter.advance(len(chunk))
+            mark = offset + WATCH_EVERY
+            try:
+                for chunk in files.read_chunks(remote, offset, size):
+                    out.write(chunk)
+                    meter.advance(len(chunk))
+                    if on_written is not None and out.tell() >= mark:
+                        out.flush()
+                        on_written(target)
+                        mark = out.tell() + WATCH_EVERY
+            except BaseException:
+                if on_written is not None:  # what was written is resumed from: index it too
+                    with contextlib.suppress(Exception):
+                        out.flush()
+                        on_written(target)
+                raise
             out.flush()
+            if on_written is not None:
+                on_written(target)
+            if verify is not None and not verify():
+                raise PrefixMismatch(f"{target}: its first {offset} bytes are not the host's")
             os.utime(fd, (mtime, mtime))
             if target != local:
                 os.replace(target, local)  # still locked: no other fetch touches it midway
