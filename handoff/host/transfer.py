@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
+from handoff import threads
 from handoff.host import progress
+from handoff.host.remote_code import fetch_list
 from handoff.host.session import RemoteFiles
 from payload import atomic
 
@@ -117,14 +119,21 @@ def _upload(files: RemoteFiles, chunks: Iterable[bytes | memoryview], size: int,
 
 
 def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o644, *,
-                     label: str = "", remote_sha256: Callable[[str, int], str | None]) -> int:
+                     label: str = "", remote_sha256: Callable[[str, int], str | None],
+                     remote_probe: Callable[[str, int], str | None] | None = None,
+                     notes: list[str] | None = None) -> int:
     """Upload `local` to `final` as fetch downloads: into a stable part name beside it
     (`.NAME.tmp-part`) renamed into place when whole, so a cut upload (Ctrl-C, a dropped
-    link) resumes: a part file whose first N bytes hash (on the host: `remote_sha256(path,
-    n)`) as the local file's first N do is continued from N, anything else starts over.
-    Older random temp names of the same file are removed. Returns the bytes resumed."""
-    import hashlib
+    link) resumes from the part's end, moving only the rest. Older random temp names of
+    the same file are removed. Returns the bytes resumed.
 
+    The part's N bytes are checked twice, as fetch checks a prefix: before anything moves,
+    by their probe (`remote_probe(path, n)` on the host: the sha256 of their first and last
+    MiB, fetch_list.probe_sha256; skipped when not given), and in full while the rest moves
+    (`remote_sha256(path, n)`: the sha256 of the first n bytes, computed on the host beside
+    the upload, against the local file's, hashed meanwhile). The part is renamed into place
+    only if both match; a probe that does not starts the upload over at once, a whole hash
+    that does not starts it over after the rest moved. Either is said in `notes`."""
     folder, name = final.rsplit("/", 1)
     part = f"{folder}/.{name}{PART_SUFFIX}"
     for leftover in files.listdir(folder):
@@ -140,16 +149,37 @@ def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o
             files.remove(part)  # an empty part: nothing to resume, and create is exclusive
     except FileNotFoundError:
         have = 0
+    if have and (have > size or (remote_probe is not None
+                                 and remote_probe(part, have) != fetch_list.probe_sha256(str(local), have))):
+        if notes is not None:
+            notes.append(f"the {have} bytes already on the host are not this file's first "
+                         f"{have} (probe sha256): uploaded whole")
+        files.remove(part)
+        have = 0
+    proof = None
     if have:
-        digest = hashlib.sha256()
-        with local.open("rb") as src:
-            left = have
-            while left > 0 and (block := src.read(min(left, UPLOAD_CHUNK))):
-                digest.update(block)
-                left -= len(block)
-        if have > size or remote_sha256(part, have) != digest.hexdigest():
+        n = have
+        proof = (threads.soon(lambda: remote_sha256(part, n), "hash-host"),
+                 threads.soon(lambda: fetch_list.prefix_sha256(str(local), n), "hash-local"))
+    _send(files, local, part, have, size, mode, label, name)
+    if proof is not None:
+        theirs, ours = proof[0].result(), proof[1].result()
+        if theirs is None or theirs != ours:
+            if notes is not None:
+                notes.append(f"the {have} bytes already on the host are not this file's first "
+                             f"{have} (whole sha256, checked after the rest moved): uploaded whole")
             files.remove(part)
             have = 0
+            _send(files, local, part, 0, size, mode, label, name)
+    # The part is kept on failure (that is what resumes); only a whole file is renamed.
+    files.chmod(part, mode)
+    files.rename(part, final)
+    return have
+
+
+def _send(files: RemoteFiles, local: Path, part: str, have: int, size: int, mode: int,
+          label: str, name: str) -> None:
+    """`local` from byte `have` on, appended to `part` (created when `have` is 0)."""
     with local.open("rb") as src:
         src.seek(have)
         with progress.meter(label, name, size, "upload") as meter:
@@ -159,10 +189,6 @@ def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o
                 for chunk in iter(lambda: src.read(UPLOAD_CHUNK), b""):
                     fh.write(chunk)
                     meter.advance(len(chunk))
-    # The part is kept on failure (that is what resumes); only a whole file is renamed.
-    files.chmod(part, mode)
-    files.rename(part, final)
-    return have
 
 
 def remove_leftovers(files: RemoteFiles, folder: str, prefix: str) -> bool:

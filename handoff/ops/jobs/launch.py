@@ -255,7 +255,8 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                     "push-input", f"push {ds.name} ({units.size(ds.size)}, {ds.check.prompts} "
                                   f"prompts, sha256 {ds.sha256[:12]}) to {j.input_path}",
                     f"sftp put {lay.data}/.{ds.name}.tmp-part (a cut upload's part resumed "
-                    f"when its sha256 prefix matches) then rename to {j.input_path}",
+                    f"when its prefix matches: a 2 MiB probe, then its whole sha256 beside the "
+                    f"upload) then rename to {j.input_path}",
                     "unless the host holds the same file (sha256 compared on the host)",
                     PushInput(j.job, j.input_path), run=_push_input))
         if share is not None and role.secret:
@@ -399,13 +400,17 @@ def _push_input(ctx: HostContext, step: Step) -> str:
     dest = s.abs(j.input_path)
     try:
         mkdirs(s.files, dest.rsplit("/", 1)[0], known=ctx.need_facts().dirs)
+        notes: list[str] = []
         resumed = upload_resumable(s.files, ds.path, dest, label=s.label,
-                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n))
+                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n),
+                                   remote_probe=lambda path, n: _probe_sha256(s, path, n),
+                                   notes=notes)
     except OSError as exc:
         raise RemoteError(f"{s.label}: pushing {ds.name} to {dest} failed: {exc}; run the "
                           f"launch again to resume the upload") from None
     more = f" (resumed after {units.size(resumed)})" if resumed else ""
-    return f"pushed {ds.name} → {dest}{more}"
+    said = "".join(f"; not resumed: {note}" for note in notes)
+    return f"pushed {ds.name} → {dest}{more}{said}"
 
 
 def _prefix_sha256(s: Session, path: str, n: int) -> str | None:
@@ -413,6 +418,16 @@ def _prefix_sha256(s: Session, path: str, n: int) -> str | None:
     upload checks its part file without reading it back)."""
     res = s.exec(f"head -c {int(n)} {sh_path(path)} | sha256sum")
     return res.out.split()[0] if res.rc == 0 and res.out.split() else None
+
+
+def _probe_sha256(s: Session, path: str, n: int) -> str | None:
+    """The probe sha256 of the first `n` bytes of `path` on the host (their first and last
+    MiB: remote_code.fetch_list's `hash` mode), the cheap check before a resumed upload."""
+    answer = s.run_code(remote_code.FETCH_LIST, {"hash": {path: int(n)}, "probe": True},
+                        "checking the uploaded part")
+    digests = answer.get("sha256") if isinstance(answer, dict) else None
+    digest = digests.get(path) if isinstance(digests, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def _start(ctx: HostContext, step: Step) -> str:
