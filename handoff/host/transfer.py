@@ -10,8 +10,9 @@ dropped connection leaves at most a temp file that the next upload clears.
 
 A download is written under a stable partial name (`partial`) and renamed into place
 when complete, so a reader never sees half a file under the final name and a cut
-download leaves what it got for the next one to resume (after the host proves, by hash,
-that it is a prefix of the file). That is why downloads do not use payload.atomic, whose
+download leaves what it got for the next one to resume (handoff.ops.fetch checks that it
+is a prefix of the host's file: a 2 MiB probe first, the whole prefix's sha256 beside the
+transfer before the rename). That is why downloads do not use payload.atomic, whose
 temp files are private to one write and removed on failure. An append-only file that
 grew since it was fetched is appended to in place.
 """
