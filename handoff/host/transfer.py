@@ -130,9 +130,10 @@ def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o
 
     The part's N bytes are checked twice, as fetch checks a prefix: before anything moves,
     by their probe (`remote_probe(path, n)` on the host: the sha256 of their first and last
-    MiB, fetch_list.probe_sha256; skipped when not given), and in full while the rest moves
-    (`remote_sha256(path, n)`: the sha256 of the first n bytes, computed on the host beside
-    the upload, against the local file's, hashed meanwhile). The part is renamed into place
+    MiB, fetch_list.probe_sha256), and in full while the rest moves (`remote_sha256(path,
+    n)`: the sha256 of the first n bytes, computed on the host beside the upload, against
+    the local file's, hashed meanwhile). Without `remote_probe`, the whole prefix is checked
+    before anything moves instead. The part is renamed into place
     only if both match; a probe that does not starts the upload over at once, a whole hash
     that does not starts it over after the rest moved. Either is said in `notes`."""
     folder, name = final.rsplit("/", 1)
@@ -157,8 +158,15 @@ def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o
                          f"{have} (probe sha256): uploaded whole")
         files.remove(part)
         have = 0
+    if have and remote_probe is None and remote_sha256(part, have) != fetch_list.prefix_sha256(str(local), have):
+        # No probe to ask the host for: the whole prefix is checked before anything moves.
+        if notes is not None:
+            notes.append(f"the {have} bytes already on the host are not this file's first "
+                         f"{have} (whole sha256): uploaded whole")
+        files.remove(part)
+        have = 0
     proof = None
-    if have:
+    if have and remote_probe is not None:
         n = have
         proof = (threads.soon(lambda: remote_sha256(part, n), "hash-host"),
                  threads.soon(lambda: fetch_list.prefix_sha256(str(local), n), "hash-local"))
