@@ -54,7 +54,7 @@ HANDOFF_WITHIN: dict[str, list[set[str]]] = {
     "run": [{"parallel"}, {"plan"}],
     # the operations do not import each other: what one needs of another (the management
     # key for a launch's limits) the command hands it (Plan.private, a callable)
-    "ops": [{"keyapi"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"}, {"fetch"},
+    "ops": [{"keyapi", "merge_index"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"}, {"fetch"},
             {"deploy"}],
     "testing": [{"fakekeys", "local"}, {"fakeapi"}, {"sandbox"}],
     "cli": [{"commands", "program"}, {"demo"}],

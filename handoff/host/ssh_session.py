@@ -224,6 +224,7 @@ class SSHSession(Session):
         out = untrusted.Capped(limit, f"{self.label}: the host's answer")
         err = untrusted.Tail(untrusted.MAX_STDERR_BYTES)
         deadline_at = None if timeout is None else time.monotonic() + timeout
+        exited_at: float | None = None
         try:
             while True:
                 while chan.recv_ready():
@@ -231,7 +232,12 @@ class SSHSession(Session):
                 while chan.recv_stderr_ready():
                     err.add(chan.recv_stderr(65536))
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last output (the child exited,
+                    # its pipe not drained yet: seen with `head | sha256sum` beside an SFTP
+                    # upload): read on until the end of the output, or 2 s after the exit.
+                    exited_at = exited_at or time.monotonic()
+                    if chan.eof_received or time.monotonic() - exited_at > 2.0:
+                        break
                 if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if deadline_at is not None and time.monotonic() > deadline_at:

@@ -10,14 +10,16 @@ dropped connection leaves at most a temp file that the next upload clears.
 
 A download is written under a stable partial name (`partial`) and renamed into place
 when complete, so a reader never sees half a file under the final name and a cut
-download leaves what it got for the next one to resume (after the host proves, by hash,
-that it is a prefix of the file). That is why downloads do not use payload.atomic, whose
+download leaves what it got for the next one to resume (handoff.ops.fetch checks that it
+is a prefix of the host's file: a 2 MiB probe first, the whole prefix's sha256 beside the
+transfer before the rename). That is why downloads do not use payload.atomic, whose
 temp files are private to one write and removed on failure. An append-only file that
 grew since it was fetched is appended to in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets as pysecrets
@@ -25,11 +27,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
+from handoff import threads
 from handoff.host import progress
+from handoff.host.remote_code import fetch_list
 from handoff.host.session import RemoteFiles
 from payload import atomic
 
 UPLOAD_CHUNK = 1 << 20  # bytes handed to the writer at once (it splits them into requests)
+WATCH_EVERY = 32 << 20  # bytes a download writes between two `on_written` calls
 
 
 def temp_name(final: str) -> str:
@@ -115,14 +120,22 @@ def _upload(files: RemoteFiles, chunks: Iterable[bytes | memoryview], size: int,
 
 
 def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o644, *,
-                     label: str = "", remote_sha256: Callable[[str, int], str | None]) -> int:
+                     label: str = "", remote_sha256: Callable[[str, int], str | None],
+                     remote_probe: Callable[[str, int], str | None] | None = None,
+                     notes: list[str] | None = None) -> int:
     """Upload `local` to `final` as fetch downloads: into a stable part name beside it
     (`.NAME.tmp-part`) renamed into place when whole, so a cut upload (Ctrl-C, a dropped
-    link) resumes: a part file whose first N bytes hash (on the host: `remote_sha256(path,
-    n)`) as the local file's first N do is continued from N, anything else starts over.
-    Older random temp names of the same file are removed. Returns the bytes resumed."""
-    import hashlib
+    link) resumes from the part's end, moving only the rest. Older random temp names of
+    the same file are removed. Returns the bytes resumed.
 
+    The part's N bytes are checked twice, as fetch checks a prefix: before anything moves,
+    by their probe (`remote_probe(path, n)` on the host: the sha256 of their first and last
+    MiB, fetch_list.probe_sha256), and in full while the rest moves (`remote_sha256(path,
+    n)`: the sha256 of the first n bytes, computed on the host beside the upload, against
+    the local file's, hashed meanwhile). Without `remote_probe`, the whole prefix is checked
+    before anything moves instead. The part is renamed into place
+    only if both match; a probe that does not starts the upload over at once, a whole hash
+    that does not starts it over after the rest moved. Either is said in `notes`."""
     folder, name = final.rsplit("/", 1)
     part = f"{folder}/.{name}{PART_SUFFIX}"
     for leftover in files.listdir(folder):
@@ -138,16 +151,44 @@ def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o
             files.remove(part)  # an empty part: nothing to resume, and create is exclusive
     except FileNotFoundError:
         have = 0
-    if have:
-        digest = hashlib.sha256()
-        with local.open("rb") as src:
-            left = have
-            while left > 0 and (block := src.read(min(left, UPLOAD_CHUNK))):
-                digest.update(block)
-                left -= len(block)
-        if have > size or remote_sha256(part, have) != digest.hexdigest():
+    if have and (have > size or (remote_probe is not None
+                                 and remote_probe(part, have) != fetch_list.probe_sha256(str(local), have))):
+        if notes is not None:
+            notes.append(f"the {have} bytes already on the host are not this file's first "
+                         f"{have} (probe sha256): uploaded whole")
+        files.remove(part)
+        have = 0
+    if have and remote_probe is None and remote_sha256(part, have) != fetch_list.prefix_sha256(str(local), have):
+        # No probe to ask the host for: the whole prefix is checked before anything moves.
+        if notes is not None:
+            notes.append(f"the {have} bytes already on the host are not this file's first "
+                         f"{have} (whole sha256): uploaded whole")
+        files.remove(part)
+        have = 0
+    proof = None
+    if have and remote_probe is not None:
+        n = have
+        proof = (threads.soon(lambda: remote_sha256(part, n), "hash-host"),
+                 threads.soon(lambda: fetch_list.prefix_sha256(str(local), n), "hash-local"))
+    _send(files, local, part, have, size, mode, label, name)
+    if proof is not None:
+        theirs, ours = proof[0].result(), proof[1].result()
+        if theirs is None or theirs != ours:
+            if notes is not None:
+                notes.append(f"the {have} bytes already on the host are not this file's first "
+                             f"{have} (whole sha256, checked after the rest moved): uploaded whole")
             files.remove(part)
             have = 0
+            _send(files, local, part, 0, size, mode, label, name)
+    # The part is kept on failure (that is what resumes); only a whole file is renamed.
+    files.chmod(part, mode)
+    files.rename(part, final)
+    return have
+
+
+def _send(files: RemoteFiles, local: Path, part: str, have: int, size: int, mode: int,
+          label: str, name: str) -> None:
+    """`local` from byte `have` on, appended to `part` (created when `have` is 0)."""
     with local.open("rb") as src:
         src.seek(have)
         with progress.meter(label, name, size, "upload") as meter:
@@ -157,10 +198,6 @@ def upload_resumable(files: RemoteFiles, local: Path, final: str, mode: int = 0o
                 for chunk in iter(lambda: src.read(UPLOAD_CHUNK), b""):
                     fh.write(chunk)
                     meter.advance(len(chunk))
-    # The part is kept on failure (that is what resumes); only a whole file is renamed.
-    files.chmod(part, mode)
-    files.rename(part, final)
-    return have
 
 
 def remove_leftovers(files: RemoteFiles, folder: str, prefix: str) -> bool:
@@ -194,11 +231,26 @@ def completes(part: Path) -> Path | None:
     return None
 
 
+class PrefixMismatch(Exception):
+    """The bytes a download or upload resumed after are not the other side's (found by
+    the whole-prefix hash once the rest had moved): start the file over."""
+
+
 def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: int,
              mtime: float, *, in_place: bool = False, label: str = "",
-             name: str | None = None) -> None:
+             name: str | None = None, verify: Callable[[], bool] | None = None,
+             on_written: Callable[[Path], None] | None = None) -> None:
     """Bring `remote` (`size` bytes) to `local`, the bytes before `offset` being already
-    there and proven (by hash, on the host) to match.
+    there and their probe matching the host's (handoff.ops.fetch).
+
+    `verify` (a resumed download) is asked once the rest is written whether the whole
+    prefix matches too (its hashes were computed meanwhile); no: PrefixMismatch, and the
+    partial file is not renamed into place (an in-place append has been written, and the
+    caller fetches the file whole over it).
+
+    `on_written(target)` is called every WATCH_EVERY bytes written, once they are all
+    written, and after what a cut download wrote (flushed first): fetch indexes a merged
+    file's lines as they land (handoff.ops.merge_index), so a resume indexes only the rest.
 
     `in_place`: they are `local`'s own first bytes (an append-only file that grew): the
     rest is appended to it. Otherwise they are in `partial(local)`, which is written to
@@ -230,10 +282,26 @@ def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: in
             # hash again before a byte is appended.
             out.truncate(offset)  # what was proven, nothing after it
             out.seek(offset)
-            for chunk in files.read_chunks(remote, offset, size):
-                out.write(chunk)
-                meter.advance(len(chunk))
+            mark = offset + WATCH_EVERY
+            try:
+                for chunk in files.read_chunks(remote, offset, size):
+                    out.write(chunk)
+                    meter.advance(len(chunk))
+                    if on_written is not None and out.tell() >= mark:
+                        out.flush()
+                        on_written(target)
+                        mark = out.tell() + WATCH_EVERY
+            except BaseException:
+                if on_written is not None:  # what was written is resumed from: index it too
+                    with contextlib.suppress(Exception):
+                        out.flush()
+                        on_written(target)
+                raise
             out.flush()
+            if on_written is not None:
+                on_written(target)
+            if verify is not None and not verify():
+                raise PrefixMismatch(f"{target}: its first {offset} bytes are not the host's")
             os.utime(fd, (mtime, mtime))
             if target != local:
                 os.replace(target, local)  # still locked: no other fetch touches it midway

@@ -4,18 +4,29 @@ there; then each job's shards merged into `DEST/<job>/output.jsonl` and
 `output.errors.jsonl` (handoff.ops.merge: every id exactly once, checked); a job with no
 answers file on any host (the extractor: its features) is not merged.
 
-One round trip lists the jobs' files (handoff.host.remote_code.fetch_list) together with the
-sha256 of the host file's first N bytes for each file the workstation holds a prefix of
-(N bytes: an append-only file's copy, or what a cut download left); the workstation
-hashes its own prefixes meanwhile. Then, per file:
-- same size and (append-only file) same prefix hash, or (other file) same mtime: skip;
-- an append-only file (`*.jsonl`, `log`) whose local copy is a true prefix: download
-  only the rest, appended;
-- a cut download whose part is a true prefix: download only the rest into the part;
-- anything else: download whole.
-A download is written under a partial name and renamed into place when complete
+One round trip lists the jobs' files (handoff.host.remote_code.fetch_list) together with,
+for each file the workstation holds a prefix of (N bytes: an append-only file's copy, or
+what a cut download left), the sha256 of the *probe* of the host file's first N bytes:
+the whole N bytes up to 2 MiB, else their first and last MiB, so the check costs 2 MiB
+on each side whatever N (the workstation hashes its own probes meanwhile). Then, per file:
+- same size and (append-only file) same probe, or (other file) same mtime: skip;
+- an append-only file (`*.jsonl`, `log`) whose local copy's probe matches: download only
+  the rest, appended;
+- a cut download whose part's probe matches: download only the rest into the part;
+- anything else: download whole (a prefix whose probe did not match is named: `Fetched.
+  restarted`).
+A resumed download proves its whole prefix while the rest moves (`Proof`: both sides hash
+their N bytes beside the transfer, the host on a second channel) and is renamed into place
+only if the two match; if not, the file is downloaded again whole and named. A download is
+written under a partial name and renamed into place when complete
 (handoff.host.transfer.download), with a progress display for large files. Nothing is
 written on the host.
+
+The host is not trusted here either: what it claims (sizes, hashes) decides only how many
+bytes are asked of it. A size bigger than the file ends the download early (an error,
+the part kept), one smaller than the local prefix starts the file over, and a false hash
+can only make the result differ from the host's own file, which the host could do by
+serving other bytes anyway.
 
 The listing is the host's word (handoff.untrusted): a job name that is not a plain folder
 name, a file path that is absolute or climbs out with `..` (or holds a control
@@ -27,8 +38,10 @@ the numbers); the rest is fetched, and the command exits non-zero.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +50,11 @@ from handoff import console, threads
 from handoff.config.layout import sftp_path
 from handoff.errors import HandoffError, RemoteError
 from handoff.host import remote_code, untrusted
+from handoff.host.remote_code import fetch_list
 from handoff.host.session import Session
-from handoff.host.transfer import completes, download, is_partial, partial
+from handoff.host.transfer import PrefixMismatch, completes, download, is_partial, partial
 from handoff.ops import merge as merging
+from handoff.ops import merge_index
 from handoff.ops.jobs.state import job_name, unknown_job
 from handoff.run.parallel import HostReport
 
@@ -104,12 +119,18 @@ def prefix_path(local: Path, which: str) -> Path:
 
 
 def local_hashes(local_dir: Path, have: dict[str, Have]) -> dict[str, str]:
-    """sha256 of each local prefix the host is asked about (see Have.prefix)."""
+    """The probe sha256 of each local prefix the host is asked about (see Have.prefix and
+    fetch_list.probe_sha256: 2 MiB hashed per file at most)."""
     out = {}
     for rel, h in have.items():
         which = h.prefix(rel)
         if which is not None:
-            out[rel] = sha256_file(prefix_path(local_dir / rel, which[0]))
+            try:
+                digest = fetch_list.probe_sha256(str(prefix_path(local_dir / rel, which[0])), which[1])
+            except OSError:
+                digest = None
+            if digest is not None:
+                out[rel] = digest
     return out
 
 
@@ -120,6 +141,7 @@ class Fetched:
     resumed: int = 0
     nbytes: int = 0
     refused: list[str] = field(default_factory=list)  # entries not fetched, and why (visible)
+    restarted: list[str] = field(default_factory=list)  # prefixes that did not match: fetched whole
 
 
 @dataclass(frozen=True)
@@ -187,10 +209,12 @@ def free_bytes(path: Path) -> int:
 @dataclass(frozen=True)
 class Start:
     """Where a download starts: `offset` bytes are already here (in the final copy itself
-    when `in_place`, else in the partial file)."""
+    when `in_place`, else in the partial file). `restart`: why a local prefix the host was
+    asked about is not resumed from (None: there was none, or it is)."""
 
     offset: int
     in_place: bool = False
+    restart: str | None = None
 
 
 def plan_file(entry: Entry, local: Path, have: Have, local_hash: str | None) -> Start | None:
@@ -204,11 +228,46 @@ def plan_file(entry: Entry, local: Path, have: Have, local_hash: str | None) -> 
         or (not append_only(rel) and abs(local.stat().st_mtime - mtime) < 1e-3)
     ):
         return None
-    if proven and which is not None:
-        kind, prefix = which
-        if prefix <= size:
-            return Start(prefix, in_place=kind == "final")
-    return Start(0)
+    if which is None:
+        return Start(0)
+    kind, prefix = which
+    if prefix > size:
+        why = f"the host's file ({size} bytes) is shorter than the {prefix} bytes here"
+    elif not proven:
+        why = f"the host's first {prefix} bytes differ from the {prefix} here (probe sha256)"
+    else:
+        return Start(prefix, in_place=kind == "final")
+    return Start(0, restart=why)
+
+
+class Proof:
+    """The whole prefix of each resumed file, hashed on both sides while the rest moves:
+    the host's sha256 of its first N bytes (fetch_list's `hash` mode, on a channel of its
+    own beside the SFTP one) against the workstation's of its N bytes. A download is
+    renamed into place only once they match (`holds`)."""
+
+    def __init__(self, s: Session, resumed: dict[str, tuple[str, Path, int]]) -> None:
+        """`resumed`: relative path -> (its path on the host, its local prefix file, N)."""
+        self.label = s.label
+        asked = {remote: n for remote, _, n in resumed.values()}
+        self.paths = {rel: remote for rel, (remote, _, _) in resumed.items()}
+        self.host = threads.soon(lambda: s.run_code(remote_code.FETCH_LIST, {"hash": asked},
+                                                    "hashing the resumed files' prefixes"),
+                                 "hash-host")
+        self.local = threads.soon(lambda: {rel: fetch_list.prefix_sha256(str(path), n)
+                                           for rel, (_, path, n) in resumed.items()}, "hash-local")
+
+    def holds(self, rel: str) -> bool:
+        """Do the host's first N bytes of `rel` hash as the local ones? A malformed answer
+        is no proof."""
+        answer = self.host.result()
+        digests = answer.get("sha256") if isinstance(answer, dict) else None
+        theirs = digests.get(self.paths[rel]) if isinstance(digests, dict) else None
+        try:
+            ours = self.local.result().get(rel)
+        except OSError:
+            return False
+        return isinstance(theirs, str) and ours is not None and theirs == ours
 
 
 def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
@@ -263,13 +322,20 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
     entries, refused = checked_entries(listing, local_dir, job)
     done = Fetched(refused=refused)
     remote_dir = job_folder(listing, s.target.layout.job(job))
-    for entry in entries:
+    plans = [(entry, plan_file(entry, entry.local, have.get(entry.rel, Have()), hashes.get(entry.rel)))
+             for entry in entries]
+    resumed = {entry.rel: (f"{remote_dir}/{entry.rel}",
+                           entry.local if start.in_place else partial(entry.local), start.offset)
+               for entry, start in plans if start is not None and start.offset > 0}
+    proof = Proof(s, resumed) if resumed else None
+    for entry, start in plans:
         rel, size, local = entry.rel, entry.size, entry.local
-        start = plan_file(entry, local, have.get(rel, Have()), hashes.get(rel))
         if start is None:
             done.skipped += 1
             continue
         shown = f"{untrusted.visible(job)}/{untrusted.visible(rel)}"
+        if start.restart:
+            done.restarted.append(f"{shown}: {start.restart}: fetched whole")
         need, free = size - start.offset, free_bytes(local.parent)
         if need > free:
             done.refused.append(f"{shown}: {untrusted.mb(need)} to download, but only "
@@ -277,9 +343,21 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
                                 f"(free some space, or fetch to another --dest)")
             continue
         done.resumed += start.offset > 0
+        remote = f"{remote_dir}/{rel}"
+        verify = functools.partial(proof.holds, rel) if proof and start.offset else None
         try:
-            download(s.files, f"{remote_dir}/{rel}", local, start.offset, size,
-                     entry.mtime, in_place=start.in_place, label=s.label, name=shown)
+            try:
+                _download(s, remote, entry, start, shown, verify)
+            except PrefixMismatch:
+                # The probe matched but the middle did not (a local copy altered, a host file
+                # rewritten with the same ends): what came is discarded, the file comes whole.
+                done.resumed -= 1
+                done.restarted.append(f"{shown}: the first {start.offset} bytes here are not the "
+                                      f"host's (whole-prefix sha256, checked after the rest "
+                                      f"moved): fetched whole")
+                done.nbytes += size - start.offset
+                start = Start(0)
+                _download(s, remote, entry, start, shown, None)
         except OSError as exc:
             raise RemoteError(f"{s.label}: fetching {shown} failed after {done.fetched} file(s): "
                               f"{exc}; run fetch again to resume") from None
@@ -289,6 +367,30 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
         done.fetched += 1
         done.nbytes += size - start.offset
     return done
+
+
+def _download(s: Session, remote: str, entry: Entry, start: Start, shown: str,
+              verify: Callable[[], bool] | None) -> None:
+    """One file's download; a file the merge reads (merge_index.INDEXED, at the top of the
+    job folder) is indexed as it lands, and the index kept when the download is cut (what
+    a resume starts from) or dropped when its prefix proves not to be the host's."""
+    growing = (merge_index.Growing(entry.local, start.offset)
+               if entry.rel in merge_index.INDEXED else None)
+    if growing is not None and start.offset == 0:
+        merge_index.drop(entry.local)  # what it indexed is being replaced
+    try:
+        download(s.files, remote, entry.local, start.offset, entry.size, entry.mtime,
+                 in_place=start.in_place, label=s.label, name=shown, verify=verify,
+                 on_written=growing)
+    except PrefixMismatch:
+        merge_index.drop(entry.local)
+        raise
+    except BaseException:
+        if growing is not None:
+            growing.save()
+        raise
+    if growing is not None:
+        growing.save()
 
 
 @dataclass
@@ -319,6 +421,8 @@ def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -
         for name in ("fetched", "skipped", "resumed", "nbytes"):
             setattr(total, name, getattr(total, name) + getattr(done, name))
         refused += done.refused
+        for why in done.restarted:
+            report.log(f"  [yellow]↻ not resumed[/] {console.r(why)}")
     for why in refused:
         report.log(f"  [red]✗ refused[/] {console.r(why)}")
     jobs = ", ".join(untrusted.visible(j) for j in results)

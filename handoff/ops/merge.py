@@ -5,7 +5,10 @@
 Only local files are read: the per-host copies fetch just brought (their `output.jsonl`,
 `output.errors.jsonl`, `status.json` and `job.json`). Each id is read in place from the
 start of its line (the payload writes `id` first; `payload.generate.journal.record_key`)
-and remembered as an 8-byte hash, so a merge of a 1 GB output keeps memory flat. An id
+and remembered as an 8-byte hash, so a merge of a 1 GB output keeps memory flat. The ids
+are kept per copy in an index beside it (handoff.ops.merge_index), which the fetch that
+brought the bytes extends as it writes them: a merge reads only lines no index holds yet
+(a resumed fetch's merge, the bytes that came; a grown output's, what it grew by). An id
 answered on one host is written once; a second copy (a job relaunched over another set of
 hosts) is dropped and counted; an id that failed on one host but was answered on another
 keeps the answer. A last line without its newline (a copy fetched while the job wrote it)
@@ -22,17 +25,16 @@ that brought nothing new leaves them as they are.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from handoff.host.transfer import copy_range
+from handoff.ops import merge_index
 from payload import atomic
-from payload.generate.journal import IdSet, id_hash, leading_id, record_key
+from payload.generate.journal import IdSet
 
 OUTPUT, ERRORS = "output.jsonl", "output.errors.jsonl"
 MANIFEST = "merge.json"
@@ -106,11 +108,6 @@ class Merged:
         return what + (f" ({'; '.join(extras)})" if extras else "")
 
 
-# A long line's id is read from its first bytes when written first (`{"id":...`, as the
-# payload writes it); a short line, or another layout, is parsed whole.
-_HEAD = 512
-
-
 @dataclass
 class _Kept:
     """What a merge keeps of one source file: byte ranges, each a run of whole lines."""
@@ -127,34 +124,47 @@ class _Kept:
 
 def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None) -> _Kept:
     """Which lines of `path` the merge keeps (their ids new); what it leaves out is counted
-    in `merged`. The file is mapped, not read: lines are found in place and only their heads
-    are decoded, so a 1 GB shard costs a scan, not a Python object per line."""
+    in `merged`. The ids come from the file's index (handoff.ops.merge_index), extended
+    over what is new since it was last indexed (by the fetch that wrote it, or the last
+    merge): a resumed fetch's merge reads only the bytes that came."""
     kept = _Kept(path)
     try:
-        fh = path.open("rb")
+        kept.size = path.stat().st_size
     except FileNotFoundError:
         return kept
-    with fh:
-        kept.size = os.fstat(fh.fileno()).st_size
-        if kept.size == 0:
-            return kept
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            pos, run, size = 0, 0, kept.size  # lines [run, pos) are kept
-            while pos < size:
-                nl = mm.find(b"\n", pos)
-                if nl < 0:  # still being written when fetched: the next fetch brings it whole
-                    if mm[pos:size].strip():
-                        merged.torn += 1
-                    break
-                if _admit(mm, pos, nl, seen, skip, merged):
-                    kept.lines += 1
-                else:
-                    if pos > run:
-                        kept.runs.append((run, pos))
-                    run = nl + 1
-                pos = nl + 1
-            if pos > run:
-                kept.runs.append((run, pos))
+    if kept.size == 0:
+        return kept
+    idx = merge_index.current(path)
+    if idx.length < kept.size:  # still being written when fetched: the next fetch brings it whole
+        with path.open("rb") as fh:
+            fh.seek(idx.length)
+            if fh.read(kept.size - idx.length).strip():
+                merged.torn += 1
+    hashes, starts, n = idx.hashes, idx.starts, len(idx.hashes)
+    if n and not len(seen) and not (skip is not None and len(skip)) \
+            and min(hashes) > merge_index.UNREADABLE and len(unique := set(hashes)) == n:
+        # The usual case (the first copy, every line a new id): kept whole, no per-line work.
+        seen.adopt(unique)
+        kept.lines, kept.runs = n, [(0, idx.length)]
+        return kept
+    run = 0  # lines [run, the current one) are kept
+    for i in range(n):
+        h = hashes[i]
+        if h == merge_index.BLANK:
+            pass  # a blank line: left out, not counted
+        elif h == merge_index.UNREADABLE:
+            merged.unreadable += 1
+        elif h in seen or (skip is not None and h in skip):
+            merged.duplicates += 1
+        else:
+            seen.add(h)
+            kept.lines += 1
+            continue
+        if starts[i] > run:
+            kept.runs.append((run, starts[i]))
+        run = starts[i + 1] if i + 1 < n else idx.length
+    if idx.length > run:
+        kept.runs.append((run, idx.length))
     return kept
 
 
@@ -178,46 +188,6 @@ def _write(dest: Path, kept: list[_Kept]) -> None:
             with k.path.open("rb") as src:
                 for start, end in k.runs:
                     copy_range(src, out, start, end)
-
-
-def _admit(mm: mmap.mmap, pos: int, end: int, seen: IdSet, skip: IdSet | None,
-           merged: Merged) -> bool:
-    """Is the line mm[pos:end] kept (its id new)? Counts what is left out, and why."""
-    h = _string_id_hash(mm, pos, end)
-    if h is None:
-        key = leading_id(mm[pos:min(end, pos + _HEAD)]) if end - pos > _HEAD else None
-        if key is None:
-            line = mm[pos:end]
-            if not line.strip():
-                return False  # a blank line: left out, not counted
-            key = record_key(line)
-        if key is None:
-            merged.unreadable += 1
-            return False
-        h = id_hash(key)
-    if h in seen or (skip is not None and h in skip):
-        merged.duplicates += 1
-        return False
-    seen.add(h)
-    return True
-
-
-_STRING_ID = b'{"id":"'
-
-
-def _string_id_hash(mm: mmap.mmap, pos: int, end: int) -> int | None:
-    """`id_hash` of a line that starts `{"id":"<id>"` with no escape in <id> (the payload's
-    own lines), from its bytes in place: no slice of the line, no decoding. None otherwise."""
-    start = pos + len(_STRING_ID)
-    if mm[pos:start] != _STRING_ID:
-        return None
-    q = mm.find(b'"', start, min(end, pos + _HEAD))
-    if q < 0:
-        return None
-    raw = mm[start:q]
-    if b"\\" in raw:
-        return None
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
 def _shard_index(copy: ShardCopy) -> tuple[int, str]:

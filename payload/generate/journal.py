@@ -64,6 +64,15 @@ class IdSet:
             self._sorted = merged
             self._recent = set()
 
+    def adopt(self, hashes: set[int]) -> None:
+        """Take over a set of hashes none of which is here yet (a merge's first copy: no
+        add per id); an empty IdSet keeps the set itself until its next `add`."""
+        if not self._sorted and not self._recent:
+            self._recent = hashes
+            return
+        for h in hashes:
+            self.add(h)
+
     def __contains__(self, h: object) -> bool:
         if h in self._recent:
             return True

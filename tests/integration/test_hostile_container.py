@@ -436,6 +436,52 @@ def test_fetch_writes_nothing_outside_dest_whatever_the_listing_says(
     no_traceback(result)
 
 
+LYING_SIZE = r"""
+# The real listing, with the size of every output.jsonl changed by DELTA (its prefix hash
+# left true: the lie is only about how long the file is).
+answer = real()
+for job in answer.get("jobs", {}).values():
+    for entry in job.get("files", []):
+        if entry["rel"] == "output.jsonl":
+            entry["size"] += DELTA
+print(json.dumps(answer))
+"""
+
+
+@pytest.mark.parametrize("delta", [5_000_000, -9_000_000])
+def test_a_host_lying_about_a_resumed_files_size(make_sandbox, fab, tmp_path: Path,
+                                                  delta: int) -> None:
+    """A cut fetch's part of 8 MB, then a host that says its 16 MB file is bigger: the
+    download ends early, fetch fails saying to run it again, and no final file appears; a
+    host that says the file is smaller than the part: the part is not resumed (said), the
+    file is what the host serves of the size it claims, nothing is written outside --dest."""
+    sbx = make_sandbox(hosts=1, api=False)
+    c = sbx.container("sbx-1")
+    line = b'{"id":"%08d","text":"' + b"x" * 100 + b'"}\n'
+    data = b"".join(line % i for i in range(16_000_000 // len(line % 0)))
+    write_as(c, job_dir(c, "generator") / "output.jsonl", data, 0o600)
+    plant_python(c, {"fetch_list": "import json\n" + LYING_SIZE.replace("DELTA", str(delta))})
+    dest = tmp_path / "dest"
+    folder = dest / "sbx-1" / "generator"
+    folder.mkdir(parents=True)
+    part = folder / ".output.jsonl.tmp-part"
+    part.write_bytes(data[:8_000_000])
+    before = snapshot(tmp_path, dest)
+
+    result = fab.on(sbx, "fetch", "--dest", str(dest))
+
+    assert snapshot(tmp_path, dest) == before, "fetch wrote outside --dest"
+    text = " ".join(result.text.split())
+    if delta > 0:
+        assert result.rc != 0 and "run fetch again" in text, explain(result)
+        assert not (folder / "output.jsonl").exists(), "a file the host could not serve whole"
+        assert part.read_bytes() == data  # what the host really had, kept for the next try
+    else:
+        assert "not resumed" in text and "shorter" in text, explain(result)
+        assert (folder / "output.jsonl").read_bytes() == data[:len(data) + delta]
+    no_traceback(result)
+
+
 # -- 2. the management key talks only to the configured URL ------------------------------------------
 
 def minted(make_sandbox: Any, hosts: int, **kwargs: Any) -> Any:

@@ -156,3 +156,146 @@ def test_a_cut_upload_resumes_over_openssh(session: Any, tmp_path: Path) -> None
     assert resumed == 2_000_000
     assert (c.home / "huge.jsonl").read_bytes() == data
     assert not (c.home / ".huge.jsonl.tmp-part").exists()
+
+
+# -- resume: only the rest moves, and a prefix that is not the host's never survives ---------------
+
+HALF = 12 * MB
+
+
+def plant_part(dest: Path, c: Any, data: bytes, n: int, alter_at: int | None = None) -> Path:
+    """What a cut fetch leaves of the job's output.jsonl: its first `n` bytes in the part
+    file, one byte changed at `alter_at` (a copy altered since, or a host file rewritten)."""
+    part = dest / c.name / "generator" / ".output.jsonl.tmp-part"
+    part.parent.mkdir(parents=True)
+    prefix = bytearray(data[:n])
+    if alter_at is not None:
+        at = prefix.index(b"x", alter_at)  # inside a line's text: the ids stay the same
+        prefix[at] = ord("y")
+    part.write_bytes(prefix)
+    return part
+
+
+def whole_lines(data: bytes) -> bytes:
+    """What a merge keeps of a file whose last line may be cut."""
+    return data[:data.rindex(b"\n") + 1]
+
+
+def test_a_resumed_fetch_moves_only_the_rest_and_merges_it(make_sandbox, fab, tmp_path: Path) -> None:
+    """The SFTP server reads only the missing half; the merged file is the host's file."""
+    sbx = make_sandbox(hosts=1, api=False, keyring="file", sftp_log=True)
+    c = sbx.containers[0]
+    data = make_output(c, 2 * HALF + 12345)
+    dest = tmp_path / "results"
+    part = plant_part(dest, c, data, HALF)
+
+    r = fab.on(sbx, "fetch", "--dest", str(dest))
+    assert r.rc == 0 and "1 file(s) fetched (1 resumed" in r.out, explain(r)
+    assert "not resumed" not in r.out, explain(r)
+    assert bytes_read(sbx.sftp_log(c.name), "output.jsonl") == [len(data) - HALF]  # nothing else
+    local = dest / c.name / "generator" / "output.jsonl"
+    assert local.read_bytes() == data and not part.exists()
+    merged = dest / "generator" / "output.jsonl"
+    assert merged.read_bytes() == whole_lines(data)  # the last line is cut: left out
+    lines = data.count(b"\n")
+    assert f"{lines} answers + 0 failures = {lines} ids, each once" in " ".join(r.out.split()), explain(r)
+
+
+def test_a_prefix_that_differs_at_its_end_is_fetched_whole(make_sandbox, fab, tmp_path: Path) -> None:
+    """The probe (first and last MiB) sees it before a byte moves: the file comes whole, said."""
+    sbx = make_sandbox(hosts=1, api=False, keyring="file", sftp_log=True)
+    c = sbx.containers[0]
+    data = make_output(c, 2 * HALF)
+    dest = tmp_path / "results"
+    plant_part(dest, c, data, HALF, alter_at=HALF - 1000)
+
+    r = fab.on(sbx, "fetch", "--dest", str(dest))
+    text = " ".join(r.out.split())
+    assert r.rc == 0 and "not resumed" in text and "probe sha256" in text, explain(r)
+    assert bytes_read(sbx.sftp_log(c.name), "output.jsonl") == [len(data)]
+    assert (dest / c.name / "generator" / "output.jsonl").read_bytes() == data
+    assert (dest / "generator" / "output.jsonl").read_bytes() == whole_lines(data)
+
+
+def test_a_prefix_that_differs_in_its_middle_is_caught_before_the_rename(
+        make_sandbox, fab, tmp_path: Path) -> None:
+    """The probe cannot see a byte 6 MB in; the whole-prefix sha256, computed on both sides
+    while the rest moves, does: the resumed file is never renamed into place, it comes
+    whole, and the merge holds the host's bytes (the index of the bad prefix is dropped)."""
+    sbx = make_sandbox(hosts=1, api=False, keyring="file", sftp_log=True)
+    c = sbx.containers[0]
+    data = make_output(c, 2 * HALF)
+    dest = tmp_path / "results"
+    plant_part(dest, c, data, HALF, alter_at=HALF // 2)
+
+    r = fab.on(sbx, "fetch", "--dest", str(dest))
+    text = " ".join(r.out.split())
+    assert r.rc == 0 and "not resumed" in text and "whole-prefix sha256" in text, explain(r)
+    assert bytes_read(sbx.sftp_log(c.name), "output.jsonl") == [len(data) - HALF, len(data)]
+    assert (dest / c.name / "generator" / "output.jsonl").read_bytes() == data
+    assert (dest / "generator" / "output.jsonl").read_bytes() == whole_lines(data)
+
+
+def test_an_upload_cut_midway_resumes_moving_only_the_rest(session: Any, tmp_path: Path) -> None:
+    """`fab launch --input`'s upload, cut by a dropped link, then run again: the part is
+    continued (the server wrote only the rest) and the file is byte-identical."""
+    from handoff.cli import commands
+    from handoff.errors import HandoffError
+    from handoff.host.ssh_session import SSHSession
+    from handoff.host.transfer import upload_resumable
+    from handoff.ops.jobs.launch import _prefix_sha256, _probe_sha256
+    from handoff.threads import soon
+
+    sbx, s = session
+    c = sbx.containers[0]
+    data = os.urandom(160 * MB)
+    local = tmp_path / "big.jsonl"
+    local.write_bytes(data)
+    final, part = c.home / "big.jsonl", c.home / ".big.jsonl.tmp-part"
+
+    def upload(s: Any, notes: list[str]) -> int:
+        return upload_resumable(s.files, local, str(final), notes=notes,
+                                remote_sha256=lambda path, n: _prefix_sha256(s, path, n),
+                                remote_probe=lambda path, n: _probe_sha256(s, path, n))
+
+    cut = soon(lambda: upload(s, []), "upload")
+    seen = wait_until(lambda: part.exists() and part.stat().st_size > 16 * MB, 60, 0.002)
+    sbx.drop_connections(c.name)
+    with pytest.raises((OSError, HandoffError)):  # the link dropped (the session says so)
+        cut.result(timeout=60)
+    assert seen and not final.exists()
+    have = part.stat().st_size
+    assert 16 * MB < have < len(data) and part.read_bytes() == data[:have]
+
+    [target] = commands.targets_for(c.name, None)
+    notes: list[str] = []
+    with SSHSession(target) as again:
+        assert upload(again, notes) == have and notes == []
+    assert final.read_bytes() == data and not part.exists()
+
+
+def test_an_upload_part_that_is_not_the_files_prefix_is_uploaded_whole(
+        session: Any, tmp_path: Path) -> None:
+    """A part whose end differs fails the probe (nothing resumed); one whose middle differs
+    passes it and fails the whole-prefix sha256 after the rest moved: both start over,
+    say so, and the file on the host is byte-identical."""
+    from handoff.host.transfer import upload_resumable
+    from handoff.ops.jobs.launch import _prefix_sha256, _probe_sha256
+
+    sbx, s = session
+    c = sbx.containers[0]
+    data = os.urandom(8 * MB)
+    local = tmp_path / "in.jsonl"
+    local.write_bytes(data)
+    final, part = c.home / "in.jsonl", c.home / ".in.jsonl.tmp-part"
+    for at, said in ((4 * MB - 10, "probe sha256"), (2 * MB, "whole sha256")):
+        bad = bytearray(data[:4 * MB])
+        bad[at] ^= 0xFF
+        with s.files.create(str(part), 0o644) as fh:
+            fh.write(bytes(bad))
+        notes: list[str] = []
+        resumed = upload_resumable(s.files, local, str(final), notes=notes,
+                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n),
+                                   remote_probe=lambda path, n: _probe_sha256(s, path, n))
+        assert resumed == 0 and len(notes) == 1 and said in notes[0], notes
+        assert final.read_bytes() == data and not part.exists()

@@ -4,12 +4,21 @@ Lists every regular file under `job_dir` (sorted, relative paths) except the pid
 temp files being written. Nothing is followed: a symlink (to a file or a folder), a
 device, a fifo or a socket is never listed as a file but reported in `skipped` with its
 kind, so a link to the key file is never read (the workstation names what it skipped). For each file the workstation already holds part of (`local`:
-relative path -> local size), it returns the sha256 of the host file's first that many
-bytes: equal means the local copy is a true prefix, so an append-only file resumes from
-there and a complete one is skipped, without moving a byte.
+relative path -> local size N), it returns `prefix_sha256`, the sha256 of the *probe* of
+the host file's first N bytes (`probe_sha256`: the whole N bytes when N <= 2 MiB, else
+their first and last MiB): cheap on both sides whatever N, and it catches a file that was
+replaced or rewritten (it starts otherwise) or cut and rewritten (it ends otherwise). The
+workstation resumes on a matching probe and proves the whole prefix while the rest moves
+(the `hash` mode below), so a difference in the middle is caught before the file is
+renamed into place.
 
 With `jobs_dir` instead of `job_dir`, every job folder under it is listed in the same round
 trip (`fab fetch` without `--job`); `local` then maps each job to its relative paths.
+
+With `hash` (absolute path -> N) instead, nothing is listed: the answer is `{"sha256":
+{path: hex}}`, the sha256 of each file's first N bytes (`"probe": True`: of their probe),
+or null for a file that cannot be read or is shorter than N. A resumed fetch runs it
+beside its download, a resumed upload (`fab launch --input`) on its part file.
 """
 
 from __future__ import annotations
@@ -24,21 +33,52 @@ if TYPE_CHECKING:
     from typing import Any
 
 TMP_MARK = ".tmp"  # payload.atomic's temp names (`.NAME.tmp-…`) and upload temps
+PROBE = 1 << 20  # bytes hashed at each end of a prefix (handoff.ops.fetch.probe_ranges: the same)
 
 
-def prefix_sha256(path: str, length: int) -> str:
+def probe_ranges(length: int) -> list[tuple[int, int]]:
+    """The byte ranges of a `length`-byte prefix that its probe hashes."""
+    if length <= 2 * PROBE:
+        return [(0, length)]
+    return [(0, PROBE), (length - PROBE, length)]
+
+
+def sha256_ranges(path: str, ranges: list[tuple[int, int]]) -> str | None:
+    """sha256 of the bytes of `ranges` read in order; None when the file ends before them."""
     import hashlib
 
     digest = hashlib.sha256()
-    left = length
     with open(path, "rb") as fh:
-        while left > 0:
-            chunk = fh.read(min(left, 1 << 20))
-            if not chunk:
-                break
-            digest.update(chunk)
-            left -= len(chunk)
+        for start, end in ranges:
+            fh.seek(start)
+            left = end - start
+            while left > 0:
+                chunk = fh.read(min(left, 1 << 20))
+                if not chunk:
+                    return None
+                digest.update(chunk)
+                left -= len(chunk)
     return digest.hexdigest()
+
+
+def probe_sha256(path: str, length: int) -> str | None:
+    return sha256_ranges(path, probe_ranges(length))
+
+
+def prefix_sha256(path: str, length: int) -> str | None:
+    return sha256_ranges(path, [(0, length)])
+
+
+def hashes(a: dict[str, Any]) -> dict[str, Any]:
+    """The `hash` mode: sha256 of each file's first N bytes (or of their probe)."""
+    how = probe_sha256 if a.get("probe") else prefix_sha256
+    out: dict[str, str | None] = {}
+    for path, length in a["hash"].items():
+        try:
+            out[path] = how(expand(path), int(length))
+        except (OSError, ValueError):
+            out[path] = None
+    return {"sha256": out}
 
 
 def expand(path: str) -> str:
@@ -99,7 +139,9 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
             entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime}
             have = local.get(rel)
             if have is not None and 0 < have <= st.st_size:
-                entry["prefix_sha256"] = prefix_sha256(path, have)
+                digest = probe_sha256(path, have)
+                if digest is not None:
+                    entry["prefix_sha256"] = digest
             files.append(entry)
     exists = os.path.isdir(job_dir) and not os.path.islink(job_dir)
     return {"job_dir": job_dir, "exists": exists, "files": files if exists else [],
@@ -108,7 +150,10 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = eval(argv[1], {"__builtins__": {}})
-    print(json.dumps(all_jobs(args) if "jobs_dir" in args else listing(args)))
+    if "hash" in args:
+        print(json.dumps(hashes(args)))
+    else:
+        print(json.dumps(all_jobs(args) if "jobs_dir" in args else listing(args)))
     return 0
 
 

@@ -3,8 +3,9 @@ and pushing a local dataset to each host (`push-input`).
 
 The push goes to `<remote_dir>/data/<name>` through a part file (`.<name>.tmp-part`); it is
 skipped when the host holds the same bytes (sha256 compared on the host), and a cut upload
-resumes from its part when the part's sha256 prefix matches (computed on the host, never
-read back).
+resumes from its part when the part's prefix matches: a 2 MiB probe (its first and last
+MiB) before anything moves, then the whole prefix's sha256 (computed on the host, never read
+back) beside the upload, before the rename; a mismatch starts the upload over, saying so.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from handoff.errors import RemoteError, UsageError
+from handoff.host import remote_code
 from handoff.host.session import Session, sh_path
 from handoff.host.targets import Target
 from handoff.host.transfer import mkdirs, upload_resumable
@@ -89,7 +91,8 @@ def push_step(j: LaunchJob, data_dir: str) -> Step:
         "push-input", f"push {ds.name} ({units.size(ds.size)}, {ds.check.prompts} "
                       f"prompts, sha256 {ds.sha256[:12]}) to {j.input_path}",
         f"sftp put {data_dir}/.{ds.name}.tmp-part (a cut upload's part resumed "
-        f"when its sha256 prefix matches) then rename to {j.input_path}",
+        f"when its prefix matches: a 2 MiB probe, then its whole sha256 beside the "
+        f"upload) then rename to {j.input_path}",
         "unless the host holds the same file (sha256 compared on the host)",
         PushInput(j.job, j.input_path), run=_push_input)
 
@@ -105,13 +108,17 @@ def _push_input(ctx: HostContext, step: Step) -> str:
     dest = s.abs(j.input_path)
     try:
         mkdirs(s.files, dest.rsplit("/", 1)[0], known=ctx.need_facts().dirs)
+        notes: list[str] = []
         resumed = upload_resumable(s.files, ds.path, dest, label=s.label,
-                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n))
+                                   remote_sha256=lambda path, n: _prefix_sha256(s, path, n),
+                                   remote_probe=lambda path, n: _probe_sha256(s, path, n),
+                                   notes=notes)
     except OSError as exc:
         raise RemoteError(f"{s.label}: pushing {ds.name} to {dest} failed: {exc}; run the "
                           f"launch again to resume the upload") from None
     more = f" (resumed after {units.size(resumed)})" if resumed else ""
-    return f"pushed {ds.name} → {dest}{more}"
+    said = "".join(f"; not resumed: {note}" for note in notes)
+    return f"pushed {ds.name} → {dest}{more}{said}"
 
 
 def _prefix_sha256(s: Session, path: str, n: int) -> str | None:
@@ -119,3 +126,13 @@ def _prefix_sha256(s: Session, path: str, n: int) -> str | None:
     upload checks its part file without reading it back)."""
     res = s.exec(f"head -c {int(n)} {sh_path(path)} | sha256sum")
     return res.out.split()[0] if res.rc == 0 and res.out.split() else None
+
+
+def _probe_sha256(s: Session, path: str, n: int) -> str | None:
+    """The probe sha256 of the first `n` bytes of `path` on the host (their first and last
+    MiB: remote_code.fetch_list's `hash` mode), the cheap check before a resumed upload."""
+    answer = s.run_code(remote_code.FETCH_LIST, {"hash": {path: int(n)}, "probe": True},
+                        "checking the uploaded part")
+    digests = answer.get("sha256") if isinstance(answer, dict) else None
+    digest = digests.get(path) if isinstance(digests, dict) else None
+    return digest if isinstance(digest, str) else None
