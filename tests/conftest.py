@@ -43,6 +43,9 @@ def _chain(item: pytest.Item) -> int:
     return LONG_CHAINS.index(path) if path in LONG_CHAINS else len(LONG_CHAINS)
 
 
+# optionalhook: without xdist (`-p no:xdist`, a plain single-process run) pytest would
+# refuse the unknown hook and stop before collecting anything.
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "load":
         return None  # an explicit --dist mode is xdist's own

@@ -243,7 +243,7 @@ def test_an_upload_cut_midway_resumes_moving_only_the_rest(session: Any, tmp_pat
     from handoff.errors import HandoffError
     from handoff.host.ssh_session import SSHSession
     from handoff.host.transfer import upload_resumable
-    from handoff.ops.jobs.launch import _prefix_sha256, _probe_sha256
+    from handoff.ops.jobs.upload import _prefix_sha256, _probe_sha256
     from handoff.threads import soon
 
     sbx, s = session
@@ -280,7 +280,7 @@ def test_an_upload_part_that_is_not_the_files_prefix_is_uploaded_whole(
     passes it and fails the whole-prefix sha256 after the rest moved: both start over,
     say so, and the file on the host is byte-identical."""
     from handoff.host.transfer import upload_resumable
-    from handoff.ops.jobs.launch import _prefix_sha256, _probe_sha256
+    from handoff.ops.jobs.upload import _prefix_sha256, _probe_sha256
 
     sbx, s = session
     c = sbx.containers[0]
