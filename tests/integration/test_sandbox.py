@@ -166,6 +166,9 @@ def test_not_root_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert not (tmp_path / "never").exists()
 
 
+# `sandbox clean` ends every leftover sandbox user's processes on the machine, so beside other
+# workers' tests it can take (or be raced for) leftovers that are not its own: run alone.
+@pytest.mark.serial
 def test_leftovers_of_a_killed_sandbox_are_cleaned(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "handoff.testing.sandbox", "up", "--hosts", "1", "--no-api",
