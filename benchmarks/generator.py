@@ -236,23 +236,24 @@ def write_prompts(path: Path, n: int) -> list[int]:
     return list(range(n))
 
 
-class Fake:
-    """The fake API in its own process, for one run."""
+class ServerProcess:
+    """An answering server in its own process, for one run: started with `argv` (it prints
+    `base_url=...` once it listens), its counters read from `stats_path` under that root."""
 
-    def __init__(self, key_file: Path, args: list[str]) -> None:
+    def __init__(self, argv: list[str], what: str, stats_path: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "handoff.testing.fakeapi", "--port", "0", "--key-file",
-             str(key_file), "--timeline", *args], cwd=REPO,
+            [sys.executable, *argv], cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         if not line.startswith("base_url="):
-            raise SystemExit(f"fake API did not start: {line!r}")
+            raise SystemExit(f"{what} did not start: {line!r}")
         self.url = line.split("=", 1)[1]
+        self.stats_path = stats_path
 
     def stats(self) -> dict[str, Any]:
         root = self.url.split("/api/v1")[0]
-        with urllib.request.urlopen(root + "/_fake/stats", timeout=30) as resp:
+        with urllib.request.urlopen(root + self.stats_path, timeout=60) as resp:
             data: dict[str, Any] = json.loads(resp.read())
         return data
 
@@ -264,24 +265,20 @@ class Fake:
             self.proc.kill()
 
 
-class CappedServer(Fake):
+class Fake(ServerProcess):
+    """The fake API in its own process, for one run."""
+
+    def __init__(self, key_file: Path, args: list[str]) -> None:
+        super().__init__(["-m", "handoff.testing.fakeapi", "--port", "0", "--key-file",
+                          str(key_file), "--timeline", *args], "fake API", "/_fake/stats")
+
+
+class CappedServer(ServerProcess):
     """benchmarks/capped.py in its own process, for one run (the same interface as Fake)."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.capped", "--port", "0", *args], cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("base_url="):
-            raise SystemExit(f"capped server did not start: {line!r}")
-        self.url = line.split("=", 1)[1]
-
-    def stats(self) -> dict[str, Any]:
-        root = self.url.split("/api/v1")[0]
-        with urllib.request.urlopen(root + "/_capped/stats", timeout=30) as resp:
-            data: dict[str, Any] = json.loads(resp.read())
-        return data
+        super().__init__(["-m", "benchmarks.capped", "--port", "0", *args], "capped server",
+                         "/_capped/stats")
 
 
 def client_cmd(client: str, inp: Path, out: Path, url: str, key_file: Path,

@@ -57,7 +57,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,7 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import report as report_md  # noqa: E402
-from benchmarks.generator import MODEL, _feed, client_cmd, write_prompts  # noqa: E402
+from benchmarks.generator import MODEL, ServerProcess, _feed, client_cmd, write_prompts  # noqa: E402
 
 SECTION = "Seed scenario (thinking-size answers)"
 POOL = 4096  # distinct answer bodies the server holds (~57 MB)
@@ -206,30 +205,12 @@ async def serve(seed: int, time_scale: float) -> None:
         await runner.cleanup()
 
 
-class Server:
+class Server(ServerProcess):
+    """The seed's answering server (this file's `--server` mode) in its own process."""
+
     def __init__(self, seed: int, time_scale: float) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--server", str(seed),
-             str(time_scale)], cwd=REPO, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("base_url="):
-            raise SystemExit(f"seed server did not start: {line!r}")
-        self.url = line.split("=", 1)[1]
-
-    def stats(self) -> dict[str, Any]:
-        root = self.url.split("/api/v1")[0]
-        with urllib.request.urlopen(root + "/_stats", timeout=60) as resp:
-            data: dict[str, Any] = json.loads(resp.read())
-        return data
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        super().__init__([str(Path(__file__).resolve()), "--server", str(seed), str(time_scale)],
+                         "seed server", "/_stats")
 
 
 # -- peer clients (subprocesses: `seed.py --client KIND IN OUT URL KEYFILE N`) -------------------
