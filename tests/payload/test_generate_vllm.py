@@ -201,16 +201,19 @@ def test_supervised_ids_are_the_ids_the_real_server_sampled(vllm_server: tuple[s
     finally:
         proxy.close()
     done, failed = assert_exactly_once(ids, out)
-    assert not failed and len(proxy.answers) == len(done) == 12
-    sampled: dict[str, list[int]] = {}
+    # One answer per prompt, or more where the client gave up on a slow one (its request
+    # timeout, on a loaded CPU) and asked again: the server answered both, and what is stored
+    # must be exactly one of the samples it sent for that prompt.
+    assert not failed and len(done) == 12 and len(proxy.answers) >= 12
+    sampled: dict[str, list[list[int]]] = {}
     for request, answer in proxy.answers:
         assert request.get("return_token_ids") is True, request  # auto asked for them
         choice = answer["choices"][0]
         assert isinstance(choice.get("token_ids"), list) and choice["token_ids"], answer
         assert len(choice["token_ids"]) == answer["usage"]["completion_tokens"]
-        sampled[request["messages"][-1]["content"]] = choice["token_ids"]
+        sampled.setdefault(request["messages"][-1]["content"], []).append(choice["token_ids"])
     for r in done:
-        assert r["response_token_ids"] == sampled[r["messages"][-1]["content"]], r["id"]
+        assert r["response_token_ids"] in sampled[r["messages"][-1]["content"]], r["id"]
 
     from tests.payload.extract.helpers import load_sample, manifest, run_extract, stats
 
@@ -218,7 +221,7 @@ def test_supervised_ids_are_the_ids_the_real_server_sampled(vllm_server: tuple[s
     assert run_extract(out, model, feats, "--max-length", "1000", "--layers", "2,3,6") == 0
     s = stats(feats)
     assert s["written"] == 12 and s["retokenized_mismatch"] == 0, s
-    by_id = {str(r["id"]): sampled[r["messages"][-1]["content"]] for r in done}
+    by_id = {str(r["id"]): list(r["response_token_ids"]) for r in done}  # each one sampled
     assert s["supervised_from_token_ids"] == sum(map(len, by_id.values())), s
     for e in manifest(feats):
         f = load_sample(feats, e["file"])

@@ -761,12 +761,14 @@ def test_stop_with_timeout_0_says_it_did_not_wait(ws: Workstation, tmp_path: Pat
                            flags={}) == 0
     jd = job_dir(ws, "s")
     assert wait_for(lambda: (jd / "status.json").exists())
-    # The sleeper drains for a moment after SIGTERM when told to (slow_stop): still alive.
+    # The sleeper ends at once on SIGTERM, so the state read right after the signal finds it
+    # still alive or already stopped (a race a loaded CI lost both ways): either is told
+    # truly, and never as "stopped" while it runs.
     capfd.readouterr()
     assert commands.stop("s", None, job="sleeper", timeout=0) == 0
     out = capfd.readouterr().out
-    assert "stopped (running)" not in out
-    assert "stopped (" in out or "not waited for" in out
+    assert "stopped (running)" not in out and "state now running" not in out
+    assert "not waited for" in out or "state now stopped" in out, out
     commands.stop("s", None, timeout=20)
 
 
