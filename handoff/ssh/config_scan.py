@@ -130,15 +130,22 @@ def _pattern(pattern: str, fold: bool) -> re.Pattern[str]:
     return re.compile(body + r"\Z", re.DOTALL | (re.IGNORECASE if fold else 0))
 
 
+def _matches(pattern: str, name: str, fold: bool) -> bool:
+    if "*" not in pattern and "?" not in pattern:  # most Host lines name one host
+        return pattern.lower() == name.lower() if fold else pattern == name
+    return _pattern(pattern, fold).match(name) is not None
+
+
 def _line_matches(patterns: tuple[str, ...], name: str) -> bool | None:
     """Whether a Host line applies to `name` (a `!pattern` that matches excludes it), or
     None when that depends on whether ssh compares cases."""
     results = set()
-    for fold in (False, True):
+    cased = name != name.lower() or any(p != p.lower() for p in patterns)
+    for fold in (False, True) if cased else (False,):
         hit = False
         for p in patterns:
             negated = p.startswith("!")
-            if _pattern(p[1:] if negated else p, fold).match(name):
+            if _matches(p[1:] if negated else p, name, fold):
                 if negated:
                     hit = False
                     break
