@@ -424,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="record in BENCHMARKS.md ## Deploy")
     parser.add_argument("--only", default="fab,ansible,pyinfra",
                         help="comma-separated subset of fab,ansible,pyinfra")
+    parser.add_argument("--no-byte-compile", action="store_true",
+                        help="leave fab's modules uncompiled, as this benchmark ran before "
+                             "(for an A/B against an older tree)")
     args = parser.parse_args(argv)
     wanted = set(args.only.split(","))
     sizes = [int(n) for n in str(args.hosts).split(",")]
@@ -432,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     from handoff.ops.releases import build
 
     payload = build().data
-    if "fab" in wanted:
+    if "fab" in wanted and not args.no_byte_compile:
         byte_compile()
     LOAD.append(os.getloadavg()[0])
     runs = []
