@@ -150,10 +150,68 @@ def say(*objects: Any, **kwargs: Any) -> None:
             return
         # Not a terminal: no padding at the ends of lines (rich pads table headers and
         # cells to their column's width; a log, a diff or a grep should not carry that).
-        with out.capture() as captured:
-            emit(out)
-        out.file.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+        drawn = [_plain_table(part, out) for part in parts] if tables else [None]
+        if any(text is not None for text in drawn):
+            chunks = []
+            for part, text in zip(parts, drawn, strict=True):
+                if text is None:
+                    with out.capture() as captured:
+                        out.print(part)
+                    text = captured.get()
+                chunks.append(text)
+            printed = "".join(chunks)
+        else:
+            with out.capture() as captured:
+                emit(out)
+            printed = captured.get()
+        out.file.write("\n".join(line.rstrip() for line in printed.split("\n")))
         out.file.flush()
+
+
+def _plain_table(obj: Any, out: Console) -> str | None:
+    """A table from `table()` drawn as rich draws it off a terminal without colour (the
+    same characters, line for line), or None for anything else, which rich then draws.
+    rich's layout pass costs ~1.5 ms per row: `fab status` over 32 hosts with 6 jobs
+    each spent 0.3-0.4 s of its ~1 s of CPU drawing its 200-row table."""
+    from rich import box
+
+    if (not isinstance(obj, Table) or not getattr(obj, "_handoff_plain", False)
+            or out.color_system is not None or out.options.ascii_only or not obj.rows
+            or obj.title or obj.caption or obj.show_lines or obj.row_styles
+            or obj.box is not box.HEAVY_HEAD or obj.padding != (0, 1, 0, 1) or obj.expand
+            or not (obj.show_header and obj.show_edge and obj.pad_edge) or obj.show_footer
+            or obj.width or obj.min_width or obj.leading or obj.collapse_padding
+            or any(row.style or row.end_section for row in obj.rows)
+            or any(c.justify != "left" or c.width or c.min_width or c.max_width or c.ratio
+                   or c.no_wrap for c in obj.columns)):
+        return None
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    cells: list[list[str]] = []
+    for column in obj.columns:
+        texts = [column.header, *column._cells]
+        if not all(isinstance(t, str) for t in texts):
+            return None
+        plain = [Text.from_markup(t).plain for t in texts]  # type: ignore[arg-type]
+        if any("\n" in t or "\t" in t for t in plain):
+            return None  # rich would lay these out over lines or expand tabs
+        cells.append(plain)
+    widths = [max(cell_len(t) for t in column) for column in cells]
+    if sum(widths) + 3 * len(widths) + 1 > out.width:
+        return None  # rich would fold cells to fit
+
+    def line(left: str, middle: str, right: str, fill: str) -> str:
+        return left + middle.join(fill * (w + 2) for w in widths) + right + "\n"
+
+    def row(edge: str, i: int) -> str:
+        return edge + edge.join(f" {col[i]}{' ' * (w - cell_len(col[i]))} "
+                                for col, w in zip(cells, widths, strict=True)) + edge + "\n"
+
+    drawn = [line("┏", "┳", "┓", "━"), row("┃", 0), line("┡", "╇", "┩", "━")]
+    drawn += [row("│", i) for i in range(1, len(cells[0]))]
+    drawn.append(line("└", "┴", "┘", "─"))
+    return "".join(drawn)
 
 
 def warn(message: str) -> None:
@@ -181,6 +239,7 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     for row in rows:
         t.add_row(*(REDACTOR.redact(visible(c, newlines=True)) if c is not None else ""
                     for c in row))
+    t._handoff_plain = True  # type: ignore[attr-defined]  # only text cells, rich's defaults: _plain_table may draw it
     return t
 
 

@@ -47,8 +47,8 @@ HANDOFF_LAYERS: list[tuple[str, set[str]]] = [
 HANDOFF_WITHIN: dict[str, list[set[str]]] = {
     "config": [{"yamlfile", "os_keyring"}, {"paths", "layout", "flags"}, {"state", "roles"},
                {"inventory"}],
-    "ssh": [{"ssh_config", "known_hosts", "sftp"}, {"certificates"}, {"hostkeys"}, {"endpoint"},
-            {"auth"}, {"connect"}],
+    "ssh": [{"config_scan"}, {"ssh_config", "known_hosts", "sftp"}, {"certificates"},
+            {"hostkeys"}, {"endpoint"}, {"auth"}, {"connect"}],
     "host": [{"remote_code", "progress", "untrusted"}, {"targets"}, {"session"},
              {"ssh_session", "facts", "transfer"}, {"keyrecord"}],
     "run": [{"parallel"}, {"plan"}],

@@ -123,9 +123,25 @@ def record(entry: LedgerEntry) -> None:
             os.fsync(f.fileno())
 
 
+# The ledger as last parsed, with the file's identity and size then: every host of a deploy
+# asks (secrets.place.in_ledger), and parsing the whole file once per host grew as hosts ×
+# events. The file is only ever appended to, so a new size (or another file) means re-read.
+_parsed: tuple[tuple[str, int, int, int], tuple[LedgerEntry, ...]] | None = None
+
+
 def ledger_events() -> list[LedgerEntry]:
+    global _parsed
+    path = ledger_path()
     try:
-        lines = ledger_path().read_text(encoding="utf-8").splitlines()
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = _parsed
+            if cached is not None and cached[0] == stamp:
+                return list(cached[1])
+            # Exactly the bytes the stamp describes: an append racing this read is seen
+            # by the next call (its size differs), never half-counted under this stamp.
+            lines = fh.read(st.st_size).decode("utf-8").splitlines()
     except FileNotFoundError:
         return []
     events = []
@@ -135,6 +151,7 @@ def ledger_events() -> list[LedgerEntry]:
             events.append(LedgerEntry(**data))
         except (ValueError, TypeError):
             continue  # a torn last line from a crash: the earlier events still count
+    _parsed = (stamp, tuple(events))
     return events
 
 

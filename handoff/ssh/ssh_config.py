@@ -15,7 +15,11 @@ default known_hosts from the passwd home, so when `$HOME` is another folder (tes
 some containers) handoff points `ssh -G` at `$HOME/.ssh/config` (plus the system file)
 and reads known_hosts paths ssh expanded under the passwd home from `$HOME` instead.
 
-Lookups are cached for the process (one `fab` run): each costs a fork of ssh (about 5 ms);
+Lookups are cached for the process (one `fab` run): each costs a fork of ssh (5-8 ms of
+CPU). Names that no Host line of the config files singles out (handoff.ssh.config_scan:
+typically a fleet listed by address) share one answer, checked with a second `ssh -G`
+to depend on no name, port or user, so 32 such hosts cost two forks, not 32; any Match
+block, token or Include that module cannot follow sends every name to ssh as before.
 handoff.host.targets resolves a command's names side by side.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import atexit
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +39,7 @@ from functools import lru_cache
 
 from handoff import console
 from handoff.errors import TargetError
+from handoff.ssh import config_scan
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
@@ -280,7 +286,93 @@ def _lookup(name: str, port: int | None, user: str | None, identity: str | None,
     if client is None:
         _warn_fallback()
         return _from_paramiko(name, port, user, identity)
+    shared = _shared(client, identity, home_dir)
+    if shared is not None:
+        values = shared.answer(name, port, user)
+        if values is not None:
+            return _from_ssh_g(name, values)
     return _from_ssh_g(name, _run_ssh_g(client, name, port, user, identity))
+
+
+# --- one `ssh -G` for the names no Host pattern singles out -------------------------------------
+
+_OTHER = "handoff-unmatched-other.invalid"  # a second reference name, for the token check
+# Names answered from the shared reference: plain lowercase host names and addresses (ssh
+# lowercases the name it prints as hostname; anything else asks ssh, which may refuse it).
+_PLAIN_NAME = re.compile(r"[a-z0-9][a-z0-9._:-]*")
+_PLAIN_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
+# What the name and the -p/-l options set in `ssh -G`'s answer; every other key must be the
+# same for both reference names, else some setting depends on them (a %h, %p or %r token).
+_PER_NAME_KEYS = {"host", "hostname", "port", "user"}
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """`ssh -G`'s answer for a name no Host line singles out (with the inventory's identity
+    as `-i`), which every such name gets with its own hostname, port and user."""
+
+    scan: config_scan.Scan
+    values: dict[str, list[str]]
+
+    def answer(self, name: str, port: int | None, user: str | None) -> dict[str, list[str]] | None:
+        """What `ssh -G [-p port] [-l user] name` prints, or None when only ssh can say."""
+        if not _PLAIN_NAME.fullmatch(name) or (user and not _PLAIN_USER.fullmatch(user)):
+            return None
+        if not self.scan.same(name, _UNMATCHED):
+            return None
+        values = dict(self.values)
+        values["host"] = values["hostname"] = [name]
+        if port:
+            values["port"] = [str(port)]
+        if user:
+            values["user"] = [user]
+        return values
+
+
+_shared_lock = threading.Lock()
+_shared_cache: dict[tuple[str | None, str], _Shared | None] = {}
+
+
+def _shared(client: str, identity: str | None, home_dir: str) -> _Shared | None:
+    """The shared answer for this identity, or None when the config files could tell names
+    apart in ways only ssh follows (handoff.ssh.config_scan). Computed once per process and
+    identity: targets are resolved from 8 threads at once, and one asks while the others wait."""
+    key = (identity, home_dir)
+    with _shared_lock:
+        if key not in _shared_cache:
+            _shared_cache[key] = _compute_shared(client, identity)
+        return _shared_cache[key]
+
+
+def _config_files() -> list[str]:
+    """The files `ssh -G` reads, as _run_ssh_g calls it."""
+    args = _config_args()
+    if args:
+        return [args[1]]  # the wrapper: $HOME/.ssh/config, then the system file
+    return [os.path.join(passwd_home(), ".ssh", "config"), SYSTEM_CONFIG]
+
+
+def _compute_shared(client: str, identity: str | None) -> _Shared | None:
+    scan = config_scan.scan(_config_files(), list(dict.fromkeys([home(), passwd_home()])))
+    if scan is None or not scan.same(_UNMATCHED, _OTHER):
+        return None
+    try:
+        base = _run_ssh_g(client, _UNMATCHED, None, None, identity)
+        # The second reference differs in name, port and user: any setting that follows one
+        # of them (a token) shows as a difference, and every name then asks ssh itself.
+        port = int((base.get("port") or ["22"])[0]) % 65535 + 1
+        user = "handoff-probe-" + ("b" if base.get("user") == ["handoff-probe-a"] else "a")
+        other = _run_ssh_g(client, _OTHER, port, user, identity)
+    except (TargetError, ValueError):
+        return None  # a broken config: each name's own `ssh -G` says what is wrong
+    if (base.get("hostname") != [_UNMATCHED] or other.get("hostname") != [_OTHER]
+            or other.get("port") != [str(port)] or other.get("user") != [user]
+            or base.get("canonicalizehostname") != ["false"]):
+        return None
+    if ({k: v for k, v in base.items() if k not in _PER_NAME_KEYS}
+            != {k: v for k, v in other.items() if k not in _PER_NAME_KEYS}):
+        return None
+    return _Shared(scan, base)
 
 
 def lookup(name: str, port: int | None = None, user: str | None = None,
@@ -302,6 +394,8 @@ def is_alias(name: str) -> bool:
 def clear_cache() -> None:
     """Forget every lookup (tests that rewrite ssh_config within one process)."""
     _lookup.cache_clear()
+    with _shared_lock:
+        _shared_cache.clear()
     with _wrapper_lock:
         for path in _wrappers.values():
             _remove_wrapper(path)

@@ -115,3 +115,105 @@ def test_targets_resolve_many_names_in_one_batch(home: Path, tmp_path: Path,
     targets = resolve(",".join(f"h{i}" for i in range(1, 9)), load_inventory())
     assert [t.endpoint.hostname for t in targets] == [f"127.0.1.{i}" for i in range(1, 9)]
     assert targets.source == "flag" and "named with --host/-H" in targets.describe()
+
+
+# -- one `ssh -G` for the names no Host line singles out ------------------------------------------
+
+def counting_ssh_g(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names `ssh -G` is really run for, from now on (the real ssh still answers)."""
+    asked: list[str] = []
+    real = ssh_config._run_ssh_g
+
+    def run(client: str, name: str, *args: object) -> dict[str, list[str]]:
+        asked.append(name)
+        return real(client, name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssh_config, "_run_ssh_g", run)
+    return asked
+
+
+def ssh_itself(name: str, port: int | None = None, user: str | None = None,
+               identity: str | None = None) -> ssh_config.HostConfig:
+    """What a fork of `ssh -G` says for this name: the answer every lookup must equal."""
+    client = ssh_config.ssh_client()
+    assert client is not None
+    return ssh_config._from_ssh_g(name, ssh_config._run_ssh_g(client, name, port, user, identity))
+
+
+FLEET = [("127.0.0.71", 2271, "alice"), ("127.0.0.72", None, None), ("127.0.0.73", 2273, None),
+         ("box.example", None, "bob"), ("127.0.0.74", 22, "carol")]
+
+
+def test_a_fleet_no_host_line_names_shares_two_ssh_g(home: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Addresses that no Host line names get exactly ssh's answer, from two forks in all;
+    a name a Host line does name still asks ssh for itself."""
+    (home / ".ssh" / "id_fleet").write_text("")
+    write_config(home, "Host *\n  User everyone\n  ConnectTimeout 7\n"
+                       "Include conf.d/*.conf\nHost gpu-?\n  Port 2299\n",
+                 **{"jump.conf": "Host 127.0.0.79\n  ProxyJump a@127.0.0.1:22\n"})
+    asked = counting_ssh_g(monkeypatch)
+    got = [ssh_config.lookup(n, p, u, "~/.ssh/id_fleet") for n, p, u in FLEET]
+    named = [ssh_config.lookup(n, None, None, "~/.ssh/id_fleet") for n in ("gpu-1", "127.0.0.79")]
+    assert len(asked) == 2 + 2  # the two references, then gpu-1 and 127.0.0.79 themselves
+    assert asked[2:] == ["gpu-1", "127.0.0.79"]
+    assert got == [ssh_itself(n, p, u, "~/.ssh/id_fleet") for n, p, u in FLEET]
+    assert got[1].user == "everyone" and got[0].user == "alice" and got[1].connect_timeout == 7
+    assert got[0].identity_files[0] == str(home / ".ssh" / "id_fleet")
+    assert named == [ssh_itself(n, None, None, "~/.ssh/id_fleet") for n in ("gpu-1", "127.0.0.79")]
+    assert named[0].port == 2299 and named[1].proxy_jump != ()
+
+
+@pytest.mark.parametrize("config", [
+    "Match host 127.0.0.7*\n  Port 2270\n",                       # only ssh evaluates Match
+    "Host *\n  IdentityAgent /tmp/handoff-agent-%h\n",            # a setting that follows the name
+    "Host *\n  UserKnownHostsFile ~/.ssh/kh_%r_%p\n",             # ... the user and the port
+    "Host *\n  Hostname %h.internal\n",                           # the address itself rewritten
+    "CanonicalizeHostname yes\nCanonicalDomains example\n",       # a name may become another
+    "Include ${HOME}/.ssh/conf.d/*.conf\n",                       # an Include only ssh expands
+])
+def test_what_only_ssh_can_follow_asks_ssh_for_every_name(
+        home: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    write_config(home, config)
+    asked = counting_ssh_g(monkeypatch)
+    got = [ssh_config.lookup(n, p, u) for n, p, u in FLEET]
+    own = [n for n in asked if not n.startswith("handoff-")]
+    assert own == [n for n, _, _ in FLEET]
+    assert got == [ssh_itself(n, p, u) for n, p, u in FLEET]
+
+
+def test_a_token_ssh_leaves_for_later_reads_the_same_for_every_name(home: Path) -> None:
+    """`ssh -G` prints IdentityFile's `%h` as written (ssh expands it when it connects): the
+    same text for every name, so sharing the answer gives exactly what ssh gives."""
+    write_config(home, "Host *\n  IdentityFile ~/.ssh/id_%h\n")
+    assert [ssh_config.lookup(n, p, u) for n, p, u in FLEET] == [ssh_itself(n, p, u) for n, p, u in FLEET]
+
+
+def test_a_pattern_that_may_depend_on_case_is_not_guessed(home: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Host BOX.*`: whether ssh compares cases is ssh's business: such names ask it."""
+    write_config(home, "Host BOX.*\n  Port 2280\n")
+    asked = counting_ssh_g(monkeypatch)
+    got = [ssh_config.lookup("box.example"), ssh_config.lookup("127.0.0.71")]
+    assert "box.example" in asked and "127.0.0.71" not in asked
+    assert got == [ssh_itself("box.example"), ssh_itself("127.0.0.71")]
+
+
+def test_config_scan_reads_host_lines_as_ssh_matches_them(tmp_path: Path) -> None:
+    from handoff.ssh import config_scan
+
+    config = tmp_path / "config"
+    config.write_text("Host *.corp !db.corp\n  User x\nHost=web? \"api,api2\"\n# Host 127.*\n")
+    scan = config_scan.scan([str(config)], [str(tmp_path)])
+    assert scan is not None
+    assert scan.host_lines == (("*.corp", "!db.corp"), ("web?", "api", "api2"))
+    assert scan.same("127.0.0.1", "other.invalid")
+    assert not scan.same("app.corp", "other.invalid") and scan.same("db.corp", "other.invalid")
+    assert not scan.same("web1", "web") and not scan.same("api2", "other.invalid")
+    (tmp_path / "deep").write_text(f"Include {tmp_path}/deep\n")  # a loop: deeper than ssh allows
+    assert config_scan.scan([str(tmp_path / "deep")], [str(tmp_path)]) is None
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "more").write_text("Host 127.0.0.*\n")  # relative: under ~/.ssh
+    (tmp_path / "top").write_text("Include more\n")
+    scan = config_scan.scan([str(tmp_path / "top")], [str(tmp_path)])
+    assert scan is not None and not scan.same("127.0.0.5", "other.invalid")
