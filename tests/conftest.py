@@ -26,10 +26,13 @@ from typing import Any
 import pytest
 
 SECOND_PASS_MARKS = ("serial", "after_every_fab_run")
-# Longest first: a vLLM engine start per module fixture (tests/payload/extract/test_vllm.py),
-# a vLLM server, the vllm backend through fab, then tiny-model extractions shared by a module's tests.
+# Longest first: a vLLM engine start per module fixture (tests/payload/extract/vllm/: two
+# files, so that their engines start on two workers; as one file they were one worker's
+# ~13 min at load 8, the whole parallel pass's tail), a vLLM server, the vllm backend
+# through fab, then tiny-model extractions shared by a module's tests.
 LONG_CHAINS = (
-    "tests/payload/extract/test_vllm.py",
+    "tests/payload/extract/vllm/test_kill_resume.py",
+    "tests/payload/extract/vllm/test_native.py",
     "tests/payload/test_generate_vllm.py",
     "tests/integration/test_extractor_vllm_role.py",  # one test, ~2 min: a vLLM engine via fab
     "tests/payload/extract/formats/test_trainers.py",
