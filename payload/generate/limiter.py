@@ -83,16 +83,43 @@ BIN_S = 0.05  # width of a send-time bin
 # A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
 # rate limit for minutes) gives the slot to prompts that may go now.
 HOLD_MAX_S = 5.0
-HOLD = "hold"  # the throttled prompt keeps its slot while it waits
+HOLD = "hold"  # the throttled prompt keeps its slot while it waits (a Hold)
 RELEASE = "release"  # the slot was given back: the wait is too long to hold it
-YIELD = "yield"  # the slot was given back for good: the server is full, the window shrank
+YIELD = "yield"  # the slot was given back: it is beyond the window (the window shrank)
+
+# The capacity estimate (see the module docstring, "Capacity").
+FULL_SAMPLES = 32  # the level: the third fewest of the last this many refusals...
+FULL_MIN = 4  # ...(at least this many)...
+FULL_HORIZON_S = 2.0  # ...answered within max(this, two round trips)
+PROBE_SHARE = 0.02  # the window sits this far above the level (at least PROBE_MIN slots)
+PROBE_MIN = 2.0
+CALM_S = 0.5  # the least time without a refusal that says the cap rose
+PROBE_GAIN = 0.5  # slots added per success while probing (x1.5 per round trip)
+
+
+
+
+class Hold(str):
+    """HOLD for one throttled prompt: the slot it keeps while it waits. The limiter takes
+    it back (`revoked`) if the window falls below the requests at the server when the
+    prompt was refused: it was refused for a window too large, and keeping it would leave
+    the server under-used until its wait ends. Ask `Limiter.resumed` when the wait ends."""
+
+    n_send: int | None
+    revoked: bool
+
+
+# A round's counters (successes, their latencies summed, refusals, theirs), and its start.
+R_OK, R_OK_LATENCY, R_REFUSED, R_REFUSED_LATENCY, R_START, R_WINDOW = range(6)
+ROUND_MIN_S = 0.5  # a round lasts max(this, a round trip)
+WINDOW_GROWTH = 1.5  # a window this much larger than at the best rate so far...
+RATE_GROWTH = 1.1  # ...that served less than this much more...
+FLAT_ROUNDS = 2  # ...this many rounds (with refusals): a capacity
 
 
 # The counters of one send-time bin.
 (SENT, ANSWERS, THROTTLED, THROTTLED_RA, FIRST, FIRST_REFUSED, REPEATS,
  REPEATS_REFUSED) = range(8)
-NEWEST_S = 0.0  # requests sent this recently are not counted (0: their refusals, at the door,
-#                 are back at once; the rest only makes the share read low, never high)
 
 
 class Limiter:
@@ -105,6 +132,12 @@ class Limiter:
         self.min_window = min(min_window, max_in_flight)
         self.breaker = breaker or Breaker()
         self.in_flight = 0  # slots taken: requests in flight + throttled prompts waiting
+        self.at_server = 0  # requests sent and not yet answered (waiting prompts are not)
+        # A capacity was found: the window follows the accepted level (below) instead of
+        # growing with successes, until the server stops refusing (the cap rose).
+        self.capped = False
+        self.probing = False  # capped, and nothing refused for a while: growing to find out
+        self.full_level = 0.0  # requests at the server when it refused: what it holds
         # Shares of throttled requests among those sent in about the last round trip and
         # answered since (`share`; `share_ra`: with Retry-After), refreshed every bin;
         # `share_slow` over ~256 answers (the unlucky few of a run's tail must not read as
@@ -116,19 +149,27 @@ class Limiter:
         self._bins: dict[int, list[int]] = {}
         self._settled: list[int] = [0] * 8  # the counters summed over the settled bins
         self._refreshed_at = -1.0
-        self.capacity_events = 0
+        self.capacity_events = 0  # times a capacity was found (the window set to it)
         self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
-        self._yielded_at = -1e9
+        self._capped_at = -1e9
         self._throttled_at = -1e9  # the last throttled answer
-        # Successes by the 50 ms bin they were ANSWERED in: those of the last round trip
-        # are how many of ours the server serves at once (Little's law), or more (our own
-        # queueing lengthens the round trip): a floor a cut never goes below.
-        self._ok_bins: collections.deque[list[float]] = collections.deque()
-        self._cut_at = -1e9
-        self._peak = 0.0  # the largest window a capacity was found below (0: none yet)
+        self._ok_since_throttle = 0  # successes answered since
+        self._unused_at = -1e9  # the last success answered with the window not full
+        # (answered at, requests at the server when it was sent) of the last refusals.
+        self._refused: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=FULL_SAMPLES)
         self._random_share = 0.0  # a share of refusals the retries showed to be random
         self._longest_wait = 0.0
+        self._wait_hi = (0.0, -1e9)  # (the longest recent throttle wait, when)
         self._pre_outage_window = float(max_in_flight)
+        # Throttled prompts waiting on a kept slot, by id (every Hold equals "hold").
+        self._holds: dict[int, Hold] = {}
+        # Slow start's delivery rate, round by round: has a larger window served more?
+        self._round: list[float] = [0.0, 0.0, 0.0, 0.0, -1.0, 0.0]
+        self._best_rate = 0.0
+        self._best_window = 0.0  # the window when the best rate was served
+        self._flat = 0  # rounds since with a larger window and no more served (and refusals)
+        self.server_level = 0.0  # what the server held at once (Little's law), last round
         self._woken = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._probe_timer: asyncio.TimerHandle | None = None
@@ -208,33 +249,59 @@ class Limiter:
             self._wake_one()
 
     # -- feedback ------------------------------------------------------------------------------
-    def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False
-                 ) -> str | None:
+    def sending(self) -> int:
+        """A request is about to be sent (counted in its send-time bin and among the requests
+        at the server). Returns how many are at the server with it: pass it to `answered`;
+        call `returned` once its answer is in (or it was cancelled)."""
+        self.at_server += 1
+        sent = int(self.breaker.clock() / BIN_S)
+        row = self._bins.get(sent)
+        if row is None:
+            row = self._bins[sent] = [0] * 8
+        row[SENT] += 1
+        return self.at_server
+
+    def returned(self) -> None:
+        """A request sent is back (answered, failed or cancelled): no longer at the server."""
+        self.at_server -= 1
+
+    def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False,
+                 n_send: int | None = None) -> str | None:
         """Learn from one answer (the slot is still held). For a throttled answer, returns
         HOLD (wait holding the slot), RELEASE (the slot was given back: a long wait) or
-        YIELD (given back for good: the window shrank). `repeat`: the prompt's previous
-        request was throttled too."""
+        YIELD (given back: the slot is beyond the window). `repeat`: the prompt's previous
+        request was throttled too; `n_send`: what `sending` returned for this request."""
         event = self.breaker.record(outcome.server_failure, probe=probe)
         if event == "opened":
             # Flapping (down again within seconds of coming back) keeps the window from before.
             if self.breaker.clock() - self.breaker.closed_at > 10.0:
                 # Where to grow back to: the capacity found before, else (still in slow start)
                 # as far as before, then on by slow start up to --concurrency.
-                self._pre_outage_window = max(min(self.ssthresh, self.max_in_flight),
-                                              float(self.initial_window))
+                before = self.window if self.capped else min(self.ssthresh,
+                                                             float(self.max_in_flight))
+                self._pre_outage_window = max(before, float(self.initial_window))
         elif event == "closed":
             # Back from an outage: restart small and grow back to where we were.
             self.ssthresh = self._pre_outage_window
             self.window = float(self.initial_window)
+            self.capped = self.probing = False
+            self._refused.clear()
             self.share = self.share_ra = self.share_slow = 0.0
             self._bins.clear()
             self._settled = [0] * 8
             self._wake()
-        self._count(outcome, repeat)
+        now = self.breaker.clock()
+        self._count(outcome, repeat, now)
         if outcome.kind is Kind.OK:
+            self._ok_since_throttle += 1
+            if not self._waiters and self.in_flight + self._woken < self._allowed() - 1:
+                self._unused_at = now  # a refusal-free while here says nothing of the cap
             # Grow only a window that is used: prompts wait for a slot, or all are taken.
-            if self._waiters or self.in_flight + self._woken >= self._allowed() - 1:
-                if self.window < self.ssthresh:
+            if (not self.capped or self.probing) and (
+                    self._waiters or self.in_flight + self._woken >= self._allowed() - 1):
+                if self.probing:  # capped, but nothing refused for a while: the cap rose?
+                    self.window += PROBE_GAIN  # x1.5 per round trip until a refusal
+                elif self.window < self.ssthresh:
                     damp = max(0.0, 1.0 - 2.0 * self.share_ra)
                     self.window += SLOW_START_GAIN * damp
                 else:
@@ -243,38 +310,35 @@ class Limiter:
             return None
         if not outcome.throttled:
             return None
-        now = self.breaker.clock()
         if outcome.retry_after is not None:
             self._longest_wait = max(self._longest_wait, outcome.retry_after)
         self._throttled_at = now
-        if (self.window < self.ssthresh and self._exited_at is None and
-                self.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
+        self._ok_since_throttle = 0
+        if n_send is not None:
+            self._refused.append((now, n_send))
+        if self.probing:
+            # The probe found the cap: at most as many as were at the server when it refused.
+            self.probing = False
+            if n_send is not None:
+                self.window = max(float(self.min_window), min(self.window, float(n_send)))
+        if (not self.capped and self.window < self.ssthresh and self._exited_at is None
+                and self.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
             # Told to wait by a large share of a round trip's answers: stop growing fast
             # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
             self._exited_at = now
-        if repeat and self._full_server():
-            # Refused again after waiting, as a full server refuses: give this slot up.
+        if repeat and not self.capped and self._full_server():
+            # Refused again after waiting, as a full server refuses: a capacity. From now
+            # on the window follows what the server accepts.
+            self.capped = True
             self.capacity_events += 1
-            self._yielded_at = now
-            self._exited_at = None  # confirmed
-            # Only a slot inside the window shrinks it: a slot already beyond it (the window
-            # shrank while this prompt waited) is given back and that is all; otherwise the
-            # waiters of one overshoot, refused again one after another, shrink the window
-            # far below the capacity (seen at half of it on a loaded machine).
-            if self.in_flight <= self._allowed():
-                served = self._served(now)
-                if self.window >= 2.0 * served and now - self._cut_at > max(self.srtt, BIN_S):
-                    # Twice what the server serves or more (a start that overshot on a
-                    # loaded machine, where refusals come back seconds late): halve, once a
-                    # round trip, but never below what it serves.
-                    self._cut_at = now
-                    self.window = max(float(self.min_window), 0.5 * self.window,
-                                      1.05 * served)
-                else:
-                    self._peak = max(self._peak, self.window)
-                    self.window = max(float(self.min_window), self.window - 1.0)
-            self.ssthresh = min(self.ssthresh, max(self.window, float(self.min_window)))
+            self._capped_at = now
+            self._exited_at = None
+            self._random_share = 0.0
+            self._follow(now)
+        if self.in_flight > self._allowed():
+            # Beyond the window (it shrank while this prompt waited, or a start overshot):
+            # give the slot back; the prompt waits without it and queues for one.
             self.in_flight -= 1
             self._wake()
             return YIELD
@@ -283,29 +347,47 @@ class Limiter:
             self.in_flight -= 1
             self._wake()
             return RELEASE
-        return HOLD
+        hold = Hold(HOLD)
+        hold.n_send, hold.revoked = n_send, False
+        self._holds[id(hold)] = hold
+        return hold
 
-    def sending(self) -> None:
-        """A request is about to be sent (counted in its send-time bin)."""
-        sent = int(self.breaker.clock() / BIN_S)
-        row = self._bins.get(sent)
-        if row is None:
-            row = self._bins[sent] = [0] * 8
-        row[SENT] += 1
+    def resumed(self, decision: str | None) -> bool:
+        """A kept slot's wait is over (or cut short): True if the prompt still holds it,
+        False if the limiter took it back (the prompt queues for a slot with `acquire`)."""
+        if not isinstance(decision, Hold):
+            return decision == HOLD
+        self._holds.pop(id(decision), None)
+        return not decision.revoked
 
-    def _count(self, outcome: Outcome, repeat: bool) -> None:
+    def _revoke(self, margin: float) -> None:
+        """The window fell: take back the kept slots of prompts refused with more at the
+        server than it now allows, and beyond `margin` of them (those refused with the
+        most at the server first): holders beyond the probe margin leave the server
+        under-used until their waits end (see Hold)."""
+        holds = sorted((h for h in self._holds.values() if h.n_send is not None),
+                       key=lambda h: h.n_send or 0, reverse=True)
+        keep = int(margin)
+        over = [h for i, h in enumerate(holds)
+                if (h.n_send or 0) > self.window or len(holds) - i > keep]
+        for h in over:
+            h.revoked = True
+            del self._holds[id(h)]
+            self.in_flight -= 1
+        if over:
+            self._wake()
+
+    def _count(self, outcome: Outcome, repeat: bool, now: float) -> None:
         throttled = outcome.throttled
         self.share_slow += (float(throttled) - self.share_slow) / 256
+        rnd = self._round
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
-            b = self.breaker.clock() // BIN_S
-            if self._ok_bins and self._ok_bins[-1][0] == b:
-                self._ok_bins[-1][1] += 1
-            else:
-                self._ok_bins.append([b, 1.0])
-                while len(self._ok_bins) > 400:  # 20 s
-                    self._ok_bins.popleft()
-        now = self.breaker.clock()
+            rnd[R_OK] += 1
+            rnd[R_OK_LATENCY] += outcome.latency_s
+        elif throttled:
+            rnd[R_REFUSED] += 1
+            rnd[R_REFUSED_LATENCY] += outcome.latency_s
         sent = int((now - outcome.latency_s) / BIN_S)
         row = self._bins.get(sent)
         if row is None:
@@ -324,15 +406,15 @@ class Limiter:
             self._refresh(now)
 
     def _refresh(self, now: float) -> None:
-        """Shares: throttled among the requests sent in about the last round trip (bar the
-        newest NEWEST_S): a refusal at the door is counted at once, and against what was
-        sent, not against answers (a success's answer is a round trip late). Retry ratios:
-        over the bins of requests sent at least 1.5 round trips ago (all answered), going
-        further back until REPEAT_EVIDENCE retries, at most 10 s."""
+        """Shares: throttled among the requests sent in about the last round trip: a refusal
+        at the door is counted at once, and against what was sent, not against answers (a
+        success's answer is a round trip late). Retry ratios: over the bins of requests
+        sent at least 1.5 round trips ago (all answered), going further back until
+        REPEAT_EVIDENCE retries, at most 10 s. Then the capacity's window."""
         self._refreshed_at = now
         rtt = max(self.srtt, BIN_S)
-        newest = int((now - NEWEST_S) / BIN_S)
-        oldest_shares = int((now - NEWEST_S - rtt) / BIN_S)
+        newest = int(now / BIN_S)
+        oldest_shares = int((now - rtt) / BIN_S)
         settled = int((now - 1.5 * rtt) / BIN_S)
         floor = int((now - 10.0) / BIN_S)
         shares = [0] * 8
@@ -360,7 +442,7 @@ class Limiter:
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
         # 429s): grow fast again.
         quiet = max(2.0, 2.0 * self._longest_wait, 4.0 * self.srtt)
-        if self._exited_at is not None and now - self._yielded_at > quiet:
+        if self._exited_at is not None and not self.capped:
             if self._not_full():
                 # Random throttling at this share: only a clearly larger one stops slow
                 # start again.
@@ -368,35 +450,106 @@ class Limiter:
             if self._random_share or now - self._exited_at > quiet:
                 self.ssthresh = float(self.max_in_flight)
                 self._exited_at = None
-        # A cap that rose again (a provider's limit halved, then restored): the window sits
-        # below a capacity found before and nothing is throttled for a few round trips:
-        # grow back to it by slow start (tripling per round trip), then on by one per
-        # round trip. A cap still in force refuses a retry every round trip or so.
-        calm = max(1.0, 3.0 * self.srtt)
-        if (self._peak > self.window * 1.1 and self.window >= self.ssthresh
-                and now - self._throttled_at > calm and now - self._yielded_at > calm):
-            self.ssthresh = min(self._peak, float(self.max_in_flight))
-            self._peak = 0.0
+        if not self.capped and now - self._round[R_START] >= max(ROUND_MIN_S, self.srtt):
+            self._end_round(now)
+        if self.capped:
+            self._follow(now)
 
-    def _served(self, now: float) -> float:
-        """Successes answered over the last round trip: at least how many of ours the
-        server serves at once."""
-        since = (now - max(self.srtt, BIN_S)) // BIN_S
-        total = 0.0
-        for b, n in reversed(self._ok_bins):
-            if b <= since:
-                break
-            total += n
-        return total
+    def _end_round(self, now: float) -> None:
+        """A capacity by the delivery rate (before the retries can tell, which a busy
+        machine, its answers unread for a second, delays for many seconds): rounds in
+        which the window was half as large again as at the best rate so far but the
+        server served under 10% more, while it refused some, say it is full. Sporadic throttling never stops the rate from
+        growing with the window; the window then goes to what the server held at once by
+        Little's law on its side: successes per second times their latency less that of a
+        refusal (the time an answer waits unread on our side is in both)."""
+        rnd, self._round = self._round, [0.0, 0.0, 0.0, 0.0, now, self.window]
+        if rnd[R_START] < 0:
+            return
+        elapsed = now - rnd[R_START]
+        rate = rnd[R_OK] / elapsed
+        if rnd[R_OK] and rnd[R_REFUSED]:
+            wait = rnd[R_OK_LATENCY] / rnd[R_OK] - rnd[R_REFUSED_LATENCY] / rnd[R_REFUSED]
+            self.server_level = rate * max(0.0, wait)
+        # This round's answers are to requests sent in about the last: the window then.
+        grown = rnd[R_WINDOW] / max(1.0, self._best_window)
+        if not rnd[R_REFUSED] or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate:
+            if rate >= RATE_GROWTH * self._best_rate:  # (noise at a plateau is no growth)
+                self._best_rate, self._best_window = rate, rnd[R_WINDOW]
+            if grown >= WINDOW_GROWTH:
+                self._flat = 0
+            return
+        self._flat += 1
+        if self._flat >= FLAT_ROUNDS and self.server_level > 0:
+            self.capped = True
+            self.capacity_events += 1
+            self._capped_at = now
+            self._exited_at = None
+            self._random_share = 0.0
+            before = self.window
+            margin = max(PROBE_MIN, PROBE_SHARE * self.server_level)
+            self.window = max(float(self.min_window),
+                              min(self.window, self.server_level + margin))
+            self.full_level = self.server_level
+            if self.window < before:
+                self._revoke(margin)
+            self._wake()
+
+    def _follow(self, now: float) -> None:
+        """Capped: the window is the full level (the fewest requests at the server with
+        which the last refusals were sent, bar outliers) plus the probe margin. When nothing has been
+        refused for longer than a throttled prompt waits, over half a window of successes,
+        the cap rose: probe (the window doubles per round trip) until a refusal."""
+        wait_hi, wait_at = self._wait_hi
+        calm = max(CALM_S, 1.5 * (wait_hi if now - wait_at < 10.0 else 0.0))
+        if now - self._throttled_at > calm:
+            if (not self.probing and self._ok_since_throttle >= self.window / 2
+                    and now - self._unused_at > calm):
+                self.probing = True
+                self._refused.clear()  # what the old cap refused says nothing of the new
+            return  # a window nobody is refused at (the run's tail) is left as it is
+        if not self.probing:
+            self._set_to_level(now)
+
+    def _set_to_level(self, now: float) -> None:
+        """The window to the full level plus the probe margin (kept slots above it are
+        taken back)."""
+        since = now - max(FULL_HORIZON_S, 2.0 * self.srtt)
+        xs = sorted(x for t, x in self._refused if t >= since)
+        if len(xs) < FULL_MIN:
+            return
+        # A low quantile: every refusal was sent with at least K at the server, more when
+        # answers the server has written sat unread on a busy machine (they are counted
+        # until read); the fewest is the nearest to K.
+        level = float(xs[len(xs) // 16])
+        self.full_level = level
+        before = self.window
+        margin = max(PROBE_MIN, PROBE_SHARE * level)
+        self.window = max(float(self.min_window), min(float(self.max_in_flight),
+                                                      level + margin))
+        if self.window < before:
+            self._revoke(margin)
+        self._wake()
 
     def _not_full(self) -> bool:
         """Do the retries already say the server is NOT full (refused about as often as
-        first tries, under 3 in 4: a full server refuses nearly all)? Then a stop of slow
+        first tries, and under 3 in 4: a full server refuses nearly all)? Then a stop of slow
         start's fast growth on a share of refusals was random throttling: resume at once."""
         t = self._settled
         if t[REPEATS] < REPEAT_EVIDENCE:
             return False
-        return t[REPEATS_REFUSED] / t[REPEATS] < 0.75
+        repeat_ratio = t[REPEATS_REFUSED] / t[REPEATS]
+        if t[FIRST] >= REPEAT_EVIDENCE:
+            # A full server refuses retries (which land whenever their wait ends) far more
+            # often than first tries (sent as a success frees a place), even where it lets
+            # half the retries in: "not full" only if they are refused about as often.
+            first_ratio = t[FIRST_REFUSED] / t[FIRST]
+            pooled = (t[REPEATS_REFUSED] + t[FIRST_REFUSED]) / (t[REPEATS] + t[FIRST])
+            chance = NOISE_Z * math.sqrt(pooled * (1.0 - pooled)
+                                         * (1.0 / t[REPEATS] + 1.0 / t[FIRST]))
+            if repeat_ratio > first_ratio + max(0.15, chance):
+                return False
+        return repeat_ratio < 0.75
 
     def _full_server(self) -> bool:
         """Are retries refused as a full server refuses them: at least half the time and at
@@ -437,10 +590,20 @@ class Limiter:
         short jittered exponential delay whose ceiling grows with the share of throttled
         answers (0.1 s at a few percent, 0.2 s at half, 10 s when 99% are, 30 s at most)."""
         if retry_after is not None:
-            return retry_after
-        ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.share_slow))
-        delay = min(ceiling, 0.05 * 2 ** min(throttles_in_a_row - 1, 16))
-        return delay * random.uniform(0.5, 1.0)
+            delay = retry_after
+        elif self.capped:
+            # At a capacity the server frees a place per answer: a retry sooner than about
+            # a round trip is refused again (and each refusal is a request sent for nothing);
+            # at most a second or so (a busy machine's round trip reads seconds).
+            delay = min(1.0, max(0.05, self.srtt)) * random.uniform(0.75, 1.5)
+        else:
+            ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.share_slow))
+            delay = min(ceiling, 0.05 * 2 ** min(throttles_in_a_row - 1, 16))
+            delay *= random.uniform(0.5, 1.0)
+        now = self.breaker.clock()
+        if delay >= self._wait_hi[0] or now - self._wait_hi[1] > 10.0:
+            self._wait_hi = (delay, now)
+        return delay
 
     def stop(self) -> None:
         """The run stops: nobody waits for a slot any more (callers check the stop)."""
