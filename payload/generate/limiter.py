@@ -1,48 +1,67 @@
-"""How many requests may be in flight: slow start, throttling, outages.
+"""How many requests may be in flight: slow start, capacity, throttling, outages.
 
 The window starts small (`initial_window`, tens) and grows by two per success (tripling
 every round trip) up to `--concurrency`, so a run whose every answer is an error has
 sent a few dozen requests, not 2000, before it stops. A window nobody fills does not grow.
 
 Throttling (429, or 402 with Retry-After) spends no attempt: the prompt waits as told,
-and keeps its *slot* while it waits (up to HOLD_MAX_S). That is what slows dispatch in
-proportion to the share of throttled answers, and what keeps a full server from being
-flooded: a slot given back during the wait would be refilled at once and refused again,
-a refusal storm at CPU speed.
+and keeps its *slot* while it waits (up to HOLD_MAX_S; a `Hold`). That is what slows
+dispatch in proportion to the share of throttled answers, and what keeps a full server
+from being flooded: a slot given back during the wait would be refilled at once and
+refused again, a refusal storm at CPU speed.
 
-Telling a capacity limit from sporadic throttling. Both answer 429 (or 402 with
-Retry-After); what differs is the retry. A prompt that waited and asks again is refused
-again far more often than a first try when the server is full (a fresh request goes out
-when a success has just freed a place; a retry lands whenever its wait ends), but about as
-often when throttling is random. Each refused retry, while retries are refused at least
-half the time and twice as often as first tries by more than chance gives a few dozen
-answers, or three times in four where the server says Retry-After, or nine times in ten
-on 32 retries where it does not, gives its slot up for good (YIELD): the window shrinks by
-one and from then on grows by one per round trip only (ssthresh), settling at the
-capacity. Only a slot inside the window shrinks it: one already beyond it (the window
-shrank while its prompt waited) is given back and that is all, or the waiters of one
-overshoot, refused one after another, would take the window far below the capacity. A
-window twice what the server serves or more (successes answered over the last round trip:
-Little's law, never below the server's own concurrency) is halved at a yield, once a
-round trip, but never below that: a start that overshot on a loaded machine, where
-refusals come back seconds late, comes down in a few round trips instead of one slot per
-refusal. Random 429s, even half of all answers, never shrink it.
+Capacity: the requests at the server when a refusal was sent. Each request is stamped
+with how many of ours were at the server when it went out (`sending` returns it: sent
+and not yet answered; prompts waiting out a throttle are not at the server and do not
+count). A server that refuses at its cap K refused because it held K, and every request
+it held was one of ours then, so a refusal's stamp is at least K: the fewest stamps among
+the last refusals (the third fewest of 32, bar outliers) are the nearest to K, more only
+by answers the server had written that sat unread on our side (a busy machine's lag).
+Acceptances say less: a request accepted with few at the server says nothing of the cap,
+and their stamps read low whenever holders leave the server under-used, which a window
+set from them would follow down. So, once a capacity is found, the window is that
+*full level* plus a probe margin (2%, at least 2 slots), refreshed every 25 ms while the
+server refuses: it follows a cap that falls within a fraction of a second (the refusals
+come back at once), and the kept slots of prompts refused above the new window, or
+beyond the margin's worth of them, are taken back (`Hold.revoked`: those prompts queue
+for a slot when their wait ends) so that they do not leave the server under-used for a
+Retry-After. At the cap, the margin's holders are refused about once per wait: a few
+requests per second of waste. Without Retry-After a prompt refused at a capacity waits
+about a round trip (at most ~1.5 s): sooner is refused again.
+
+A cap that rises again: nothing refused for 1.5 times the longest wait lately (at least
+0.5 s) while the window was full, over half a window of successes, means the margin's
+holders got in: the window probes, +0.5 per success (x1.5 per round trip), until the
+first refusal, then goes back to min(window, that refusal's stamp) and follows the level
+again.
+
+A capacity is found in one of two ways. (1) The retries. Both a cap and sporadic
+throttling answer 429 (or 402 with Retry-After); what differs is the retry. A prompt that
+waited and asks again is refused again far more often than a first try when the server is
+full (a fresh request goes out when a success has just freed a place; a retry lands
+whenever its wait ends), but about as often when throttling is random. A refused retry,
+while retries are refused at least half the time and twice as often as first tries by
+more than chance gives a few dozen answers, or three times in four where the server says
+Retry-After, or nine times in ten on 32 retries where it does not, says "capacity". (2)
+The delivery rate, for a busy machine where answers sit unread for a second or more and
+retries find the server drained: rounds (max(0.5 s, a round trip)) in which the window
+was half as large again as when the best rate so far was served but the server served
+under 10% more, while it refused some, twice: the window then goes to what the server
+held at once by Little's law on its side (successes per second times their latency less
+a refusal's: the time an answer waits unread is in both). Random 429s, even half of all
+answers, neither stop the rate from growing with the window nor make retries stand out,
+and never shrink the window.
 
 Answers arrive out of order (refusals at the door at once, successes a round trip
 later), so shares and ratios are counted by *when the request was sent* (the answer's
 time less its latency), in 50 ms bins, over the requests of about the last round trip
 that have all been answered: never over the last N answers, which in slow start would
 read several times the true share. A round trip in which a third or more of the requests
-were throttled (with or without Retry-After) also stops slow start's fast growth (a start
-against a full server would otherwise overshoot it); fast growth resumes as soon as the
-retries say "not full" (refused less than three times in four), and from then on only a
-clearly larger share (+0.25) stops it again, or after a few seconds without a yield.
-
-A cap that rises again (a provider's limit halved for a while, then restored): when the
-window sits in congestion avoidance more than 10% below the largest window a capacity
-was found at, and nothing has been throttled for max(1 s, 3 round trips), slow start
-resumes up to that window, then the window grows on by one per round trip. A cap still in
-force refuses a retry every round trip or so, so this never fires there.
+were throttled stops slow start's fast growth (a start against a full server would
+otherwise overshoot it); fast growth resumes when the retries show random throttling
+(refused about as often as first tries, and less than three times in four), and from
+then on only a clearly larger share (+0.25) stops it again, or after a few seconds
+without a capacity found.
 
 The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
 flight, and when the server answers again the window restarts from `initial_window` and
@@ -402,7 +421,10 @@ class Limiter:
             else:
                 row[FIRST] += 1
                 row[FIRST_REFUSED] += throttled
-        if now - self._refreshed_at >= BIN_S / 2:
+        # Every 25 ms, or every 1/20 of a round trip where that is longer (a walk back over
+        # a round trip of bins, up to 0.25 s apart: seconds-long answers, thousands of them
+        # a second, would otherwise spend a few percent of a core here).
+        if now - self._refreshed_at >= max(BIN_S / 2, min(0.25, self.srtt / 20)):
             self._refresh(now)
 
     def _refresh(self, now: float) -> None:
@@ -497,9 +519,10 @@ class Limiter:
 
     def _follow(self, now: float) -> None:
         """Capped: the window is the full level (the fewest requests at the server with
-        which the last refusals were sent, bar outliers) plus the probe margin. When nothing has been
-        refused for longer than a throttled prompt waits, over half a window of successes,
-        the cap rose: probe (the window doubles per round trip) until a refusal."""
+        which the last refusals were sent, bar outliers) plus the probe margin. When
+        nothing has been refused for longer than a throttled prompt waits, over half a
+        window of successes and with the window full, the cap rose: probe (x1.5 per round
+        trip) until a refusal."""
         wait_hi, wait_at = self._wait_hi
         calm = max(CALM_S, 1.5 * (wait_hi if now - wait_at < 10.0 else 0.0))
         if now - self._throttled_at > calm:
