@@ -59,9 +59,8 @@ that have all been answered: never over the last N answers, which in slow start 
 read several times the true share. A round trip in which a third or more of the requests
 were throttled stops slow start's fast growth (a start against a full server would
 otherwise overshoot it); fast growth resumes when the retries show random throttling
-(refused about as often as first tries, and less than three times in four), and from
-then on only a clearly larger share (+0.25) stops it again, or after a few seconds
-without a capacity found.
+(refused less than three times in four), and from then on only a clearly larger share
+(+0.25) stops it again, or after a few seconds without a capacity found.
 
 The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
 flight, and when the server answers again the window restarts from `initial_window` and
@@ -555,24 +554,13 @@ class Limiter:
         self._wake()
 
     def _not_full(self) -> bool:
-        """Do the retries already say the server is NOT full (refused about as often as
-        first tries, and under 3 in 4: a full server refuses nearly all)? Then a stop of slow
+        """Do the retries already say the server is NOT full (refused under 3 in 4: a full
+        server refuses nearly all)? Then a stop of slow
         start's fast growth on a share of refusals was random throttling: resume at once."""
         t = self._settled
         if t[REPEATS] < REPEAT_EVIDENCE:
             return False
-        repeat_ratio = t[REPEATS_REFUSED] / t[REPEATS]
-        if t[FIRST] >= REPEAT_EVIDENCE:
-            # A full server refuses retries (which land whenever their wait ends) far more
-            # often than first tries (sent as a success frees a place), even where it lets
-            # half the retries in: "not full" only if they are refused about as often.
-            first_ratio = t[FIRST_REFUSED] / t[FIRST]
-            pooled = (t[REPEATS_REFUSED] + t[FIRST_REFUSED]) / (t[REPEATS] + t[FIRST])
-            chance = NOISE_Z * math.sqrt(pooled * (1.0 - pooled)
-                                         * (1.0 / t[REPEATS] + 1.0 / t[FIRST]))
-            if repeat_ratio > first_ratio + max(0.15, chance):
-                return False
-        return repeat_ratio < 0.75
+        return t[REPEATS_REFUSED] / t[REPEATS] < 0.75
 
     def _full_server(self) -> bool:
         """Are retries refused as a full server refuses them: at least half the time and at
