@@ -46,11 +46,9 @@ Retry-After, or nine times in ten on 32 retries where it does not, says "capacit
 The delivery rate, for a busy machine where answers sit unread for a second or more and
 retries find the server drained: rounds (max(0.5 s, a round trip)) in which the window
 was half as large again as when the best rate so far was served but the server served
-under 10% more, while it refused some, twice: the window then goes to what the server
-held at once by Little's law on its side (successes per second times their latency less
-a refusal's: the time an answer waits unread is in both). Random 429s, even half of all
-answers, neither stop the rate from growing with the window nor make retries stand out,
-and never shrink the window.
+under 10% more, while it refused some, twice: the window then goes to the refusals'
+level as above. Random 429s, even half of all answers, neither stop the rate from growing
+with the window nor make retries stand out, and never shrink the window.
 
 Answers arrive out of order (refusals at the door at once, successes a round trip
 later), so shares and ratios are counted by *when the request was sent* (the answer's
@@ -127,8 +125,8 @@ class Hold(str):
     revoked: bool
 
 
-# A round's counters (successes, their latencies summed, refusals, theirs), and its start.
-R_OK, R_OK_LATENCY, R_REFUSED, R_REFUSED_LATENCY, R_START, R_WINDOW = range(6)
+# A round's counters (successes, refusals), its start and the window then.
+R_OK, R_REFUSED, R_START, R_WINDOW = range(4)
 ROUND_MIN_S = 0.5  # a round lasts max(this, a round trip)
 WINDOW_GROWTH = 1.5  # a window this much larger than at the best rate so far...
 RATE_GROWTH = 1.1  # ...that served less than this much more...
@@ -183,11 +181,10 @@ class Limiter:
         # Throttled prompts waiting on a kept slot, by id (every Hold equals "hold").
         self._holds: dict[int, Hold] = {}
         # Slow start's delivery rate, round by round: has a larger window served more?
-        self._round: list[float] = [0.0, 0.0, 0.0, 0.0, -1.0, 0.0]
+        self._round: list[float] = [0.0, 0.0, -1.0, 0.0]
         self._best_rate = 0.0
         self._best_window = 0.0  # the window when the best rate was served
         self._flat = 0  # rounds since with a larger window and no more served (and refusals)
-        self.server_level = 0.0  # what the server held at once (Little's law), last round
         self._woken = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._probe_timer: asyncio.TimerHandle | None = None
@@ -402,10 +399,8 @@ class Limiter:
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
             rnd[R_OK] += 1
-            rnd[R_OK_LATENCY] += outcome.latency_s
         elif throttled:
             rnd[R_REFUSED] += 1
-            rnd[R_REFUSED_LATENCY] += outcome.latency_s
         sent = int((now - outcome.latency_s) / BIN_S)
         row = self._bins.get(sent)
         if row is None:
@@ -480,18 +475,15 @@ class Limiter:
         """A capacity by the delivery rate (before the retries can tell, which a busy
         machine, its answers unread for a second, delays for many seconds): rounds in
         which the window was half as large again as at the best rate so far but the
-        server served under 10% more, while it refused some, say it is full. Sporadic throttling never stops the rate from
-        growing with the window; the window then goes to what the server held at once by
-        Little's law on its side: successes per second times their latency less that of a
-        refusal (the time an answer waits unread on our side is in both)."""
-        rnd, self._round = self._round, [0.0, 0.0, 0.0, 0.0, now, self.window]
+        server served under 10% more, while it refused some, say it is full (sporadic
+        throttling never stops the rate from growing with the window); the window then
+        goes to the refusals' level like any capacity's. (Not to Little's law on a round's
+        rate: a round in which a busy client read few answers reads a tiny capacity.)"""
+        rnd, self._round = self._round, [0.0, 0.0, now, self.window]
         if rnd[R_START] < 0:
             return
         elapsed = now - rnd[R_START]
         rate = rnd[R_OK] / elapsed
-        if rnd[R_OK] and rnd[R_REFUSED]:
-            wait = rnd[R_OK_LATENCY] / rnd[R_OK] - rnd[R_REFUSED_LATENCY] / rnd[R_REFUSED]
-            self.server_level = rate * max(0.0, wait)
         # This round's answers are to requests sent in about the last: the window then.
         grown = rnd[R_WINDOW] / max(1.0, self._best_window)
         if not rnd[R_REFUSED] or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate:
@@ -501,20 +493,13 @@ class Limiter:
                 self._flat = 0
             return
         self._flat += 1
-        if self._flat >= FLAT_ROUNDS and self.server_level > 0:
+        if self._flat >= FLAT_ROUNDS:
             self.capped = True
             self.capacity_events += 1
             self._capped_at = now
             self._exited_at = None
             self._random_share = 0.0
-            before = self.window
-            margin = max(PROBE_MIN, PROBE_SHARE * self.server_level)
-            self.window = max(float(self.min_window),
-                              min(self.window, self.server_level + margin))
-            self.full_level = self.server_level
-            if self.window < before:
-                self._revoke(margin)
-            self._wake()
+            self._set_to_level(now)
 
     def _follow(self, now: float) -> None:
         """Capped: the window is the full level (the fewest requests at the server with
