@@ -128,20 +128,22 @@ class Attempts:
             else:
                 self.rec.success(p, messages, outcome, cost, sent, seq)
 
-    async def _send(self, body: bytes) -> Outcome:
-        """One request, counted in flight; the budget admission is given back if it is
-        cancelled before an answer (a stop that does not wait)."""
+    async def _send(self, body: bytes) -> tuple[Outcome, int]:
+        """One request, counted in flight: (its answer, how many were at the server when it
+        was sent, for the limiter). The budget admission is given back if it is cancelled
+        before an answer (a stop that does not wait)."""
         c, ep = self.c, self.ep
         c.in_flight += 1
-        self.limiter.sending()
+        n_send = self.limiter.sending()
         try:
-            return await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
-                                        ep.proxy, self.s.think_in_content)
+            return (await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
+                                         ep.proxy, self.s.think_in_content), n_send)
         except BaseException:  # cancelled: never answered
             self.budget.cancel()
             raise
         finally:
             c.in_flight -= 1
+            self.limiter.returned()
 
     async def _attempts(self, p: Prompt, slot: _Slot, messages: list[dict[str, Any]]
                         ) -> tuple[Outcome, float | None, int, int] | None:
@@ -163,9 +165,9 @@ class Attempts:
             sent += 1
             self._dispatched += 1
             seq = self._dispatched
-            outcome = await self._send(body)
+            outcome, n_send = await self._send(body)
             cost = self.rec.settle(outcome)
-            decision = lim.answered(outcome, probe=slot.probe, repeat=held)
+            decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send)
             slot.probe = held = False
             self._note_outage(outcome)
             if outcome.kind is Kind.OK:
@@ -199,7 +201,7 @@ class Attempts:
                 c.retries += 1
                 wait = lim.throttle_wait(outcome.retry_after, throttles)
                 if decision != HOLD or wait > HOLD_MAX_S:
-                    if decision == HOLD:  # otherwise the limiter took the slot back already
+                    if lim.resumed(decision):  # kept so far (else the limiter took it back)
                         lim.release()
                     slot.held = False
                     await stop.sleep(wait)
@@ -207,8 +209,14 @@ class Attempts:
                         return None
                     slot.probe, slot.held = await lim.acquire(), True
                 else:
-                    await stop.sleep(wait)
-                    held = True
+                    try:
+                        await stop.sleep(wait)
+                    finally:
+                        slot.held = held = lim.resumed(decision)
+                    if not held:  # the window fell below where it was refused: queue for one
+                        if stop.stopping:
+                            return None
+                        slot.probe, slot.held = await lim.acquire(), True
                 continue
             throttles = 0
             # Any other retryable error: back off without the slot.

@@ -1,48 +1,64 @@
-"""How many requests may be in flight: slow start, throttling, outages.
+"""How many requests may be in flight: slow start, capacity, throttling, outages.
 
 The window starts small (`initial_window`, tens) and grows by two per success (tripling
 every round trip) up to `--concurrency`, so a run whose every answer is an error has
 sent a few dozen requests, not 2000, before it stops. A window nobody fills does not grow.
 
 Throttling (429, or 402 with Retry-After) spends no attempt: the prompt waits as told,
-and keeps its *slot* while it waits (up to HOLD_MAX_S). That is what slows dispatch in
-proportion to the share of throttled answers, and what keeps a full server from being
-flooded: a slot given back during the wait would be refilled at once and refused again,
-a refusal storm at CPU speed.
+and keeps its *slot* while it waits (up to HOLD_MAX_S; a `Hold`). That is what slows
+dispatch in proportion to the share of throttled answers, and what keeps a full server
+from being flooded: a slot given back during the wait would be refilled at once and
+refused again, a refusal storm at CPU speed.
 
-Telling a capacity limit from sporadic throttling. Both answer 429 (or 402 with
-Retry-After); what differs is the retry. A prompt that waited and asks again is refused
-again far more often than a first try when the server is full (a fresh request goes out
-when a success has just freed a place; a retry lands whenever its wait ends), but about as
-often when throttling is random. Each refused retry, while retries are refused at least
-half the time and twice as often as first tries by more than chance gives a few dozen
-answers, or three times in four where the server says Retry-After, or nine times in ten
-on 32 retries where it does not, gives its slot up for good (YIELD): the window shrinks by
-one and from then on grows by one per round trip only (ssthresh), settling at the
-capacity. Only a slot inside the window shrinks it: one already beyond it (the window
-shrank while its prompt waited) is given back and that is all, or the waiters of one
-overshoot, refused one after another, would take the window far below the capacity. A
-window twice what the server serves or more (successes answered over the last round trip:
-Little's law, never below the server's own concurrency) is halved at a yield, once a
-round trip, but never below that: a start that overshot on a loaded machine, where
-refusals come back seconds late, comes down in a few round trips instead of one slot per
-refusal. Random 429s, even half of all answers, never shrink it.
+Capacity: the requests at the server when a refusal was sent. Each request is stamped
+with how many of ours were at the server when it went out (`sending` returns it: sent
+and not yet answered; prompts waiting out a throttle are not at the server and do not
+count). A server that refuses at its cap K refused because it held K, and every request
+it held was one of ours then, so a refusal's stamp is at least K: the fewest stamps among
+the last refusals (the third fewest of 32, bar outliers) are the nearest to K, more only
+by answers the server had written that sat unread on our side (a busy machine's lag).
+Acceptances say less: a request accepted with few at the server says nothing of the cap,
+and their stamps read low whenever holders leave the server under-used, which a window
+set from them would follow down. So, once a capacity is found, the window is that
+*full level* plus a probe margin (2%, at least 2 slots), refreshed every 25 ms while the
+server refuses: it follows a cap that falls within a fraction of a second (the refusals
+come back at once), and the kept slots of prompts refused above the new window, or
+beyond the margin's worth of them, are taken back (`Hold.revoked`: those prompts queue
+for a slot when their wait ends) so that they do not leave the server under-used for a
+Retry-After. At the cap, the margin's holders are refused about once per wait: a few
+requests per second of waste. Without Retry-After a prompt refused at a capacity waits
+about a round trip (at most ~1.5 s): sooner is refused again.
+
+A cap that rises again: nothing refused for 1.5 times the longest wait lately (at least
+0.5 s) while the window was full, over half a window of successes, means the margin's
+holders got in: the window probes, +0.5 per success (x1.5 per round trip), until the
+first refusal, then goes back to min(window, that refusal's stamp) and follows the level
+again.
+
+A capacity is found in one of two ways. (1) The retries. Both a cap and sporadic
+throttling answer 429 (or 402 with Retry-After); what differs is the retry. A prompt that
+waited and asks again is refused again far more often than a first try when the server is
+full (a fresh request goes out when a success has just freed a place; a retry lands
+whenever its wait ends), but about as often when throttling is random. A refused retry,
+while retries are refused at least half the time and twice as often as first tries by
+more than chance gives a few dozen answers, or three times in four where the server says
+Retry-After, or nine times in ten on 32 retries where it does not, says "capacity". (2)
+The delivery rate, for a busy machine where answers sit unread for a second or more and
+retries find the server drained: rounds (max(0.5 s, a round trip)) in which the window
+was half as large again as when the best rate so far was served but the server served
+under 10% more, while it refused some, twice: the window then goes to the refusals'
+level as above. Random 429s, even half of all answers, neither stop the rate from growing
+with the window nor make retries stand out, and never shrink the window.
 
 Answers arrive out of order (refusals at the door at once, successes a round trip
 later), so shares and ratios are counted by *when the request was sent* (the answer's
 time less its latency), in 50 ms bins, over the requests of about the last round trip
 that have all been answered: never over the last N answers, which in slow start would
 read several times the true share. A round trip in which a third or more of the requests
-were throttled (with or without Retry-After) also stops slow start's fast growth (a start
-against a full server would otherwise overshoot it); fast growth resumes as soon as the
-retries say "not full" (refused less than three times in four), and from then on only a
-clearly larger share (+0.25) stops it again, or after a few seconds without a yield.
-
-A cap that rises again (a provider's limit halved for a while, then restored): when the
-window sits in congestion avoidance more than 10% below the largest window a capacity
-was found at, and nothing has been throttled for max(1 s, 3 round trips), slow start
-resumes up to that window, then the window grows on by one per round trip. A cap still in
-force refuses a retry every round trip or so, so this never fires there.
+were throttled stops slow start's fast growth (a start against a full server would
+otherwise overshoot it); fast growth resumes when the retries show random throttling
+(refused less than three times in four), and from then on only a clearly larger share
+(+0.25) stops it again, or after a few seconds without a capacity found.
 
 The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
 flight, and when the server answers again the window restarts from `initial_window` and
@@ -83,16 +99,43 @@ BIN_S = 0.05  # width of a send-time bin
 # A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
 # rate limit for minutes) gives the slot to prompts that may go now.
 HOLD_MAX_S = 5.0
-HOLD = "hold"  # the throttled prompt keeps its slot while it waits
+HOLD = "hold"  # the throttled prompt keeps its slot while it waits (a Hold)
 RELEASE = "release"  # the slot was given back: the wait is too long to hold it
-YIELD = "yield"  # the slot was given back for good: the server is full, the window shrank
+YIELD = "yield"  # the slot was given back: it is beyond the window (the window shrank)
+
+# The capacity estimate (see the module docstring, "Capacity").
+FULL_SAMPLES = 32  # the level: the third fewest of the last this many refusals...
+FULL_MIN = 4  # ...(at least this many)...
+FULL_HORIZON_S = 2.0  # ...answered within max(this, two round trips)
+PROBE_SHARE = 0.02  # the window sits this far above the level (at least PROBE_MIN slots)
+PROBE_MIN = 2.0
+CALM_S = 0.5  # the least time without a refusal that says the cap rose
+PROBE_GAIN = 0.5  # slots added per success while probing (x1.5 per round trip)
+
+
+
+
+class Hold(str):
+    """HOLD for one throttled prompt: the slot it keeps while it waits. The limiter takes
+    it back (`revoked`) if the window falls below the requests at the server when the
+    prompt was refused: it was refused for a window too large, and keeping it would leave
+    the server under-used until its wait ends. Ask `Limiter.resumed` when the wait ends."""
+
+    n_send: int | None
+    revoked: bool
+
+
+# A round's counters (successes, refusals), its start and the window then.
+R_OK, R_REFUSED, R_START, R_WINDOW = range(4)
+ROUND_MIN_S = 0.5  # a round lasts max(this, a round trip)
+WINDOW_GROWTH = 1.5  # a window this much larger than at the best rate so far...
+RATE_GROWTH = 1.1  # ...that served less than this much more...
+FLAT_ROUNDS = 2  # ...this many rounds (with refusals): a capacity
 
 
 # The counters of one send-time bin.
 (SENT, ANSWERS, THROTTLED, THROTTLED_RA, FIRST, FIRST_REFUSED, REPEATS,
  REPEATS_REFUSED) = range(8)
-NEWEST_S = 0.0  # requests sent this recently are not counted (0: their refusals, at the door,
-#                 are back at once; the rest only makes the share read low, never high)
 
 
 class Limiter:
@@ -105,6 +148,12 @@ class Limiter:
         self.min_window = min(min_window, max_in_flight)
         self.breaker = breaker or Breaker()
         self.in_flight = 0  # slots taken: requests in flight + throttled prompts waiting
+        self.at_server = 0  # requests sent and not yet answered (waiting prompts are not)
+        # A capacity was found: the window follows the accepted level (below) instead of
+        # growing with successes, until the server stops refusing (the cap rose).
+        self.capped = False
+        self.probing = False  # capped, and nothing refused for a while: growing to find out
+        self.full_level = 0.0  # requests at the server when it refused: what it holds
         # Shares of throttled requests among those sent in about the last round trip and
         # answered since (`share`; `share_ra`: with Retry-After), refreshed every bin;
         # `share_slow` over ~256 answers (the unlucky few of a run's tail must not read as
@@ -116,19 +165,26 @@ class Limiter:
         self._bins: dict[int, list[int]] = {}
         self._settled: list[int] = [0] * 8  # the counters summed over the settled bins
         self._refreshed_at = -1.0
-        self.capacity_events = 0
+        self.capacity_events = 0  # times a capacity was found (the window set to it)
         self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
-        self._yielded_at = -1e9
+        self._capped_at = -1e9
         self._throttled_at = -1e9  # the last throttled answer
-        # Successes by the 50 ms bin they were ANSWERED in: those of the last round trip
-        # are how many of ours the server serves at once (Little's law), or more (our own
-        # queueing lengthens the round trip): a floor a cut never goes below.
-        self._ok_bins: collections.deque[list[float]] = collections.deque()
-        self._cut_at = -1e9
-        self._peak = 0.0  # the largest window a capacity was found below (0: none yet)
+        self._ok_since_throttle = 0  # successes answered since
+        self._unused_at = -1e9  # the last success answered with the window not full
+        # (answered at, requests at the server when it was sent) of the last refusals.
+        self._refused: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=FULL_SAMPLES)
         self._random_share = 0.0  # a share of refusals the retries showed to be random
         self._longest_wait = 0.0
+        self._wait_hi = (0.0, -1e9)  # (the longest recent throttle wait, when)
         self._pre_outage_window = float(max_in_flight)
+        # Throttled prompts waiting on a kept slot, by id (every Hold equals "hold").
+        self._holds: dict[int, Hold] = {}
+        # Slow start's delivery rate, round by round: has a larger window served more?
+        self._round: list[float] = [0.0, 0.0, -1.0, 0.0]
+        self._best_rate = 0.0
+        self._best_window = 0.0  # the window when the best rate was served
+        self._flat = 0  # rounds since with a larger window and no more served (and refusals)
         self._woken = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._probe_timer: asyncio.TimerHandle | None = None
@@ -208,33 +264,59 @@ class Limiter:
             self._wake_one()
 
     # -- feedback ------------------------------------------------------------------------------
-    def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False
-                 ) -> str | None:
+    def sending(self) -> int:
+        """A request is about to be sent (counted in its send-time bin and among the requests
+        at the server). Returns how many are at the server with it: pass it to `answered`;
+        call `returned` once its answer is in (or it was cancelled)."""
+        self.at_server += 1
+        sent = int(self.breaker.clock() / BIN_S)
+        row = self._bins.get(sent)
+        if row is None:
+            row = self._bins[sent] = [0] * 8
+        row[SENT] += 1
+        return self.at_server
+
+    def returned(self) -> None:
+        """A request sent is back (answered, failed or cancelled): no longer at the server."""
+        self.at_server -= 1
+
+    def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False,
+                 n_send: int | None = None) -> str | None:
         """Learn from one answer (the slot is still held). For a throttled answer, returns
         HOLD (wait holding the slot), RELEASE (the slot was given back: a long wait) or
-        YIELD (given back for good: the window shrank). `repeat`: the prompt's previous
-        request was throttled too."""
+        YIELD (given back: the slot is beyond the window). `repeat`: the prompt's previous
+        request was throttled too; `n_send`: what `sending` returned for this request."""
         event = self.breaker.record(outcome.server_failure, probe=probe)
         if event == "opened":
             # Flapping (down again within seconds of coming back) keeps the window from before.
             if self.breaker.clock() - self.breaker.closed_at > 10.0:
                 # Where to grow back to: the capacity found before, else (still in slow start)
                 # as far as before, then on by slow start up to --concurrency.
-                self._pre_outage_window = max(min(self.ssthresh, self.max_in_flight),
-                                              float(self.initial_window))
+                before = self.window if self.capped else min(self.ssthresh,
+                                                             float(self.max_in_flight))
+                self._pre_outage_window = max(before, float(self.initial_window))
         elif event == "closed":
             # Back from an outage: restart small and grow back to where we were.
             self.ssthresh = self._pre_outage_window
             self.window = float(self.initial_window)
+            self.capped = self.probing = False
+            self._refused.clear()
             self.share = self.share_ra = self.share_slow = 0.0
             self._bins.clear()
             self._settled = [0] * 8
             self._wake()
-        self._count(outcome, repeat)
+        now = self.breaker.clock()
+        self._count(outcome, repeat, now)
         if outcome.kind is Kind.OK:
+            self._ok_since_throttle += 1
+            if not self._waiters and self.in_flight + self._woken < self._allowed() - 1:
+                self._unused_at = now  # a refusal-free while here says nothing of the cap
             # Grow only a window that is used: prompts wait for a slot, or all are taken.
-            if self._waiters or self.in_flight + self._woken >= self._allowed() - 1:
-                if self.window < self.ssthresh:
+            if (not self.capped or self.probing) and (
+                    self._waiters or self.in_flight + self._woken >= self._allowed() - 1):
+                if self.probing:  # capped, but nothing refused for a while: the cap rose?
+                    self.window += PROBE_GAIN  # x1.5 per round trip until a refusal
+                elif self.window < self.ssthresh:
                     damp = max(0.0, 1.0 - 2.0 * self.share_ra)
                     self.window += SLOW_START_GAIN * damp
                 else:
@@ -243,38 +325,35 @@ class Limiter:
             return None
         if not outcome.throttled:
             return None
-        now = self.breaker.clock()
         if outcome.retry_after is not None:
             self._longest_wait = max(self._longest_wait, outcome.retry_after)
         self._throttled_at = now
-        if (self.window < self.ssthresh and self._exited_at is None and
-                self.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
+        self._ok_since_throttle = 0
+        if n_send is not None:
+            self._refused.append((now, n_send))
+        if self.probing:
+            # The probe found the cap: at most as many as were at the server when it refused.
+            self.probing = False
+            if n_send is not None:
+                self.window = max(float(self.min_window), min(self.window, float(n_send)))
+        if (not self.capped and self.window < self.ssthresh and self._exited_at is None
+                and self.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
             # Told to wait by a large share of a round trip's answers: stop growing fast
             # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
             self._exited_at = now
-        if repeat and self._full_server():
-            # Refused again after waiting, as a full server refuses: give this slot up.
+        if repeat and not self.capped and self._full_server():
+            # Refused again after waiting, as a full server refuses: a capacity. From now
+            # on the window follows what the server accepts.
+            self.capped = True
             self.capacity_events += 1
-            self._yielded_at = now
-            self._exited_at = None  # confirmed
-            # Only a slot inside the window shrinks it: a slot already beyond it (the window
-            # shrank while this prompt waited) is given back and that is all; otherwise the
-            # waiters of one overshoot, refused again one after another, shrink the window
-            # far below the capacity (seen at half of it on a loaded machine).
-            if self.in_flight <= self._allowed():
-                served = self._served(now)
-                if self.window >= 2.0 * served and now - self._cut_at > max(self.srtt, BIN_S):
-                    # Twice what the server serves or more (a start that overshot on a
-                    # loaded machine, where refusals come back seconds late): halve, once a
-                    # round trip, but never below what it serves.
-                    self._cut_at = now
-                    self.window = max(float(self.min_window), 0.5 * self.window,
-                                      1.05 * served)
-                else:
-                    self._peak = max(self._peak, self.window)
-                    self.window = max(float(self.min_window), self.window - 1.0)
-            self.ssthresh = min(self.ssthresh, max(self.window, float(self.min_window)))
+            self._capped_at = now
+            self._exited_at = None
+            self._random_share = 0.0
+            self._follow(now)
+        if self.in_flight > self._allowed():
+            # Beyond the window (it shrank while this prompt waited, or a start overshot):
+            # give the slot back; the prompt waits without it and queues for one.
             self.in_flight -= 1
             self._wake()
             return YIELD
@@ -283,29 +362,45 @@ class Limiter:
             self.in_flight -= 1
             self._wake()
             return RELEASE
-        return HOLD
+        hold = Hold(HOLD)
+        hold.n_send, hold.revoked = n_send, False
+        self._holds[id(hold)] = hold
+        return hold
 
-    def sending(self) -> None:
-        """A request is about to be sent (counted in its send-time bin)."""
-        sent = int(self.breaker.clock() / BIN_S)
-        row = self._bins.get(sent)
-        if row is None:
-            row = self._bins[sent] = [0] * 8
-        row[SENT] += 1
+    def resumed(self, decision: str | None) -> bool:
+        """A kept slot's wait is over (or cut short): True if the prompt still holds it,
+        False if the limiter took it back (the prompt queues for a slot with `acquire`)."""
+        if not isinstance(decision, Hold):
+            return decision == HOLD
+        self._holds.pop(id(decision), None)
+        return not decision.revoked
 
-    def _count(self, outcome: Outcome, repeat: bool) -> None:
+    def _revoke(self, margin: float) -> None:
+        """The window fell: take back the kept slots of prompts refused with more at the
+        server than it now allows, and beyond `margin` of them (those refused with the
+        most at the server first): holders beyond the probe margin leave the server
+        under-used until their waits end (see Hold)."""
+        holds = sorted((h for h in self._holds.values() if h.n_send is not None),
+                       key=lambda h: h.n_send or 0, reverse=True)
+        keep = int(margin)
+        over = [h for i, h in enumerate(holds)
+                if (h.n_send or 0) > self.window or len(holds) - i > keep]
+        for h in over:
+            h.revoked = True
+            del self._holds[id(h)]
+            self.in_flight -= 1
+        if over:
+            self._wake()
+
+    def _count(self, outcome: Outcome, repeat: bool, now: float) -> None:
         throttled = outcome.throttled
         self.share_slow += (float(throttled) - self.share_slow) / 256
+        rnd = self._round
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
-            b = self.breaker.clock() // BIN_S
-            if self._ok_bins and self._ok_bins[-1][0] == b:
-                self._ok_bins[-1][1] += 1
-            else:
-                self._ok_bins.append([b, 1.0])
-                while len(self._ok_bins) > 400:  # 20 s
-                    self._ok_bins.popleft()
-        now = self.breaker.clock()
+            rnd[R_OK] += 1
+        elif throttled:
+            rnd[R_REFUSED] += 1
         sent = int((now - outcome.latency_s) / BIN_S)
         row = self._bins.get(sent)
         if row is None:
@@ -320,19 +415,22 @@ class Limiter:
             else:
                 row[FIRST] += 1
                 row[FIRST_REFUSED] += throttled
-        if now - self._refreshed_at >= BIN_S / 2:
+        # Every 25 ms, or every 1/20 of a round trip where that is longer (a walk back over
+        # a round trip of bins, up to 0.25 s apart: seconds-long answers, thousands of them
+        # a second, would otherwise spend a few percent of a core here).
+        if now - self._refreshed_at >= max(BIN_S / 2, min(0.25, self.srtt / 20)):
             self._refresh(now)
 
     def _refresh(self, now: float) -> None:
-        """Shares: throttled among the requests sent in about the last round trip (bar the
-        newest NEWEST_S): a refusal at the door is counted at once, and against what was
-        sent, not against answers (a success's answer is a round trip late). Retry ratios:
-        over the bins of requests sent at least 1.5 round trips ago (all answered), going
-        further back until REPEAT_EVIDENCE retries, at most 10 s."""
+        """Shares: throttled among the requests sent in about the last round trip: a refusal
+        at the door is counted at once, and against what was sent, not against answers (a
+        success's answer is a round trip late). Retry ratios: over the bins of requests
+        sent at least 1.5 round trips ago (all answered), going further back until
+        REPEAT_EVIDENCE retries, at most 10 s. Then the capacity's window."""
         self._refreshed_at = now
         rtt = max(self.srtt, BIN_S)
-        newest = int((now - NEWEST_S) / BIN_S)
-        oldest_shares = int((now - NEWEST_S - rtt) / BIN_S)
+        newest = int(now / BIN_S)
+        oldest_shares = int((now - rtt) / BIN_S)
         settled = int((now - 1.5 * rtt) / BIN_S)
         floor = int((now - 10.0) / BIN_S)
         shares = [0] * 8
@@ -360,7 +458,7 @@ class Limiter:
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
         # 429s): grow fast again.
         quiet = max(2.0, 2.0 * self._longest_wait, 4.0 * self.srtt)
-        if self._exited_at is not None and now - self._yielded_at > quiet:
+        if self._exited_at is not None and not self.capped:
             if self._not_full():
                 # Random throttling at this share: only a clearly larger one stops slow
                 # start again.
@@ -368,30 +466,81 @@ class Limiter:
             if self._random_share or now - self._exited_at > quiet:
                 self.ssthresh = float(self.max_in_flight)
                 self._exited_at = None
-        # A cap that rose again (a provider's limit halved, then restored): the window sits
-        # below a capacity found before and nothing is throttled for a few round trips:
-        # grow back to it by slow start (tripling per round trip), then on by one per
-        # round trip. A cap still in force refuses a retry every round trip or so.
-        calm = max(1.0, 3.0 * self.srtt)
-        if (self._peak > self.window * 1.1 and self.window >= self.ssthresh
-                and now - self._throttled_at > calm and now - self._yielded_at > calm):
-            self.ssthresh = min(self._peak, float(self.max_in_flight))
-            self._peak = 0.0
+        if not self.capped and now - self._round[R_START] >= max(ROUND_MIN_S, self.srtt):
+            self._end_round(now)
+        if self.capped:
+            self._follow(now)
 
-    def _served(self, now: float) -> float:
-        """Successes answered over the last round trip: at least how many of ours the
-        server serves at once."""
-        since = (now - max(self.srtt, BIN_S)) // BIN_S
-        total = 0.0
-        for b, n in reversed(self._ok_bins):
-            if b <= since:
-                break
-            total += n
-        return total
+    def _end_round(self, now: float) -> None:
+        """A capacity by the delivery rate (before the retries can tell, which a busy
+        machine, its answers unread for a second, delays for many seconds): rounds in
+        which the window was half as large again as at the best rate so far but the
+        server served under 10% more, while it refused some, say it is full (sporadic
+        throttling never stops the rate from growing with the window); the window then
+        goes to the refusals' level like any capacity's. (Not to Little's law on a round's
+        rate: a round in which a busy client read few answers reads a tiny capacity.)"""
+        rnd, self._round = self._round, [0.0, 0.0, now, self.window]
+        if rnd[R_START] < 0:
+            return
+        elapsed = now - rnd[R_START]
+        rate = rnd[R_OK] / elapsed
+        # This round's answers are to requests sent in about the last: the window then.
+        grown = rnd[R_WINDOW] / max(1.0, self._best_window)
+        if not rnd[R_REFUSED] or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate:
+            if rate >= RATE_GROWTH * self._best_rate:  # (noise at a plateau is no growth)
+                self._best_rate, self._best_window = rate, rnd[R_WINDOW]
+            if grown >= WINDOW_GROWTH:
+                self._flat = 0
+            return
+        self._flat += 1
+        if self._flat >= FLAT_ROUNDS:
+            self.capped = True
+            self.capacity_events += 1
+            self._capped_at = now
+            self._exited_at = None
+            self._random_share = 0.0
+            self._set_to_level(now)
+
+    def _follow(self, now: float) -> None:
+        """Capped: the window is the full level (the fewest requests at the server with
+        which the last refusals were sent, bar outliers) plus the probe margin. When
+        nothing has been refused for longer than a throttled prompt waits, over half a
+        window of successes and with the window full, the cap rose: probe (x1.5 per round
+        trip) until a refusal."""
+        wait_hi, wait_at = self._wait_hi
+        calm = max(CALM_S, 1.5 * (wait_hi if now - wait_at < 10.0 else 0.0))
+        if now - self._throttled_at > calm:
+            if (not self.probing and self._ok_since_throttle >= self.window / 2
+                    and now - self._unused_at > calm):
+                self.probing = True
+                self._refused.clear()  # what the old cap refused says nothing of the new
+            return  # a window nobody is refused at (the run's tail) is left as it is
+        if not self.probing:
+            self._set_to_level(now)
+
+    def _set_to_level(self, now: float) -> None:
+        """The window to the full level plus the probe margin (kept slots above it are
+        taken back)."""
+        since = now - max(FULL_HORIZON_S, 2.0 * self.srtt)
+        xs = sorted(x for t, x in self._refused if t >= since)
+        if len(xs) < FULL_MIN:
+            return
+        # A low quantile: every refusal was sent with at least K at the server, more when
+        # answers the server has written sat unread on a busy machine (they are counted
+        # until read); the fewest is the nearest to K.
+        level = float(xs[len(xs) // 16])
+        self.full_level = level
+        before = self.window
+        margin = max(PROBE_MIN, PROBE_SHARE * level)
+        self.window = max(float(self.min_window), min(float(self.max_in_flight),
+                                                      level + margin))
+        if self.window < before:
+            self._revoke(margin)
+        self._wake()
 
     def _not_full(self) -> bool:
-        """Do the retries already say the server is NOT full (refused about as often as
-        first tries, under 3 in 4: a full server refuses nearly all)? Then a stop of slow
+        """Do the retries already say the server is NOT full (refused under 3 in 4: a full
+        server refuses nearly all)? Then a stop of slow
         start's fast growth on a share of refusals was random throttling: resume at once."""
         t = self._settled
         if t[REPEATS] < REPEAT_EVIDENCE:
@@ -437,10 +586,20 @@ class Limiter:
         short jittered exponential delay whose ceiling grows with the share of throttled
         answers (0.1 s at a few percent, 0.2 s at half, 10 s when 99% are, 30 s at most)."""
         if retry_after is not None:
-            return retry_after
-        ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.share_slow))
-        delay = min(ceiling, 0.05 * 2 ** min(throttles_in_a_row - 1, 16))
-        return delay * random.uniform(0.5, 1.0)
+            delay = retry_after
+        elif self.capped:
+            # At a capacity the server frees a place per answer: a retry sooner than about
+            # a round trip is refused again (and each refusal is a request sent for nothing);
+            # at most a second or so (a busy machine's round trip reads seconds).
+            delay = min(1.0, max(0.05, self.srtt)) * random.uniform(0.75, 1.5)
+        else:
+            ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.share_slow))
+            delay = min(ceiling, 0.05 * 2 ** min(throttles_in_a_row - 1, 16))
+            delay *= random.uniform(0.5, 1.0)
+        now = self.breaker.clock()
+        if delay >= self._wait_hi[0] or now - self._wait_hi[1] > 10.0:
+            self._wait_hi = (delay, now)
+        return delay
 
     def stop(self) -> None:
         """The run stops: nobody waits for a slot any more (callers check the stop)."""

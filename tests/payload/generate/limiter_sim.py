@@ -193,9 +193,12 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
         kept = False  # kept the slot through the last throttle wait
         try:
             while True:
-                lim.sending()
-                o = await server.request(loop)
-                decision = lim.answered(o, probe=probe, repeat=kept)
+                n_send = lim.sending()
+                try:
+                    o = await server.request(loop)
+                finally:
+                    lim.returned()
+                decision = lim.answered(o, probe=probe, repeat=kept, n_send=n_send)
                 probe = kept = False
                 if o.kind is Kind.OK:
                     done += 1
@@ -204,14 +207,16 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                     throttles += 1
                     wait = lim.throttle_wait(o.retry_after, throttles)
                     if decision != HOLD or wait > HOLD_MAX_S:
-                        if decision == HOLD:
+                        if lim.resumed(decision):
                             lim.release()
                         held = False
                         await asyncio.sleep(wait)
                         probe, held = await lim.acquire(), True
                     else:
                         await asyncio.sleep(wait)
-                        kept = True
+                        held = kept = lim.resumed(decision)
+                        if not held:  # taken back: queue for a slot
+                            probe, held = await lim.acquire(), True
                     continue
                 throttles = 0
                 lim.release()
@@ -232,7 +237,8 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
             await asyncio.sleep(trace)
             t = lim._settled
             print(f"t={loop.time():6.1f} window {lim.window:7.1f} ssthresh {lim.ssthresh:7.1f} "
-                  f"slots {lim.in_flight:5d} serving {server.serving:5d} share {lim.share:.2f} "
+                  f"capped {lim.capped:d} level {lim.full_level:6.0f} "
+                  f"slots {lim.in_flight:5d} holds {len(lim._holds):4d} at server {lim.at_server:5d} serving {server.serving:5d} share {lim.share:.2f} "
                   f"repeats {t[7]}/{t[6]} first {t[5]}/{t[4]} done {done} "
                   f"refusals {server.refusals}")
 

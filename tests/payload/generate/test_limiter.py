@@ -11,7 +11,7 @@ from payload.generate.client import (
     Kind,
     Outcome,
 )
-from payload.generate.limiter import HOLD, RELEASE, Limiter, backoff_delay
+from payload.generate.limiter import HOLD, RELEASE, YIELD, Limiter, backoff_delay
 from payload.generate.outage import Breaker
 
 pytestmark = pytest.mark.timeout(30)
@@ -104,4 +104,34 @@ def test_limiter_outage_gate_lets_one_probe_through_then_restarts_small():
         assert sum(w.done() for w in waiters) == 1 + lim.allowed  # the probe + the window
         lim.stop()
         await asyncio.gather(*waiters)
+    asyncio.run(scenario())
+
+
+def test_a_capacity_window_follows_the_refusals_and_takes_back_holds_above_it():
+    """Capped: the window is the fewest requests at the server with which the last
+    refusals were sent (bar outliers: the third fewest of 32), plus 2% (at least 2). When
+    the cap falls, the prompts still waiting on a kept slot that were refused with more at
+    the server than the new window lose it (they queue for one when their wait ends), and
+    every slot is given back exactly once."""
+    async def scenario() -> None:
+        now = [0.0]
+        lim = Limiter(1000, breaker=Breaker(clock=lambda: now[0]))
+        lim.window, lim.capped = 800.0, True
+        for _ in range(600):
+            await lim.acquire()
+        old = []
+        for _ in range(20):  # refused with 700 at the server: a cap of about 700
+            now[0] += 0.03
+            old.append(lim.answered(throttle(1.0), n_send=700))
+        assert lim.allowed == 714 and all(h == HOLD for h in old) and lim.in_flight == 600
+        new = []
+        for i in range(32):  # the cap fell: refusals now come with ~400 at the server
+            now[0] += 0.03
+            new.append(lim.answered(throttle(1.0), n_send=400 + i % 3))
+        assert lim.allowed == 408  # 400 + 2%
+        assert not any(lim.resumed(h) for h in old)  # all taken back: 700 > 408
+        # The rest were kept (refused within the window) or given back (beyond it).
+        assert all(d in (HOLD, YIELD) for d in new)
+        assert lim.in_flight == 600 - len(old) - sum(d == YIELD for d in new)
+        assert all(lim.resumed(d) for d in new if d == HOLD)
     asyncio.run(scenario())
