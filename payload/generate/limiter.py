@@ -50,13 +50,10 @@ under 10% more, while it refused some, twice: the window then goes to the refusa
 level as above. Random 429s, even half of all answers, neither stop the rate from growing
 with the window nor make retries stand out, and never shrink the window.
 
-Answers arrive out of order (refusals at the door at once, successes a round trip
-later), so shares and ratios are counted by *when the request was sent* (the answer's
-time less its latency), in 50 ms bins, over the requests of about the last round trip
-that have all been answered: never over the last N answers, which in slow start would
-read several times the true share. A round trip in which a third or more of the requests
-were throttled stops slow start's fast growth (a start against a full server would
-otherwise overshoot it); fast growth resumes when the retries show random throttling
+The shares and the retries' ratios come from evidence.py (counted by when each request
+was sent, over about the last round trip). A round trip in which a third or more of the
+requests were throttled stops slow start's fast growth (a start against a full server
+would otherwise overshoot it); fast growth resumes when the retries show random throttling
 (refused less than three times in four), and from then on only a clearly larger share
 (+0.25) stops it again, or after a few seconds without a capacity found.
 
@@ -75,10 +72,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import math
 import random
 
 from payload.generate.client import Kind, Outcome
+from payload.generate.evidence import BIN_S, Evidence
 from payload.generate.outage import Breaker
 
 INITIAL_WINDOW = 32
@@ -88,14 +85,6 @@ SLOW_START_GAIN = 2.0
 # Slow start stops growing fast once this share of a round trip's answers says
 # "Retry-After": far above the noise of a few percent of sporadic 429s.
 SLOW_START_EXIT_SHARE = 0.3
-# Answers a share needs before it counts (fewer: 5% would read as 0% or 20%).
-MIN_ANSWERS = 32
-# Refused retries needed before they say anything about the server.
-REPEAT_EVIDENCE = 8
-# Standard errors by which retries must be refused more often than first tries (below
-# that, the gap is what random throttling shows on a few dozen answers).
-NOISE_Z = 4.0
-BIN_S = 0.05  # width of a send-time bin
 # A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
 # rate limit for minutes) gives the slot to prompts that may go now.
 HOLD_MAX_S = 5.0
@@ -111,8 +100,6 @@ PROBE_SHARE = 0.02  # the window sits this far above the level (at least PROBE_M
 PROBE_MIN = 2.0
 CALM_S = 0.5  # the least time without a refusal that says the cap rose
 PROBE_GAIN = 0.5  # slots added per success while probing (x1.5 per round trip)
-
-
 
 
 class Hold(str):
@@ -133,11 +120,6 @@ RATE_GROWTH = 1.1  # ...that served less than this much more...
 FLAT_ROUNDS = 2  # ...this many rounds (with refusals): a capacity
 
 
-# The counters of one send-time bin.
-(SENT, ANSWERS, THROTTLED, THROTTLED_RA, FIRST, FIRST_REFUSED, REPEATS,
- REPEATS_REFUSED) = range(8)
-
-
 class Limiter:
     def __init__(self, max_in_flight: int, *, initial_window: int = INITIAL_WINDOW,
                  min_window: int = 1, breaker: Breaker | None = None) -> None:
@@ -154,16 +136,9 @@ class Limiter:
         self.capped = False
         self.probing = False  # capped, and nothing refused for a while: growing to find out
         self.full_level = 0.0  # requests at the server when it refused: what it holds
-        # Shares of throttled requests among those sent in about the last round trip and
-        # answered since (`share`; `share_ra`: with Retry-After), refreshed every bin;
-        # `share_slow` over ~256 answers (the unlucky few of a run's tail must not read as
-        # "the server refuses everything").
-        self.share = 0.0
-        self.share_ra = 0.0
-        self.share_slow = 0.0
+        # What the answers say, counted by when each request was sent (evidence.py).
+        self.evidence = Evidence()
         self.srtt = 0.0  # smoothed latency of successful answers
-        self._bins: dict[int, list[int]] = {}
-        self._settled: list[int] = [0] * 8  # the counters summed over the settled bins
         self._refreshed_at = -1.0
         self.capacity_events = 0  # times a capacity was found (the window set to it)
         self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
@@ -198,6 +173,25 @@ class Limiter:
     def allowed(self) -> int:
         """Requests (and waiting throttled prompts) the window lets in now."""
         return self._allowed()
+
+    @property
+    def share(self) -> float:
+        """Throttled among the requests sent in about the last round trip."""
+        return self.evidence.share
+
+    @property
+    def share_ra(self) -> float:
+        """Throttled with Retry-After, among the same."""
+        return self.evidence.share_ra
+
+    @property
+    def share_slow(self) -> float:
+        """Throttled over the last ~256 answers."""
+        return self.evidence.share_slow
+
+    @share_slow.setter
+    def share_slow(self, value: float) -> None:
+        self.evidence.share_slow = value
 
     async def acquire(self) -> bool:
         """Take a slot (waits out a full window and an outage). True when the slot is the
@@ -269,11 +263,7 @@ class Limiter:
         at the server). Returns how many are at the server with it: pass it to `answered`;
         call `returned` once its answer is in (or it was cancelled)."""
         self.at_server += 1
-        sent = int(self.breaker.clock() / BIN_S)
-        row = self._bins.get(sent)
-        if row is None:
-            row = self._bins[sent] = [0] * 8
-        row[SENT] += 1
+        self.evidence.sent(self.breaker.clock())
         return self.at_server
 
     def returned(self) -> None:
@@ -301,9 +291,7 @@ class Limiter:
             self.window = float(self.initial_window)
             self.capped = self.probing = False
             self._refused.clear()
-            self.share = self.share_ra = self.share_slow = 0.0
-            self._bins.clear()
-            self._settled = [0] * 8
+            self.evidence.reset()
             self._wake()
         now = self.breaker.clock()
         self._count(outcome, repeat, now)
@@ -342,7 +330,7 @@ class Limiter:
             # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
             self._exited_at = now
-        if repeat and not self.capped and self._full_server():
+        if repeat and not self.capped and self.evidence.full_server():
             # Refused again after waiting, as a full server refuses: a capacity. From now
             # on the window follows what the server accepts.
             self.capped = True
@@ -393,28 +381,13 @@ class Limiter:
             self._wake()
 
     def _count(self, outcome: Outcome, repeat: bool, now: float) -> None:
-        throttled = outcome.throttled
-        self.share_slow += (float(throttled) - self.share_slow) / 256
         rnd = self._round
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
             rnd[R_OK] += 1
-        elif throttled:
+        elif outcome.throttled:
             rnd[R_REFUSED] += 1
-        sent = int((now - outcome.latency_s) / BIN_S)
-        row = self._bins.get(sent)
-        if row is None:
-            row = self._bins[sent] = [0] * 8
-        row[ANSWERS] += 1
-        row[THROTTLED] += throttled
-        row[THROTTLED_RA] += throttled and outcome.retry_after is not None
-        if outcome.kind is Kind.OK or throttled:
-            if repeat:
-                row[REPEATS] += 1
-                row[REPEATS_REFUSED] += throttled
-            else:
-                row[FIRST] += 1
-                row[FIRST_REFUSED] += throttled
+        self.evidence.count(outcome, repeat, now)
         # Every 25 ms, or every 1/20 of a round trip where that is longer (a walk back over
         # a round trip of bins, up to 0.25 s apart: seconds-long answers, thousands of them
         # a second, would otherwise spend a few percent of a core here).
@@ -422,44 +395,15 @@ class Limiter:
             self._refresh(now)
 
     def _refresh(self, now: float) -> None:
-        """Shares: throttled among the requests sent in about the last round trip: a refusal
-        at the door is counted at once, and against what was sent, not against answers (a
-        success's answer is a round trip late). Retry ratios: over the bins of requests
-        sent at least 1.5 round trips ago (all answered), going further back until
-        REPEAT_EVIDENCE retries, at most 10 s. Then the capacity's window."""
+        """The shares and retry ratios (Evidence.refresh), then slow start's state and the
+        capacity's window."""
         self._refreshed_at = now
-        rtt = max(self.srtt, BIN_S)
-        newest = int(now / BIN_S)
-        oldest_shares = int((now - rtt) / BIN_S)
-        settled = int((now - 1.5 * rtt) / BIN_S)
-        floor = int((now - 10.0) / BIN_S)
-        shares = [0] * 8
-        total = [0] * 8
-        b = newest
-        while b >= floor:
-            row = self._bins.get(b)
-            if row is not None:
-                if b >= oldest_shares or shares[SENT] < MIN_ANSWERS:
-                    for i in range(8):
-                        shares[i] += row[i]
-                if b <= settled:
-                    for i in range(8):
-                        total[i] += row[i]
-            if (b <= oldest_shares and shares[SENT] >= MIN_ANSWERS and b <= settled
-                    and total[REPEATS] >= REPEAT_EVIDENCE):
-                break
-            b -= 1
-        if shares[SENT] >= MIN_ANSWERS:
-            self.share = min(1.0, shares[THROTTLED] / shares[SENT])
-            self.share_ra = min(1.0, shares[THROTTLED_RA] / shares[SENT])
-        self._settled = total
-        for old in [k for k in self._bins if k < floor]:
-            del self._bins[old]
+        self.evidence.refresh(now, max(self.srtt, BIN_S))
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
         # 429s): grow fast again.
         quiet = max(2.0, 2.0 * self._longest_wait, 4.0 * self.srtt)
         if self._exited_at is not None and not self.capped:
-            if self._not_full():
+            if self.evidence.not_full():
                 # Random throttling at this share: only a clearly larger one stops slow
                 # start again.
                 self._random_share = self.share
@@ -537,49 +481,6 @@ class Limiter:
         if self.window < before:
             self._revoke(margin)
         self._wake()
-
-    def _not_full(self) -> bool:
-        """Do the retries already say the server is NOT full (refused under 3 in 4: a full
-        server refuses nearly all)? Then a stop of slow
-        start's fast growth on a share of refusals was random throttling: resume at once."""
-        t = self._settled
-        if t[REPEATS] < REPEAT_EVIDENCE:
-            return False
-        return t[REPEATS_REFUSED] / t[REPEATS] < 0.75
-
-    def _full_server(self) -> bool:
-        """Are retries refused as a full server refuses them: at least half the time and at
-        least twice as often as first tries, or (where the server says how long to wait)
-        three times in four? Judged on the retries sent recently (up to 10 s back);
-        undecided (no) without REPEAT_EVIDENCE of them."""
-        t = self._settled
-        if t[REPEATS] < REPEAT_EVIDENCE:
-            return False
-        repeat_ratio = t[REPEATS_REFUSED] / t[REPEATS]
-        # Against first tries, and only beyond what chance gives a few dozen answers:
-        # half of all answers refused at random reads, on 10 retries and 20 first tries,
-        # as 0.8 against 0.3 often enough to shrink the window for nothing. Without first
-        # tries to compare with (the run's tail: every prompt has been sent) it stays
-        # undecided.
-        if t[FIRST] >= REPEAT_EVIDENCE:
-            first_ratio = t[FIRST_REFUSED] / t[FIRST]
-            pooled = (t[REPEATS_REFUSED] + t[FIRST_REFUSED]) / (t[REPEATS] + t[FIRST])
-            chance = NOISE_Z * math.sqrt(pooled * (1.0 - pooled)
-                                         * (1.0 / t[REPEATS] + 1.0 / t[FIRST]))
-            if (repeat_ratio >= 0.5 and repeat_ratio >= 2.0 * first_ratio + 0.05
-                    and repeat_ratio - first_ratio > chance):
-                return True
-        # A full server refuses most retries even while it also refuses first tries (an
-        # overshoot). Judged only where refusals come with Retry-After (a server that says
-        # "wait" about its load): random throttling without it, even at half of all
-        # answers, is not taken for capacity.
-        told = self.share_ra > 0 and self.share_ra >= 0.5 * self.share
-        if told and repeat_ratio >= 0.75:
-            return True
-        # Without Retry-After: nearly every retry refused, on enough of them that random
-        # throttling (even half of all answers) cannot read so (0.9 is 4.5 standard errors
-        # above 0.5 on 32 retries).
-        return t[REPEATS] >= 4 * REPEAT_EVIDENCE and repeat_ratio >= 0.9
 
     def throttle_wait(self, retry_after: float | None, throttles_in_a_row: int) -> float:
         """How long a throttled prompt waits: the server's Retry-After (already capped), else a
