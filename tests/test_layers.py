@@ -45,7 +45,7 @@ HANDOFF_LAYERS: list[tuple[str, set[str]]] = [
 # imports from its own row's package-mates only through a lower row (or within its own
 # subpackage). A package without a row list here only has to be free of circles.
 HANDOFF_WITHIN: dict[str, list[set[str]]] = {
-    "config": [{"yamlfile", "os_keyring"}, {"paths", "layout", "flags"}, {"state", "roles"},
+    "config": [{"yamlfile", "os_keyring"}, {"paths", "layout", "flags"}, {"templates"}, {"state", "roles"},
                {"inventory"}],
     "ssh": [{"config_scan"}, {"ssh_config", "known_hosts", "sftp"}, {"certificates"},
             {"hostkeys"}, {"endpoint"}, {"auth"}, {"connect"}],
@@ -77,8 +77,8 @@ PAYLOAD_LAYERS: list[tuple[str, set[str]]] = [
 # (extract's formats/, backends/) only circles are checked.
 PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
     "generate": [{"__init__"}, *({m} for m in [
-        "client", "outage", "limiter", "budget", "systematic", "journal", "inputs", "turns",
-        "preflight", "progress", "settings", "stop", "recorder", "attempts", "smoke", "run"])],
+        "client", "outage", "evidence", "limiter", "budget", "systematic", "journal", "inputs",
+        "turns", "preflight", "progress", "settings", "stop", "recorder", "attempts", "smoke", "run"])],
     "extract": [
         {"rendering"},                                    # the completion form
         {"conversations"},                                # records to conversations

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.config.layout import RemoteLayout
-from handoff.config.roles import Role, render_argv, render_value
+from handoff.config.roles import Role
+from handoff.config.templates import render_argv, render_value
 from handoff.errors import RemoteError, RoleError
 from handoff.host import remote_code, untrusted
 from handoff.host.session import Session

@@ -16,14 +16,8 @@ from typing import Any
 
 from handoff import console
 from handoff.config.layout import RemoteLayout, key_record
-from handoff.config.roles import (
-    Preflight,
-    Role,
-    render_argv,
-    render_value,
-    unset_vars,
-    version_in_range,
-)
+from handoff.config.roles import Preflight, Role, version_in_range
+from handoff.config.templates import render_argv, render_value, unset_vars
 from handoff.errors import HandoffError, RoleError
 from handoff.host import remote_code
 from handoff.host.facts import (

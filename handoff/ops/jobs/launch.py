@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 
 from handoff.config import flags
-from handoff.config.roles import render_command
+from handoff.config.templates import render_command
 from handoff.errors import UsageError
 from handoff.host.targets import Target
 from handoff.ops.jobs import budget

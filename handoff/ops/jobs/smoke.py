@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import console
-from handoff.config.roles import render_command
+from handoff.config.templates import render_command
 from handoff.errors import RemoteError, UsageError
 from handoff.host.facts import KEY_FILE, gather
 from handoff.host.session import Connector, Session

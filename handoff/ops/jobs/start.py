@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handoff.config import flags
-from handoff.config.roles import render_command
+from handoff.config.templates import render_command
 from handoff.defaults import BUILTIN_VARS
 from handoff.errors import RemoteError
 from handoff.host import remote_code

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from handoff.config.roles import get_role, known_roles, load_role, render_command
+from handoff.config.roles import get_role, known_roles, load_role
+from handoff.config.templates import render_command
 from handoff.errors import RoleError
 
 
