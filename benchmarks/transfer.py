@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import report as report_md  # noqa: E402
-from handoff.ops.fetch import sha256_file  # noqa: E402
+from handoff.ops.local_copies import sha256_file  # noqa: E402
 from handoff.testing.sandbox import Container, Sandbox  # noqa: E402
 
 FAB = Path(sys.executable).parent / "fab"  # the venv running this benchmark

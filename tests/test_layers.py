@@ -54,7 +54,7 @@ HANDOFF_WITHIN: dict[str, list[set[str]]] = {
     "run": [{"parallel"}, {"plan"}],
     # the operations do not import each other: what one needs of another (the management
     # key for a launch's limits) the command hands it (Plan.private, a callable)
-    "ops": [{"keyapi", "merge_index"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"}, {"fetch"},
+    "ops": [{"keyapi", "merge_index", "local_copies"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"}, {"fetch"},
             {"deploy"}],
     "testing": [{"fakekeys", "local"}, {"fakeapi"}, {"sandbox"}],
     "cli": [{"commands", "program"}, {"demo"}],
@@ -77,7 +77,7 @@ PAYLOAD_LAYERS: list[tuple[str, set[str]]] = [
 # (extract's formats/, backends/) only circles are checked.
 PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
     "generate": [{"__init__"}, *({m} for m in [
-        "client", "outage", "evidence", "limiter", "budget", "systematic", "journal", "inputs",
+        "client", "outage", "evidence", "slots", "limiter", "budget", "systematic", "journal", "inputs",
         "turns", "preflight", "progress", "settings", "stop", "recorder", "attempts", "smoke", "run"])],
     "extract": [
         {"rendering"},                                    # the completion form

@@ -3,7 +3,8 @@
 Modules, lowest first (each imports only from those above it and from the common modules
 in `payload/`):
 client (one attempt: the request body, the error taxonomy and answer shapes) · outage
-(the outage breaker) · limiter (slow start, throttling, the slots) · budget (--max-cost
+(the outage breaker) · evidence (what throttled answers say) · slots (the slot gate:
+waiters, the outage probe) · limiter (slow start, throttling, capacity) · budget (--max-cost
 from expected costs) · systematic (early stop on one error for every prompt) · journal
 (resume index, single writer) · inputs (the input survey: valid records, bad lines,
 totals) · turns (`--turns last|all`: the turns regenerated, their histories, the turn

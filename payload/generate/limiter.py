@@ -69,14 +69,14 @@ independent capped servers of benchmarks/capped.py) measures them for real.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import random
+from dataclasses import dataclass
 
 from payload.generate.client import Kind, Outcome
 from payload.generate.evidence import BIN_S, Evidence
 from payload.generate.outage import Breaker
+from payload.generate.slots import Slots
 
 INITIAL_WINDOW = 32
 # Slots added per success in slow start: the window triples every round trip (32, 96,
@@ -112,24 +112,31 @@ class Hold(str):
     revoked: bool
 
 
-# A round's counters (successes, refusals), its start and the window then.
-R_OK, R_REFUSED, R_START, R_WINDOW = range(4)
+@dataclass
+class _Round:
+    """One round of slow start's delivery rate: its successes and refusals, when it began
+    and the window then."""
+
+    ok: int = 0
+    refused: int = 0
+    start: float = -1.0
+    window: float = 0.0
+
+
 ROUND_MIN_S = 0.5  # a round lasts max(this, a round trip)
 WINDOW_GROWTH = 1.5  # a window this much larger than at the best rate so far...
 RATE_GROWTH = 1.1  # ...that served less than this much more...
 FLAT_ROUNDS = 2  # ...this many rounds (with refusals): a capacity
 
 
-class Limiter:
+class Limiter(Slots):
+    """The window of the slot gate (slots.py), moved by what the answers say."""
+
     def __init__(self, max_in_flight: int, *, initial_window: int = INITIAL_WINDOW,
                  min_window: int = 1, breaker: Breaker | None = None) -> None:
-        self.max_in_flight = max_in_flight
-        self.initial_window = min(initial_window, max_in_flight)
-        self.window = float(self.initial_window)
+        super().__init__(max_in_flight, initial_window=initial_window,
+                         min_window=min_window, breaker=breaker)
         self.ssthresh = float(max_in_flight)  # slow start below it, +1 per round trip above
-        self.min_window = min(min_window, max_in_flight)
-        self.breaker = breaker or Breaker()
-        self.in_flight = 0  # slots taken: requests in flight + throttled prompts waiting
         self.at_server = 0  # requests sent and not yet answered (waiting prompts are not)
         # A capacity was found: the window follows the accepted level (below) instead of
         # growing with successes, until the server stops refusing (the cap rose).
@@ -156,106 +163,10 @@ class Limiter:
         # Throttled prompts waiting on a kept slot, by id (every Hold equals "hold").
         self._holds: dict[int, Hold] = {}
         # Slow start's delivery rate, round by round: has a larger window served more?
-        self._round: list[float] = [0.0, 0.0, -1.0, 0.0]
+        self._round = _Round()
         self._best_rate = 0.0
         self._best_window = 0.0  # the window when the best rate was served
         self._flat = 0  # rounds since with a larger window and no more served (and refusals)
-        self._woken = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._probe_timer: asyncio.TimerHandle | None = None
-        self._stopped = False
-
-    # -- slots ---------------------------------------------------------------------------------
-    def _allowed(self) -> int:
-        return max(self.min_window, min(self.max_in_flight, int(self.window)))
-
-    @property
-    def allowed(self) -> int:
-        """Requests (and waiting throttled prompts) the window lets in now."""
-        return self._allowed()
-
-    @property
-    def share(self) -> float:
-        """Throttled among the requests sent in about the last round trip."""
-        return self.evidence.share
-
-    @property
-    def share_ra(self) -> float:
-        """Throttled with Retry-After, among the same."""
-        return self.evidence.share_ra
-
-    @property
-    def share_slow(self) -> float:
-        """Throttled over the last ~256 answers."""
-        return self.evidence.share_slow
-
-    @share_slow.setter
-    def share_slow(self, value: float) -> None:
-        self.evidence.share_slow = value
-
-    async def acquire(self) -> bool:
-        """Take a slot (waits out a full window and an outage). True when the slot is the
-        outage probe: the one request that tests whether the server is back."""
-        woken = False
-        while True:
-            if self._stopped:  # the run is stopping: let every caller see it at once
-                self.in_flight += 1
-                return False
-            if self.breaker.is_open:
-                if self.breaker.take_probe(self.breaker.clock()):
-                    self.in_flight += 1
-                    return True
-                self._arm_probe_timer()
-            elif self.in_flight + self._woken < self._allowed() and (woken or not self._waiters):
-                self.in_flight += 1
-                return False
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._woken -= 1
-                    self._wake()  # hand the wake-up we got to the next waiter
-                else:
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(fut)
-                raise
-            self._woken -= 1
-            woken = True
-
-    def release(self) -> None:
-        self.in_flight -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        # `_woken` counts waiters woken but not yet running: their slots are spoken for, so a
-        # newcomer cannot take them, and no more are woken than there are free slots.
-        if self.breaker.is_open:
-            self._arm_probe_timer()
-            return
-        while self._waiters and self.in_flight + self._woken < self._allowed():
-            self._wake_one()
-
-    def _wake_one(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                self._woken += 1
-                return
-
-    def _arm_probe_timer(self) -> None:
-        if self._probe_timer is not None or self.breaker.probe_busy:
-            return
-        loop = asyncio.get_running_loop()
-        self._probe_timer = loop.call_at(max(loop.time(), self.breaker.next_probe_at),
-                                         self._probe_due)
-
-    def _probe_due(self) -> None:
-        self._probe_timer = None
-        if self.breaker.is_open and not self.breaker.probe_busy and self._woken == 0:
-            self._wake_one()
 
     # -- feedback ------------------------------------------------------------------------------
     def sending(self) -> int:
@@ -305,7 +216,7 @@ class Limiter:
                 if self.probing:  # capped, but nothing refused for a while: the cap rose?
                     self.window += PROBE_GAIN  # x1.5 per round trip until a refusal
                 elif self.window < self.ssthresh:
-                    damp = max(0.0, 1.0 - 2.0 * self.share_ra)
+                    damp = max(0.0, 1.0 - 2.0 * self.evidence.share_ra)
                     self.window += SLOW_START_GAIN * damp
                 else:
                     self.window += 1.0 / self.window
@@ -325,7 +236,7 @@ class Limiter:
             if n_send is not None:
                 self.window = max(float(self.min_window), min(self.window, float(n_send)))
         if (not self.capped and self.window < self.ssthresh and self._exited_at is None
-                and self.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
+                and self.evidence.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
             # Told to wait by a large share of a round trip's answers: stop growing fast
             # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
@@ -381,12 +292,11 @@ class Limiter:
             self._wake()
 
     def _count(self, outcome: Outcome, repeat: bool, now: float) -> None:
-        rnd = self._round
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
-            rnd[R_OK] += 1
+            self._round.ok += 1
         elif outcome.throttled:
-            rnd[R_REFUSED] += 1
+            self._round.refused += 1
         self.evidence.count(outcome, repeat, now)
         # Every 25 ms, or every 1/20 of a round trip where that is longer (a walk back over
         # a round trip of bins, up to 0.25 s apart: seconds-long answers, thousands of them
@@ -406,11 +316,11 @@ class Limiter:
             if self.evidence.not_full():
                 # Random throttling at this share: only a clearly larger one stops slow
                 # start again.
-                self._random_share = self.share
+                self._random_share = self.evidence.share
             if self._random_share or now - self._exited_at > quiet:
                 self.ssthresh = float(self.max_in_flight)
                 self._exited_at = None
-        if not self.capped and now - self._round[R_START] >= max(ROUND_MIN_S, self.srtt):
+        if not self.capped and now - self._round.start >= max(ROUND_MIN_S, self.srtt):
             self._end_round(now)
         if self.capped:
             self._follow(now)
@@ -423,16 +333,15 @@ class Limiter:
         throttling never stops the rate from growing with the window); the window then
         goes to the refusals' level like any capacity's. (Not to Little's law on a round's
         rate: a round in which a busy client read few answers reads a tiny capacity.)"""
-        rnd, self._round = self._round, [0.0, 0.0, now, self.window]
-        if rnd[R_START] < 0:
+        rnd, self._round = self._round, _Round(start=now, window=self.window)
+        if rnd.start < 0:
             return
-        elapsed = now - rnd[R_START]
-        rate = rnd[R_OK] / elapsed
+        rate = rnd.ok / (now - rnd.start)
         # This round's answers are to requests sent in about the last: the window then.
-        grown = rnd[R_WINDOW] / max(1.0, self._best_window)
-        if not rnd[R_REFUSED] or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate:
+        grown = rnd.window / max(1.0, self._best_window)
+        if not rnd.refused or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate:
             if rate >= RATE_GROWTH * self._best_rate:  # (noise at a plateau is no growth)
-                self._best_rate, self._best_window = rate, rnd[R_WINDOW]
+                self._best_rate, self._best_window = rate, rnd.window
             if grown >= WINDOW_GROWTH:
                 self._flat = 0
             return
@@ -494,25 +403,13 @@ class Limiter:
             # at most a second or so (a busy machine's round trip reads seconds).
             delay = min(1.0, max(0.05, self.srtt)) * random.uniform(0.75, 1.5)
         else:
-            ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.share_slow))
+            ceiling = min(30.0, 0.1 / max(0.003, 1.0 - self.evidence.share_slow))
             delay = min(ceiling, 0.05 * 2 ** min(throttles_in_a_row - 1, 16))
             delay *= random.uniform(0.5, 1.0)
         now = self.breaker.clock()
         if delay >= self._wait_hi[0] or now - self._wait_hi[1] > 10.0:
             self._wait_hi = (delay, now)
         return delay
-
-    def stop(self) -> None:
-        """The run stops: nobody waits for a slot any more (callers check the stop)."""
-        self._stopped = True
-        while self._waiters:
-            self._wake_one()
-        self.close()
-
-    def close(self) -> None:
-        if self._probe_timer is not None:
-            self._probe_timer.cancel()
-            self._probe_timer = None
 
 
 def backoff_delay(attempt: int, base: float, cap: float = 60.0,

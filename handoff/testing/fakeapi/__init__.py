@@ -52,8 +52,9 @@ Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-fi
 `base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
 `$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
 
-The package: `faults` (fault kinds, `FaultPlan`, `FakeStats`, `answer_digest`), `server`
-(`FakeOpenRouter`), `__main__` (run alone). Its names are re-exported here.
+The package: `faults` (fault kinds, `FaultPlan`, `FakeStats`, `answer_digest`), `answers`
+(what each answer and fault looks like on the wire), `server` (`FakeOpenRouter`: which
+answer a request gets), `__main__` (run alone). Its names are re-exported here.
 """
 
 from handoff.testing.fakeapi.faults import (

@@ -5,22 +5,19 @@ caller's loop (handoff.testing.fakeapi describes what it answers and the modes i
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import json
 import threading
 import time
 from typing import Any
 
 from aiohttp import web
 
+from handoff.testing.fakeapi.answers import AnswerShapes
 from handoff.testing.fakeapi.faults import (
     DEFAULT_ENDPOINTS,
-    MESSAGES,
     PREFIX,
     FakeStats,
     FaultPlan,
     answer_digest,
-    fake_token_ids,
 )
 from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
@@ -29,7 +26,7 @@ _ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
                  "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
 
 
-class FakeOpenRouter:
+class FakeOpenRouter(AnswerShapes):
     """See the module docstring. `endpoints=None` serves DEFAULT_ENDPOINTS; `[]` serves an empty
     list; `serve_endpoints=False` answers 404 there (as a server without the list would)."""
 
@@ -218,18 +215,6 @@ class FakeOpenRouter:
     def _authorized(self, request: web.Request) -> bool:
         return self.keys.authorize(request)  # the account's key, or a live child key
 
-    def _error(self, status: int, message: str | None = None, *,
-               retry_after: float | None = None,
-               metadata: dict[str, Any] | None = None) -> web.Response:
-        message = message or MESSAGES.get(status, "error")
-        if self.echo_key_in_errors:
-            message += f" (request had Authorization: Bearer {self.api_key})"
-        body: dict[str, Any] = {"error": {"code": status, "message": message}}
-        if metadata:
-            body["error"]["metadata"] = metadata
-        headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
-        return web.json_response(body, status=status, headers=headers)
-
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         stats = self.stats
         stats.requests += 1
@@ -327,161 +312,6 @@ class FakeOpenRouter:
         if self.check_history:
             self._answered[prompt_id] = content
         return self._json(self._result(body, content, "stop", provider=self._provider(messages)))
-
-    def _provider(self, messages: list[dict[str, Any]]) -> str:
-        return self.providers[int(answer_digest(messages), 16) % len(self.providers)]
-
-    def _json(self, result: dict[str, Any]) -> web.Response:
-        headers = None
-        if self.generation_header:
-            headers = {"X-Generation-Id": f"gen-h-{self.stats.requests}"}
-        if not self.body_id:
-            result.pop("id", None)
-        return web.json_response(result, headers=headers)
-
-    def _thinking_answer(self, body: dict[str, Any], messages: list[dict[str, Any]],
-                         answer: str) -> web.Response:
-        """`reasoning_tokens` of reasoning (one word a token), then the answer; cut where the
-        request's max_tokens ends, as a thinking model served by OpenRouter is."""
-        words = [f"r{i}" for i in range(self.reasoning_tokens)]
-        asked = body.get("max_tokens")
-        whole = len(words) + self.completion_tokens
-        used = asked if isinstance(asked, int) and asked < whole else whole
-        cut = used < whole
-        reasoning = " ".join(words[:used])
-        in_reasoning = used <= len(words)  # the budget ran out before the answer began
-        content = "" if in_reasoning else answer
-        finish = "length" if cut else "stop"
-        if self.thinking == "tags":
-            closed = "" if in_reasoning else "</think>"
-            text = f"<think>{reasoning}{closed}{content}"
-            result = self._result(body, text, finish, provider=self._provider(messages),
-                                  reasoning=None, completion=used)
-        else:
-            result = self._result(body, content, finish, provider=self._provider(messages),
-                                  reasoning=reasoning, completion=used)
-        result["usage"]["completion_tokens_details"] = {
-            "reasoning_tokens": min(used, len(words))}
-        if self.check_history:
-            self._answered[derive_id(messages)] = content
-        return self._json(result)
-
-    def _check_history(self, messages: list[dict[str, Any]]) -> None:
-        for j, m in enumerate(messages):
-            if m.get("role") != "assistant":
-                continue
-            self.stats.history_checked += 1
-            if self._answered.get(derive_id(messages[:j])) != m.get("content"):
-                self.stats.history_mismatches += 1
-
-    def _sse(self, body: dict[str, Any], content: str) -> web.Response:
-        chunk = {"id": f"gen-{self.stats.requests}", "object": "chat.completion.chunk",
-                 "model": body.get("model"), "choices": [
-                     {"index": 0, "delta": {"role": "assistant", "content": content},
-                      "finish_reason": "stop"}]}
-        text = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
-        return web.Response(status=200, text=text, content_type="text/event-stream")
-
-    def _result(self, body: dict[str, Any], content: str | None, finish: str,
-                choice_error: dict[str, Any] | None = None, *, provider: str = "DeepInfra",
-                reasoning: str | bool | None = True, completion: int | None = None
-                ) -> dict[str, Any]:
-        prompt_tokens = sum(len(str(m.get("content", ""))) // 4 + 1 for m in body["messages"])
-        content_field: Any = content
-        if self.content_parts and content:
-            half = len(content) // 2
-            content_field = [{"type": "text", "text": content[:half]},
-                             {"type": "text", "text": content[half:]}]
-        if reasoning is True:  # the plain fake's stand-in
-            reasoning = "thinking" if content else None
-        native = "max_tokens" if finish == "length" and self.thinking else finish
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                  "native_finish_reason": native,
-                                  "message": {"role": "assistant", "content": content_field,
-                                              "reasoning": reasoning}}
-        if choice_error is not None:
-            choice["error"] = choice_error
-        if completion is None:
-            completion = self.completion_tokens if content else 0
-        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                                 "total_tokens": prompt_tokens + completion, "is_byok": False}
-        if self.report_cost:
-            usage["cost"] = self.cost_per_request if content or completion else 0.0
-        result: dict[str, Any] = {
-            "id": f"gen-{self.stats.requests}", "object": "chat.completion",
-            "created": int(time.time()), "model": body.get("model", "fake/model"),
-            "provider": provider, "system_fingerprint": None, "choices": [choice],
-            "usage": usage}
-        if self.error_null:
-            result["error"] = None
-        if self.token_ids and body.get("return_token_ids") is True:
-            seen = f"{reasoning if isinstance(reasoning, str) else ''}\x00{content or ''}"
-            ids = fake_token_ids(seen, completion, self.token_vocab)
-            choice["token_ids"] = ids
-            result["prompt_token_ids"] = fake_token_ids(json.dumps(body["messages"]),
-                                                        prompt_tokens, self.token_vocab)
-            if isinstance(body.get("messages"), list):
-                self.stats.token_ids_by_prompt[derive_id(body["messages"])] = ids
-        return result
-
-    async def _fault(self, fault: str, request: web.Request) -> web.StreamResponse | None:
-        ra = self.faults.retry_after_s
-        if fault == "429_bare":
-            return self._error(429)
-        if fault == "429_huge":
-            return self._error(429, retry_after=86400)
-        if fault == "429_date":
-            when = email.utils.formatdate(time.time() + ra, usegmt=True)
-            return web.json_response({"error": {"code": 429, "message": MESSAGES[429]}},
-                                     status=429, headers={"Retry-After": when})
-        if fault == "429_ms":
-            return web.json_response({"error": {"code": 429, "message": MESSAGES[429]}},
-                                     status=429, headers={"retry-after-ms": f"{ra * 1000:g}"})
-        if fault == "429_quota":  # OpenAI's shape: string type/code, no integer code
-            return web.json_response({"error": {
-                "message": "You exceeded your current quota, please check your plan and "
-                           "billing details.", "type": "insufficient_quota", "param": None,
-                "code": "insufficient_quota"}}, status=429)
-        if fault == "422_detail":  # FastAPI-style servers
-            return web.json_response({"detail": [{"loc": ["body", "messages"],
-                                                  "msg": "field required",
-                                                  "type": "value_error.missing"}]}, status=422)
-        if fault == "sse":
-            body = await request.json()
-            return self._sse(body, "streamed")
-        if fault.isdigit():
-            status = int(fault)
-            if status == 429:
-                return self._error(429, retry_after=ra)
-            if status == 404:
-                return self._error(404, metadata={"reason": "constraint_filtered",
-                                                  "retryable": False})
-            return self._error(status)
-        if fault == "402_inflight":
-            return self._error(402, "Too many requests in flight for this key's balance",
-                               retry_after=ra)
-        if fault == "reset":
-            transport = request.transport
-            if transport is not None:
-                transport.abort()
-            raise ConnectionResetError("fake reset")
-        if fault == "malformed":
-            return web.Response(status=200, text='{"id": "gen-x", "choices": [{"mess',
-                                content_type="application/json")
-        body = await request.json()
-        if fault == "choice_error":
-            return web.json_response(self._result(
-                body, None, "error", {"code": 502, "message": "upstream provider error"}))
-        if fault == "finish_error":
-            return web.json_response(self._result(body, "", "error"))
-        if fault == "empty":
-            return web.json_response(self._result(body, "", "stop"))
-        if fault == "length_empty":
-            return web.json_response(self._result(body, "", "length"))
-        if fault == "hang":
-            await asyncio.sleep(self.faults.hang_s)
-            return self._error(504)
-        raise AssertionError(fault)
 
     async def _key(self, request: web.Request) -> web.Response:
         self.stats.key_calls += 1

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from handoff.cli import commands
-from handoff.ops.fetch import append_only, fetch_job
+from handoff.ops.fetch import fetch_job
+from handoff.ops.local_copies import append_only
 from tests.support.workstation import Workstation
 
 

@@ -77,7 +77,7 @@ def test_throttle_wait_honours_retry_after_else_grows_with_the_share():
     assert lim.throttle_wait(7.5, 1) == 7.5
     assert all(0.025 <= lim.throttle_wait(None, 1) <= 0.05 for _ in range(50))
     assert all(lim.throttle_wait(None, 9) <= 0.11 for _ in range(50))  # a few % throttled
-    lim.share_slow = 0.99  # nearly everything is throttled: wait much longer
+    lim.evidence.share_slow = 0.99  # nearly everything is throttled: wait much longer
     assert max(lim.throttle_wait(None, 12) for _ in range(50)) > 5
 
 
