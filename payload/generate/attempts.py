@@ -162,6 +162,8 @@ class Attempts:
                 stop.request("budget", f"stopping: {exc}; the run is resumable "
                              "(raise --max-cost and rerun the same command)")
                 return None
+            if lim.capped and not slot.probe:
+                await lim.place()  # at a capacity: once the server has a free place
             sent += 1
             self._dispatched += 1
             seq = self._dispatched

@@ -1,70 +1,44 @@
-"""How many requests may be in flight: slow start, capacity, throttling, outages.
+"""How many requests may be in flight: slow start, capacity, throttling, outages
+(docs/generator.md, "Throttling" and "Capacity", tells the same for users).
 
-The window starts small (`initial_window`, tens) and grows by two per success (tripling
-every round trip) up to `--concurrency`, so a run whose every answer is an error has
-sent a few dozen requests, not 2000, before it stops. A window nobody fills does not grow.
+Slow start: the window starts small (`initial_window`, tens) and grows by two per success
+(tripling every round trip) up to `--concurrency`, so a run whose every answer is an error
+has sent a few dozen requests before it stops. A window nobody fills does not grow.
 
-Throttling (429, or 402 with Retry-After) spends no attempt: the prompt waits as told,
-and keeps its *slot* while it waits (up to HOLD_MAX_S; a `Hold`). That is what slows
-dispatch in proportion to the share of throttled answers, and what keeps a full server
-from being flooded: a slot given back during the wait would be refilled at once and
-refused again, a refusal storm at CPU speed.
+Throttling (429, or 402 with Retry-After) spends no attempt: the prompt waits as told and
+keeps its *slot* while it waits (up to HOLD_MAX_S; a `Hold`), which slows dispatch in
+proportion to the share of throttled answers and keeps a full server from a refusal storm
+of refilled slots.
 
-Capacity: the requests at the server when a refusal was sent. Each request is stamped
-with how many of ours were at the server when it went out (`sending` returns it: sent
-and not yet answered; prompts waiting out a throttle are not at the server and do not
-count). A server that refuses at its cap K refused because it held K, and every request
-it held was one of ours then, so a refusal's stamp is at least K: the fewest stamps among
-the last refusals (the third fewest of 32, bar outliers) are the nearest to K, more only
-by answers the server had written that sat unread on our side (a busy machine's lag).
-Acceptances say less: a request accepted with few at the server says nothing of the cap,
-and their stamps read low whenever holders leave the server under-used, which a window
-set from them would follow down. So, once a capacity is found, the window is that
-*full level* plus a probe margin (2%, at least 2 slots), refreshed every 25 ms while the
-server refuses: it follows a cap that falls within a fraction of a second (the refusals
-come back at once), and the kept slots of prompts refused above the new window, or
-beyond the margin's worth of them, are taken back (`Hold.revoked`: those prompts queue
-for a slot when their wait ends) so that they do not leave the server under-used for a
-Retry-After. At the cap, the margin's holders are refused about once per wait: a few
-requests per second of waste. Without Retry-After a prompt refused at a capacity waits
-about a round trip (at most ~1.5 s): sooner is refused again.
+Capacity. Each request is stamped with how many of ours were at the server when it went
+out (`sending`; prompts waiting out a throttle are not at the server). A server that
+refuses at its cap K held K when it refused, all ours, so a refusal's stamp is at least K
+(more only by answers written but still unread here); acceptances say less (they read low
+whenever holders leave the server under-used). Once a capacity is found, the window is
+the *full level* (a low quantile of the last 32 refusals' stamps) plus a probe margin (2%,
+at least 2 slots), refreshed every 25 ms while the server refuses: a cap that falls is
+followed within a fraction of a second, and kept slots of prompts refused above the new
+window are taken back (`Hold.revoked`). Every request then waits on our side for a free
+place at the server (slots.py `place`, at `_place_limit`): the margin's prompts wait here
+instead of being refused, and nothing is left refused at the run's end. A cap that rises:
+nothing refused for 1.5 times the longest wait (at least 0.5 s) with the window full means
+the margin's prompts got in: the window probes (+0.5 per success, x1.5 per round trip,
+nobody waiting for a place) until the first refusal, whose stamp is the new level.
 
-A cap that rises again: nothing refused for 1.5 times the longest wait lately (at least
-0.5 s) while the window was full, over half a window of successes, means the margin's
-holders got in: the window probes, +0.5 per success (x1.5 per round trip), until the
-first refusal, then goes back to min(window, that refusal's stamp) and follows the level
-again.
+A capacity is found in one of two ways, each blind to sporadic throttling (even half of
+all answers never shrinks the window). (1) The retries (evidence.py): refused again after
+waiting far more often than first tries, as only a full server refuses them. (2) The
+delivery rate, for a busy machine whose retries find the server drained: twice, a window
+half as large again as at the best rate served under 10% more, with refusals. A round
+trip in which a third of the requests were throttled stops slow start's fast growth until
+the retries show random throttling.
 
-A capacity is found in one of two ways. (1) The retries. Both a cap and sporadic
-throttling answer 429 (or 402 with Retry-After); what differs is the retry. A prompt that
-waited and asks again is refused again far more often than a first try when the server is
-full (a fresh request goes out when a success has just freed a place; a retry lands
-whenever its wait ends), but about as often when throttling is random. A refused retry,
-while retries are refused at least half the time and twice as often as first tries by
-more than chance gives a few dozen answers, or three times in four where the server says
-Retry-After, or nine times in ten on 32 retries where it does not, says "capacity". (2)
-The delivery rate, for a busy machine where answers sit unread for a second or more and
-retries find the server drained: rounds (max(0.5 s, a round trip)) in which the window
-was half as large again as when the best rate so far was served but the server served
-under 10% more, while it refused some, twice: the window then goes to the refusals'
-level as above. Random 429s, even half of all answers, neither stop the rate from growing
-with the window nor make retries stand out, and never shrink the window.
+The outage breaker (outage.py) gates the same slots: one probe in flight while it is open;
+when the server is back the window restarts from `initial_window` and grows back.
 
-The shares and the retries' ratios come from evidence.py (counted by when each request
-was sent, over about the last round trip). A round trip in which a third or more of the
-requests were throttled stops slow start's fast growth (a start against a full server
-would otherwise overshoot it); fast growth resumes when the retries show random throttling
-(refused less than three times in four), and from then on only a clearly larger share
-(+0.25) stops it again, or after a few seconds without a capacity found.
-
-The outage breaker (outage.py) gates the same slots: while it is open only one probe is in
-flight, and when the server answers again the window restarts from `initial_window` and
-grows back (slow start) to where it was, instead of releasing 2000 requests at once.
-
-tests/payload/generate/test_limiter_model.py checks these rules on a virtual-time model of a
-provider (a cap with and without Retry-After, 402, a cap that halves and recovers,
-outages, sporadic 429s); the benchmark (benchmarks/generator.py --scenarios capped, on the
-independent capped servers of benchmarks/capped.py) measures them for real.
+tests/payload/generate/test_limiter_model.py checks these rules on a virtual-time model of
+a provider; benchmarks/generator.py --scenarios capped (the independent servers of
+benchmarks/capped.py) measures them for real.
 """
 
 from __future__ import annotations
@@ -137,7 +111,6 @@ class Limiter(Slots):
         super().__init__(max_in_flight, initial_window=initial_window,
                          min_window=min_window, breaker=breaker)
         self.ssthresh = float(max_in_flight)  # slow start below it, +1 per round trip above
-        self.at_server = 0  # requests sent and not yet answered (waiting prompts are not)
         # A capacity was found: the window follows the accepted level (below) instead of
         # growing with successes, until the server stops refusing (the cap rose).
         self.capped = False
@@ -145,7 +118,6 @@ class Limiter(Slots):
         self.full_level = 0.0  # requests at the server when it refused: what it holds
         # What the answers say, counted by when each request was sent (evidence.py).
         self.evidence = Evidence()
-        self.srtt = 0.0  # smoothed latency of successful answers
         self._refreshed_at = -1.0
         self.capacity_events = 0  # times a capacity was found (the window set to it)
         self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
@@ -153,7 +125,7 @@ class Limiter(Slots):
         self._throttled_at = -1e9  # the last throttled answer
         self._ok_since_throttle = 0  # successes answered since
         self._unused_at = -1e9  # the last success answered with the window not full
-        # (answered at, requests at the server when it was sent) of the last refusals.
+        # (sent at, requests at the server then) of the last refusals.
         self._refused: collections.deque[tuple[float, int]] = collections.deque(
             maxlen=FULL_SAMPLES)
         self._random_share = 0.0  # a share of refusals the retries showed to be random
@@ -176,10 +148,6 @@ class Limiter(Slots):
         self.at_server += 1
         self.evidence.sent(self.breaker.clock())
         return self.at_server
-
-    def returned(self) -> None:
-        """A request sent is back (answered, failed or cancelled): no longer at the server."""
-        self.at_server -= 1
 
     def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False,
                  n_send: int | None = None) -> str | None:
@@ -229,27 +197,23 @@ class Limiter(Slots):
         self._throttled_at = now
         self._ok_since_throttle = 0
         if n_send is not None:
-            self._refused.append((now, n_send))
+            self._refused.append((now - outcome.latency_s, n_send))
         if self.probing:
             # The probe found the cap: at most as many as were at the server when it refused.
             self.probing = False
             if n_send is not None:
                 self.window = max(float(self.min_window), min(self.window, float(n_send)))
+                self.full_level = float(n_send)  # where `place` lets requests go, until
+                # the refusals at the new cap say more
         if (not self.capped and self.window < self.ssthresh and self._exited_at is None
                 and self.evidence.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
             # Told to wait by a large share of a round trip's answers: stop growing fast
             # until refused retries confirm (or not) a full server.
             self.ssthresh = self.window
             self._exited_at = now
-        if repeat and not self.capped and self.evidence.full_server():
-            # Refused again after waiting, as a full server refuses: a capacity. From now
-            # on the window follows what the server accepts.
-            self.capped = True
-            self.capacity_events += 1
-            self._capped_at = now
-            self._exited_at = None
-            self._random_share = 0.0
-            self._follow(now)
+        if not self.capped and repeat and self.evidence.full_server():
+            # Refused again after waiting, as a full server refuses: a capacity.
+            self._found_capacity(now)
         if self.in_flight > self._allowed():
             # Beyond the window (it shrank while this prompt waited, or a start overshot):
             # give the slot back; the prompt waits without it and queues for one.
@@ -347,12 +311,22 @@ class Limiter(Slots):
             return
         self._flat += 1
         if self._flat >= FLAT_ROUNDS:
-            self.capped = True
-            self.capacity_events += 1
-            self._capped_at = now
-            self._exited_at = None
-            self._random_share = 0.0
-            self._set_to_level(now)
+            self._found_capacity(now)
+
+    def _place_limit(self) -> float:
+        """Once a capacity is found (and not while probing for a cap that rose): a request
+        goes when it would be sent with fewer than the full level at the server."""
+        # (at least one request at a time, whatever a level read on a few refusals says)
+        return max(2.0, self.full_level) if self.capped and not self.probing else float("inf")
+
+    def _found_capacity(self, now: float) -> None:
+        """From now on the window follows the level the server refuses at."""
+        self.capped = True
+        self.capacity_events += 1
+        self._capped_at = now
+        self._exited_at = None
+        self._random_share = 0.0
+        self._set_to_level(now)
 
     def _follow(self, now: float) -> None:
         """Capped: the window is the full level (the fewest requests at the server with
@@ -372,8 +346,8 @@ class Limiter(Slots):
             self._set_to_level(now)
 
     def _set_to_level(self, now: float) -> None:
-        """The window to the full level plus the probe margin (kept slots above it are
-        taken back)."""
+        """The window to the full level (of the last FULL_SAMPLES refusals sent lately)
+        plus the probe margin."""
         since = now - max(FULL_HORIZON_S, 2.0 * self.srtt)
         xs = sorted(x for t, x in self._refused if t >= since)
         if len(xs) < FULL_MIN:
@@ -381,7 +355,10 @@ class Limiter(Slots):
         # A low quantile: every refusal was sent with at least K at the server, more when
         # answers the server has written sat unread on a busy machine (they are counted
         # until read); the fewest is the nearest to K.
-        level = float(xs[len(xs) // 16])
+        self._to_level(float(xs[len(xs) // 16]))
+
+    def _to_level(self, level: float) -> None:
+        """The window to `level` plus the probe margin (kept slots above it are taken back)."""
         self.full_level = level
         before = self.window
         margin = max(PROBE_MIN, PROBE_SHARE * level)

@@ -1,5 +1,6 @@
 """The slot gate: how many prompts may hold a slot (a request in flight, or a throttled
-prompt waiting on a kept slot), and who waits for one.
+prompt waiting on a kept slot), who waits for one, and who waits for a free place at the
+server (`place`).
 
 The gate knows nothing of why the window is what it is (that is limiter.py, which
 subclasses it and moves `window`); it only keeps the count honest under asyncio:
@@ -17,6 +18,10 @@ import contextlib
 
 from payload.generate.outage import Breaker
 
+# A request waits for a free place at the server at most max(this, two round trips)
+# (see `place`).
+PLACE_MAX_S = 1.0
+
 
 class Slots:
     def __init__(self, max_in_flight: int, *, initial_window: int, min_window: int,
@@ -31,6 +36,12 @@ class Slots:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._probe_timer: asyncio.TimerHandle | None = None
         self._stopped = False
+        self.at_server = 0  # requests sent and not yet answered (waiting prompts are not)
+        self.srtt = 0.0  # smoothed latency of successful answers
+        # Requests waiting for a free place at the server (`place`), and those woken for
+        # one that have not been sent yet (their places are spoken for).
+        self._place_waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._place_woken = 0
 
     def _allowed(self) -> int:
         return max(self.min_window, min(self.max_in_flight, int(self.window)))
@@ -106,14 +117,64 @@ class Slots:
         if self.breaker.is_open and not self.breaker.probe_busy and self._woken == 0:
             self._wake_one()
 
+    # -- places at the server ------------------------------------------------------------------
+    def _place_limit(self) -> float:
+        """A request goes when it would be sent with fewer than this many of ours at the
+        server (the limiter's full level once it has found a capacity; here: no limit)."""
+        return float("inf")
+
+    def returned(self) -> None:
+        """A request sent is back (answered, failed or cancelled): no longer at the server."""
+        self.at_server -= 1
+        if self._place_waiters:
+            limit = self._place_limit()
+            while self._place_waiters and self.at_server + self._place_woken + 1 < limit:
+                fut = self._place_waiters.popleft()
+                if not fut.done():
+                    fut.set_result(True)
+                    self._place_woken += 1
+
+    async def place(self) -> None:
+        """A request (a prompt's first or a retry) about to be sent, its slot taken: wait
+        until the server has a free place for it (`_place_limit`), i.e. until an answer
+        frees one. Once the limiter has found a capacity, a request sent into a full
+        server is refused and its prompt waits a whole Retry-After (or a round trip): the
+        window's probe margin then sits here, on our side, instead of being refused at the
+        server about once per wait, and a run's end has no tail of prompts refused in its
+        last second. Waits at most max(PLACE_MAX_S, two round trips), then goes anyway."""
+        if self._stopped or self.at_server + self._place_woken + 1 < self._place_limit():
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        self._place_waiters.append(fut)
+        timer = loop.call_later(max(PLACE_MAX_S, 2.0 * self.srtt), _expire, fut)
+        try:
+            if await fut:
+                self._place_woken -= 1
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result():
+                self._place_woken -= 1
+            raise
+        finally:
+            timer.cancel()
+
     def stop(self) -> None:
         """The run stops: nobody waits for a slot any more (callers check the stop)."""
         self._stopped = True
         while self._waiters:
             self._wake_one()
+        while self._place_waiters:
+            fut = self._place_waiters.popleft()
+            if not fut.done():
+                fut.set_result(False)
         self.close()
 
     def close(self) -> None:
         if self._probe_timer is not None:
             self._probe_timer.cancel()
             self._probe_timer = None
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)

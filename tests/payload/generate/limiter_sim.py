@@ -193,6 +193,8 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
         kept = False  # kept the slot through the last throttle wait
         try:
             while True:
+                if lim.capped and not probe:
+                    await lim.place()  # attempts.py: at a capacity, a free place first
                 n_send = lim.sending()
                 try:
                     o = await server.request(loop)
