@@ -24,6 +24,9 @@ REPEAT_EVIDENCE = 8
 # that, the gap is what random throttling shows on a few dozen answers).
 NOISE_Z = 4.0
 BIN_S = 0.05  # width of a send-time bin
+# A bin's retry ratios count once this share of its requests are answered (an answer is
+# counted in the bin of its send time as the client measured it, which can be the next).
+SETTLED_SHARE = 0.9
 
 # The counters of one send-time bin.
 (SENT, ANSWERS, THROTTLED, THROTTLED_RA, FIRST, FIRST_REFUSED, REPEATS,
@@ -82,7 +85,7 @@ class Evidence:
         """Shares: throttled among the requests sent in about the last round trip (`rtt`): a
         refusal at the door is counted at once, and against what was sent, not against
         answers (a success's answer is a round trip late). Retry ratios: over the bins of
-        requests sent at least 1.5 round trips ago (all answered), going further back until
+        requests sent at least 1.5 round trips ago and answered, going further back until
         REPEAT_EVIDENCE retries, at most 10 s."""
         newest = int(now / BIN_S)
         oldest_shares = int((now - rtt) / BIN_S)
@@ -97,7 +100,10 @@ class Evidence:
                 if b >= oldest_shares or shares[SENT] < MIN_ANSWERS:
                     for i in range(8):
                         shares[i] += row[i]
-                if b <= settled:
+                # (a bin counts once its requests are answered: on a loaded machine the
+                # successes are read late, its refusals at once, and a bin read early
+                # would say retries are refused far more often than they are)
+                if b <= settled and row[ANSWERS] >= SETTLED_SHARE * row[SENT]:
                     for i in range(8):
                         total[i] += row[i]
             if (b <= oldest_shares and shares[SENT] >= MIN_ANSWERS and b <= settled

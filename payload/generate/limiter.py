@@ -29,7 +29,8 @@ A capacity is found in one of two ways, each blind to sporadic throttling (even 
 all answers never shrinks the window). (1) The retries (evidence.py): refused again after
 waiting far more often than first tries, as only a full server refuses them. (2) The
 delivery rate, for a busy machine whose retries find the server drained: twice, a window
-half as large again as at the best rate served under 10% more, with refusals. A round
+half as large again as at the best rate served under 10% more, with a share of refusals
+15 points larger (a share that stays put is random throttling). A round
 trip in which a third of the requests were throttled stops slow start's fast growth until
 the retries show random throttling.
 
@@ -44,6 +45,7 @@ benchmarks/capped.py) measures them for real.
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -73,7 +75,12 @@ FULL_HORIZON_S = 2.0  # ...answered within max(this, two round trips)
 PROBE_SHARE = 0.02  # the window sits this far above the level (at least PROBE_MIN slots)
 PROBE_MIN = 2.0
 CALM_S = 0.5  # the least time without a refusal that says the cap rose
-PROBE_GAIN = 0.5  # slots added per success while probing (x1.5 per round trip)
+PROBE_GAIN = 0.5  # slots added per success while probing (x1.5 per round trip)...
+PROBE_STEP = 0.05  # ...but at most this share of the window per 25 ms
+# The stamps' test (`_test_stamps`): of the requests sent lately with at least the median
+# stamp of the refusals among them, this share refused, on at least STAMP_MIN refusals.
+STAMP_SHARE = 0.95
+STAMP_MIN = 32
 
 
 class Hold(str):
@@ -100,7 +107,8 @@ class _Round:
 ROUND_MIN_S = 0.5  # a round lasts max(this, a round trip)
 WINDOW_GROWTH = 1.5  # a window this much larger than at the best rate so far...
 RATE_GROWTH = 1.1  # ...that served less than this much more...
-FLAT_ROUNDS = 2  # ...this many rounds (with refusals): a capacity
+SHARE_GROWTH = 0.15  # ...with this much more of its answers refused...
+FLAT_ROUNDS = 2  # ...this many rounds: a capacity
 
 
 class Limiter(Slots):
@@ -115,6 +123,7 @@ class Limiter(Slots):
         # growing with successes, until the server stops refusing (the cap rose).
         self.capped = False
         self.probing = False  # capped, and nothing refused for a while: growing to find out
+        self._probe_limit = 0.0  # how far probing may grow the window until the next refresh
         self.full_level = 0.0  # requests at the server when it refused: what it holds
         # What the answers say, counted by when each request was sent (evidence.py).
         self.evidence = Evidence()
@@ -128,6 +137,12 @@ class Limiter(Slots):
         # (sent at, requests at the server then) of the last refusals.
         self._refused: collections.deque[tuple[float, int]] = collections.deque(
             maxlen=FULL_SAMPLES)
+        # Before a capacity is found: (sent at, requests at the server then) of the
+        # requests sent, and of the refusals, in about the last round trip.
+        self._sends: collections.deque[tuple[float, int]] = collections.deque()
+        self._refusals: collections.deque[tuple[float, int]] = collections.deque(maxlen=4096)
+        self._stamps_new = 0  # refusals since the stamps were last tested
+        self._stamps_at = -1.0
         self._random_share = 0.0  # a share of refusals the retries showed to be random
         self._longest_wait = 0.0
         self._wait_hi = (0.0, -1e9)  # (the longest recent throttle wait, when)
@@ -138,6 +153,7 @@ class Limiter(Slots):
         self._round = _Round()
         self._best_rate = 0.0
         self._best_window = 0.0  # the window when the best rate was served
+        self._best_share = 0.0  # the share of that round's answers refused
         self._flat = 0  # rounds since with a larger window and no more served (and refusals)
 
     # -- feedback ------------------------------------------------------------------------------
@@ -146,7 +162,13 @@ class Limiter(Slots):
         at the server). Returns how many are at the server with it: pass it to `answered`;
         call `returned` once its answer is in (or it was cancelled)."""
         self.at_server += 1
-        self.evidence.sent(self.breaker.clock())
+        now = self.breaker.clock()
+        self.evidence.sent(now)
+        if not self.capped:
+            sends = self._sends
+            sends.append((now, self.at_server))
+            while sends[0][0] < now - max(ROUND_MIN_S, 2.0 * self.srtt):
+                sends.popleft()
         return self.at_server
 
     def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False,
@@ -170,6 +192,8 @@ class Limiter(Slots):
             self.window = float(self.initial_window)
             self.capped = self.probing = False
             self._refused.clear()
+            self._sends.clear()
+            self._refusals.clear()
             self.evidence.reset()
             self._wake()
         now = self.breaker.clock()
@@ -182,7 +206,10 @@ class Limiter(Slots):
             if (not self.capped or self.probing) and (
                     self._waiters or self.in_flight + self._woken >= self._allowed() - 1):
                 if self.probing:  # capped, but nothing refused for a while: the cap rose?
-                    self.window += PROBE_GAIN  # x1.5 per round trip until a refusal
+                    # x1.5 per round trip until a refusal, at most PROBE_STEP per 25 ms:
+                    # answers that come back together must not send a wave past the cap
+                    # before the first refusal is read
+                    self.window = min(self.window + PROBE_GAIN, self._probe_limit)
                 elif self.window < self.ssthresh:
                     damp = max(0.0, 1.0 - 2.0 * self.evidence.share_ra)
                     self.window += SLOW_START_GAIN * damp
@@ -198,6 +225,9 @@ class Limiter(Slots):
         self._ok_since_throttle = 0
         if n_send is not None:
             self._refused.append((now - outcome.latency_s, n_send))
+            if not self.capped:
+                self._refusals.append((now - outcome.latency_s, n_send))
+                self._stamps_new += 1
         if self.probing:
             # The probe found the cap: at most as many as were at the server when it refused.
             self.probing = False
@@ -214,6 +244,9 @@ class Limiter(Slots):
         if not self.capped and repeat and self.evidence.full_server():
             # Refused again after waiting, as a full server refuses: a capacity.
             self._found_capacity(now)
+        elif (not self.capped and self._stamps_new >= STAMP_MIN // 4
+              and now - self._stamps_at >= 0.005):
+            self._test_stamps(now)
         if self.in_flight > self._allowed():
             # Beyond the window (it shrank while this prompt waited, or a start overshot):
             # give the slot back; the prompt waits without it and queues for one.
@@ -272,6 +305,7 @@ class Limiter(Slots):
         """The shares and retry ratios (Evidence.refresh), then slow start's state and the
         capacity's window."""
         self._refreshed_at = now
+        self._probe_limit = self.window + max(PROBE_MIN, PROBE_STEP * self.window)
         self.evidence.refresh(now, max(self.srtt, BIN_S))
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
         # 429s): grow fast again.
@@ -293,19 +327,24 @@ class Limiter(Slots):
         """A capacity by the delivery rate (before the retries can tell, which a busy
         machine, its answers unread for a second, delays for many seconds): rounds in
         which the window was half as large again as at the best rate so far but the
-        server served under 10% more, while it refused some, say it is full (sporadic
-        throttling never stops the rate from growing with the window); the window then
+        server served under 10% more while it refused a larger share of the answers (by
+        SHARE_GROWTH), twice, say it is full. Sporadic throttling refuses the same share
+        whatever the window, even where the rate stops growing because the client's own
+        CPU is the limit (a loaded machine); the window then
         goes to the refusals' level like any capacity's. (Not to Little's law on a round's
         rate: a round in which a busy client read few answers reads a tiny capacity.)"""
         rnd, self._round = self._round, _Round(start=now, window=self.window)
         if rnd.start < 0:
             return
         rate = rnd.ok / (now - rnd.start)
+        share = rnd.refused / max(1, rnd.ok + rnd.refused)
         # This round's answers are to requests sent in about the last: the window then.
         grown = rnd.window / max(1.0, self._best_window)
-        if not rnd.refused or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate:
+        if (not rnd.refused or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate
+                or share < self._best_share + SHARE_GROWTH):
             if rate >= RATE_GROWTH * self._best_rate:  # (noise at a plateau is no growth)
                 self._best_rate, self._best_window = rate, rnd.window
+                self._best_share = share
             if grown >= WINDOW_GROWTH:
                 self._flat = 0
             return
@@ -319,14 +358,42 @@ class Limiter(Slots):
         # (at least one request at a time, whatever a level read on a few refusals says)
         return max(2.0, self.full_level) if self.capped and not self.probing else float("inf")
 
-    def _found_capacity(self, now: float) -> None:
-        """From now on the window follows the level the server refuses at."""
+    def _found_capacity(self, now: float, level: float | None = None) -> None:
+        """From now on the window follows the level the server refuses at (`level`: the
+        stamps' test's)."""
         self.capped = True
         self.capacity_events += 1
         self._capped_at = now
         self._exited_at = None
         self._random_share = 0.0
-        self._set_to_level(now)
+        self._sends.clear()
+        self._refusals.clear()
+        self._stamps_new = 0
+        if level is None:
+            self._set_to_level(now)
+        else:
+            self._refused.clear()  # refusals sent before now say nothing more of the level
+            self._to_level(level)
+
+    def _test_stamps(self, now: float) -> None:
+        """A cap refuses every request sent with K or more of ours at it (more than K by
+        answers still unread here), random throttling its share at every count: of the
+        requests sent since the oldest recent refusal with at least the refusals' median
+        stamp, STAMP_SHARE refused is a capacity, at their low quantile. Refusals that
+        come late read a low share here (their requests still out): the retries decide."""
+        self._stamps_new, self._stamps_at = 0, now
+        horizon = now - max(ROUND_MIN_S, 2.0 * self.srtt)
+        recent = list(itertools.takewhile(lambda r: r[0] >= horizon, reversed(self._refusals)))
+        if len(recent) < STAMP_MIN:
+            return
+        xs = sorted(x for _, x in recent)
+        band = xs[len(xs) // 2]
+        since = recent[-1][0] - 0.002  # the oldest (a latency read a little short)
+        refused = sum(1 for x in xs if x >= band)
+        sent = sum(1 for t, x in itertools.takewhile(lambda r: r[0] >= since,
+                                                     reversed(self._sends)) if x >= band)
+        if refused >= STAMP_SHARE * sent:
+            self._found_capacity(now, float(xs[len(xs) // 16]))
 
     def _follow(self, now: float) -> None:
         """Capped: the window is the full level (the fewest requests at the server with
@@ -340,6 +407,7 @@ class Limiter(Slots):
             if (not self.probing and self._ok_since_throttle >= self.window / 2
                     and now - self._unused_at > calm):
                 self.probing = True
+                self._probe_limit = self.window + max(PROBE_MIN, PROBE_STEP * self.window)
                 self._refused.clear()  # what the old cap refused says nothing of the new
             return  # a window nobody is refused at (the run's tail) is left as it is
         if not self.probing:
