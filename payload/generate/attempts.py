@@ -15,6 +15,7 @@ back on every path, cancellation included.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +26,12 @@ from payload.generate import client
 from payload.generate.budget import Budget
 from payload.generate.client import Kind, Outcome
 from payload.generate.journal import id_hash
-from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter, backoff_delay
+from payload.generate.limiter import Limiter
 from payload.generate.outage import Breaker
 from payload.generate.progress import Counters
 from payload.generate.recorder import Recorder
 from payload.generate.settings import Settings, token_ids_for
+from payload.generate.slots import HOLD, HOLD_MAX_S
 from payload.generate.stop import Stop
 from payload.generate.systematic import Held
 from payload.generate.turns import Turn, history, positions
@@ -262,3 +264,12 @@ class Attempts:
             self.say.say(f"outage over after {b.closed_at - b.opened_at:.1f}s: resuming "
                          "(slow start)")
             c.outage_s = None
+
+
+def backoff_delay(attempt: int, base: float, cap: float = 60.0,
+                  retry_after: float | None = None) -> float:
+    """Full-jitter exponential backoff; never shorter than the server's Retry-After."""
+    delay = random.uniform(0.0, min(cap, base * 2 ** max(0, attempt - 1)))
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return delay

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from payload.generate.client import Kind, Outcome
 from payload.generate.evidence import BIN_S, Evidence
 from payload.generate.outage import Breaker
-from payload.generate.slots import Slots
+from payload.generate.slots import HOLD, HOLD_MAX_S, RELEASE, YIELD, Hold, Slots
 
 INITIAL_WINDOW = 32
 # Slots added per success in slow start: the window triples every round trip (32, 96,
@@ -61,12 +61,6 @@ SLOW_START_GAIN = 2.0
 # Slow start stops growing fast once this share of a round trip's answers says
 # "Retry-After": far above the noise of a few percent of sporadic 429s.
 SLOW_START_EXIT_SHARE = 0.3
-# A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
-# rate limit for minutes) gives the slot to prompts that may go now.
-HOLD_MAX_S = 5.0
-HOLD = "hold"  # the throttled prompt keeps its slot while it waits (a Hold)
-RELEASE = "release"  # the slot was given back: the wait is too long to hold it
-YIELD = "yield"  # the slot was given back: it is beyond the window (the window shrank)
 
 # The capacity estimate (see the module docstring, "Capacity").
 FULL_SAMPLES = 32  # the level: the third fewest of the last this many refusals...
@@ -81,16 +75,6 @@ PROBE_STEP = 0.05  # ...but at most this share of the window per 25 ms
 # stamp of the refusals among them, this share refused, on at least STAMP_MIN refusals.
 STAMP_SHARE = 0.95
 STAMP_MIN = 32
-
-
-class Hold(str):
-    """HOLD for one throttled prompt: the slot it keeps while it waits. The limiter takes
-    it back (`revoked`) if the window falls below the requests at the server when the
-    prompt was refused: it was refused for a window too large, and keeping it would leave
-    the server under-used until its wait ends. Ask `Limiter.resumed` when the wait ends."""
-
-    n_send: int | None
-    revoked: bool
 
 
 @dataclass
@@ -455,12 +439,3 @@ class Limiter(Slots):
         if delay >= self._wait_hi[0] or now - self._wait_hi[1] > 10.0:
             self._wait_hi = (delay, now)
         return delay
-
-
-def backoff_delay(attempt: int, base: float, cap: float = 60.0,
-                  retry_after: float | None = None) -> float:
-    """Full-jitter exponential backoff; never shorter than the server's Retry-After."""
-    delay = random.uniform(0.0, min(cap, base * 2 ** max(0, attempt - 1)))
-    if retry_after is not None:
-        delay = max(delay, retry_after)
-    return delay

@@ -1,6 +1,6 @@
 """The slot gate: how many prompts may hold a slot (a request in flight, or a throttled
-prompt waiting on a kept slot), who waits for one, and who waits for a free place at the
-server (`place`).
+prompt waiting on a kept slot: a `Hold`), who waits for one, and who waits for a free
+place at the server (`place`).
 
 The gate knows nothing of why the window is what it is (that is limiter.py, which
 subclasses it and moves `window`); it only keeps the count honest under asyncio:
@@ -21,6 +21,23 @@ from payload.generate.outage import Breaker
 # A request waits for a free place at the server at most max(this, two round trips)
 # (see `place`).
 PLACE_MAX_S = 1.0
+# A throttled prompt keeps its slot through a wait up to this; a longer Retry-After (a
+# rate limit for minutes) gives the slot to prompts that may go now.
+HOLD_MAX_S = 5.0
+# What the limiter answers a throttled prompt (Limiter.answered):
+HOLD = "hold"  # the throttled prompt keeps its slot while it waits (a Hold)
+RELEASE = "release"  # the slot was given back: the wait is too long to hold it
+YIELD = "yield"  # the slot was given back: it is beyond the window (the window shrank)
+
+
+class Hold(str):
+    """HOLD for one throttled prompt: the slot it keeps while it waits. The limiter takes
+    it back (`revoked`) if the window falls below the requests at the server when the
+    prompt was refused: it was refused for a window too large, and keeping it would leave
+    the server under-used until its wait ends. Ask `Limiter.resumed` when the wait ends."""
+
+    n_send: int | None
+    revoked: bool
 
 
 class Slots:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from payload.generate.client import Kind, Outcome
-from payload.generate.limiter import HOLD, HOLD_MAX_S, Limiter
+from payload.generate.limiter import Limiter
 from payload.generate.outage import Breaker
+from payload.generate.slots import HOLD, HOLD_MAX_S
 
 DOOR_S = 0.002  # how long a refusal at the door takes
 

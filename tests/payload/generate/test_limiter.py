@@ -7,12 +7,14 @@ import asyncio
 
 import pytest
 
+from payload.generate.attempts import backoff_delay
 from payload.generate.client import (
     Kind,
     Outcome,
 )
-from payload.generate.limiter import HOLD, RELEASE, YIELD, Limiter, backoff_delay
+from payload.generate.limiter import Limiter
 from payload.generate.outage import Breaker
+from payload.generate.slots import HOLD, RELEASE, YIELD
 
 pytestmark = pytest.mark.timeout(30)
 
