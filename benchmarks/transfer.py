@@ -195,7 +195,7 @@ class Bench:
 
     def handoff_resume_put(self) -> None:
         from handoff.host.transfer import upload_resumable
-        from handoff.ops.jobs.launch import _prefix_sha256, _probe_sha256
+        from handoff.ops.jobs.upload import _prefix_sha256, _probe_sha256
 
         notes: list[str] = []
         with self.session() as s:
