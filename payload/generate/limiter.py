@@ -118,13 +118,11 @@ class Limiter(Slots):
         self._throttled_at = -1e9  # the last throttled answer
         self._ok_since_throttle = 0  # successes answered since
         self._unused_at = -1e9  # the last success answered with the window not full
-        # (sent at, requests at the server then) of the last refusals.
-        self._refused: collections.deque[tuple[float, int]] = collections.deque(
-            maxlen=FULL_SAMPLES)
-        # Before a capacity is found: (sent at, requests at the server then) of the
-        # requests sent, and of the refusals, in about the last round trip.
+        # (sent at, requests at the server then) of the last refusals: the level reads the
+        # newest FULL_SAMPLES, the stamps' test those of about the last round trip.
+        self._refused: collections.deque[tuple[float, int]] = collections.deque(maxlen=4096)
+        # Before a capacity is found: the same of the requests sent lately (stamps' test).
         self._sends: collections.deque[tuple[float, int]] = collections.deque()
-        self._refusals: collections.deque[tuple[float, int]] = collections.deque(maxlen=4096)
         self._stamps_new = 0  # refusals since the stamps were last tested
         self._stamps_at = -1.0
         self._random_share = 0.0  # a share of refusals the retries showed to be random
@@ -177,7 +175,6 @@ class Limiter(Slots):
             self.capped = self.probing = False
             self._refused.clear()
             self._sends.clear()
-            self._refusals.clear()
             self.evidence.reset()
             self._wake()
         now = self.breaker.clock()
@@ -209,9 +206,7 @@ class Limiter(Slots):
         self._ok_since_throttle = 0
         if n_send is not None:
             self._refused.append((now - outcome.latency_s, n_send))
-            if not self.capped:
-                self._refusals.append((now - outcome.latency_s, n_send))
-                self._stamps_new += 1
+            self._stamps_new += not self.capped
         if self.probing:
             # The probe found the cap: at most as many as were at the server when it refused.
             self.probing = False
@@ -351,7 +346,6 @@ class Limiter(Slots):
         self._exited_at = None
         self._random_share = 0.0
         self._sends.clear()
-        self._refusals.clear()
         self._stamps_new = 0
         if level is None:
             self._set_to_level(now)
@@ -367,7 +361,7 @@ class Limiter(Slots):
         come late read a low share here (their requests still out): the retries decide."""
         self._stamps_new, self._stamps_at = 0, now
         horizon = now - max(ROUND_MIN_S, 2.0 * self.srtt)
-        recent = list(itertools.takewhile(lambda r: r[0] >= horizon, reversed(self._refusals)))
+        recent = list(itertools.takewhile(lambda r: r[0] >= horizon, reversed(self._refused)))
         if len(recent) < STAMP_MIN:
             return
         xs = sorted(x for _, x in recent)
@@ -401,7 +395,8 @@ class Limiter(Slots):
         """The window to the full level (of the last FULL_SAMPLES refusals sent lately)
         plus the probe margin."""
         since = now - max(FULL_HORIZON_S, 2.0 * self.srtt)
-        xs = sorted(x for t, x in self._refused if t >= since)
+        newest = itertools.islice(reversed(self._refused), FULL_SAMPLES)
+        xs = sorted(x for t, x in newest if t >= since)
         if len(xs) < FULL_MIN:
             return
         # A low quantile: every refusal was sent with at least K at the server, more when
