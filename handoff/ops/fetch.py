@@ -321,7 +321,7 @@ def _download(s: Session, remote: str, entry: Entry, start: Start, shown: str,
             growing.save()
         raise
     if growing is not None:
-        growing.save()
+        growing.save(landed=True)
 
 
 @dataclass

@@ -148,10 +148,12 @@ class Growing:
             self.idx = old if old is not None and old.length <= self.offset else Index()
         self.idx.extend(target)
 
-    def save(self) -> None:
+    def save(self, *, landed: bool = False) -> None:
+        """`landed`: the download is complete and renamed to the final name, so its partial
+        file (what the probe was read from so far) is gone."""
         if self.idx is not None:
-            with contextlib.suppress(OSError):
-                self.idx.save(self.final, self.target)
+            with contextlib.suppress(OSError):  # an index that cannot be saved costs a rescan
+                self.idx.save(self.final, self.final if landed else self.target)
 
 
 def line_hash(mm: mmap.mmap, pos: int, end: int) -> int:

@@ -69,6 +69,25 @@ def test_a_local_copy_that_is_not_a_prefix_is_fetched_whole(ws: Workstation, tmp
     assert not [p for p in local.rglob("*") if ".tmp-" in p.name]  # no temp file left behind
 
 
+def test_a_download_leaves_the_index_of_its_lines_for_the_merge(ws: Workstation, tmp_path: Path) -> None:
+    """The lines are indexed as they land, and the index is kept once the download is renamed
+    into place, whole or resumed: the merge then reads no line of the file again."""
+    from handoff.ops import merge_index
+
+    jd = make_job(ws, "a")
+    local = tmp_path / "r" / "a" / "generator"
+    [target] = ws.targets("a")
+    for grown in (b"", b'{"id": 3}\n{"id": 4}\n'):  # whole, then resumed (only the rest moves)
+        with (jd / "output.jsonl").open("ab") as fh:
+            fh.write(grown)
+        with ws.connect(target) as session:
+            done = fetch_job(session, "generator", local)
+        assert done.resumed == (1 if grown else 0)
+        idx = merge_index.load(local / "output.jsonl")
+        size = (jd / "output.jsonl").stat().st_size
+        assert idx is not None and idx.length == size and len(idx.starts) == (4 if grown else 2)
+
+
 def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path: Path,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     assert commands.fetch("a", None, dest=str(tmp_path / "r")) == 1
