@@ -25,6 +25,7 @@ Ratios are medians of per-repetition ratios. Every result is checked (size and s
 
     sudo .venv/bin/python benchmarks/transfer.py                  # 1 GB, 5 reps
     sudo .venv/bin/python benchmarks/transfer.py --explore        # + the transports compared
+    sudo .venv/bin/python benchmarks/transfer.py --proof-cost     # + what the resume's proof costs
     sudo .venv/bin/python benchmarks/transfer.py --write          # record in BENCHMARKS.md
 """
 
@@ -150,6 +151,30 @@ class Bench:
         if took:
             self.download_s.setdefault(case, []).append(float(took[-1]))
 
+    def inproc_fetch(self, proof: bool = True) -> None:
+        """`fab fetch`'s own function in this process (no interpreter start, no imports), with
+        the resumed prefix's whole-prefix proof (handoff.ops.fetch.Proof) or, for the
+        diagnostic only, without it: what the proof's hashing costs on these cores."""
+        from handoff.cli import commands
+        from handoff.ops import fetch as fetching
+
+        class Unproven:  # not what fab does: the diagnostic's stand-in, hashing nothing
+            def __init__(self, *_: object) -> None:
+                pass
+
+            def holds(self, rel: str) -> bool:
+                return True
+
+        os.environ.update(self.sbx.env())
+        saved = fetching.Proof
+        if not proof:
+            fetching.Proof = Unproven  # type: ignore[misc, assignment]
+        try:
+            if commands.fetch(self.c.name, None, dest=str(self.dest)) != 0:
+                sys.exit("the in-process fetch failed")
+        finally:
+            fetching.Proof = saved  # type: ignore[misc]
+
     def scp_get(self) -> None:
         self.sub(["scp", "-q", *self.ssh, f"{self.c.name}:{self.remote}", str(self.copy)])
 
@@ -267,7 +292,7 @@ class Bench:
                 sys.exit(f"{path} does not hold the file")
         return check
 
-    def cases(self, explore: bool) -> list[Case]:
+    def cases(self, explore: bool, proof_cost: bool = False) -> list[Case]:
         cases = [
             Case("fab fetch", "fetch", lambda: self.fab_fetch("fetch"), self.clear,
                  self.expect(self.local)),
@@ -281,6 +306,16 @@ class Bench:
                  self.half_uploaded, self.expect(self.uploaded), in_process=True),
             Case("scp upload", "upload", self.scp_put, self.clear, self.expect(self.uploaded)),
         ]
+        if proof_cost:
+            cases += [
+                Case("fetch in-process", "fetch", self.inproc_fetch, self.clear,
+                     self.expect(self.local), in_process=True),
+                Case("resume in-process", "resume", self.inproc_fetch, self.half_fetched,
+                     self.expect(self.local), in_process=True),
+                Case("resume in-process, no whole-prefix proof (diagnostic)", "resume",
+                     lambda: self.inproc_fetch(proof=False), self.half_fetched,
+                     self.expect(self.local), in_process=True),
+            ]
         if explore:
             cases += [
                 Case("ssh host cat", "fetch", self.ssh_cat, self.clear, self.expect(self.copy)),
@@ -337,6 +372,15 @@ def report(cases: list[Case], size: int, reps: int, command: str, loads: list[st
         f"- upload resumed from half: {statistics.median(up_resume.walls):.2f} s, "
         f"{up_resumed:.2f}× a whole upload (the same checks on the host's part file)",
     ]
+    if "resume in-process" in by:
+        inproc = by["fetch in-process"]
+        proven = paired(by["resume in-process"], inproc)
+        unproven = paired(by["resume in-process, no whole-prefix proof (diagnostic)"], inproc)
+        verdicts.append(
+            f"- in this process (no interpreter start): the resume {proven:.2f}× the whole "
+            f"fetch with the whole-prefix proof, {unproven:.2f}× without it (the diagnostic, "
+            f"not what fab does): the proof's hashing of the half on both sides costs "
+            f"{proven - unproven:.2f} of a whole fetch's wall on these cores")
     down = statistics.median(download_s["fetch"]) if download_s.get("fetch") else 0.0
     if down > 0:  # fab prints tenths of a second: a small file reads 0.0 s
         verdicts.append(
@@ -360,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--explore", action="store_true",
                         help="also ssh cat, sftp -b, rsync, paramiko's stock SFTP")
+    parser.add_argument("--proof-cost", action="store_true",
+                        help="also the fetch and resume in this process, and the resume "
+                             "without its whole-prefix proof (a diagnostic: what the proof costs)")
     parser.add_argument("--write", action="store_true", help="record in BENCHMARKS.md ## Transfers")
     args = parser.parse_args(argv)
     command = "sudo .venv/bin/python benchmarks/transfer.py " + " ".join(argv or sys.argv[1:])
@@ -369,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         with Sandbox(work / "sandbox", hosts=1, api=False, keyring="file") as sbx:
             bench = Bench(sbx, work, size)
-            cases = bench.cases(args.explore)
+            cases = bench.cases(args.explore, args.proof_cost)
             for rep in range(args.reps):
                 shift = rep % len(cases)
                 for case in cases[shift:] + cases[:shift]:

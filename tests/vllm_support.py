@@ -37,13 +37,15 @@ WORDS = _WORD_TEXT.split()
 
 
 def vllm_python() -> Path:
-    """The vLLM venv's python (HANDOFF_VLLM_PYTHON, else scripts/vllm-venv's default)."""
+    """The vLLM venv's python (HANDOFF_VLLM_PYTHON, else where scripts/vllm-venv builds it:
+    as root on a system python, /var/cache, so the sandbox's container users can run it)."""
     explicit = os.environ.get("HANDOFF_VLLM_PYTHON")
     if explicit:
         return Path(explicit)
-    venv = os.environ.get("HANDOFF_VLLM_VENV") or str(
-        Path.home() / ".cache" / "handoff" / f"vllm-{VLLM_VERSION}")
-    return Path(venv) / "bin" / "python"
+    venv = os.environ.get("HANDOFF_VLLM_VENV")
+    if not venv and os.geteuid() == 0 and Path("/usr/bin/python3").exists():
+        venv = f"/var/cache/handoff-vllm-{VLLM_VERSION}"
+    return Path(venv or Path.home() / ".cache" / "handoff" / f"vllm-{VLLM_VERSION}") / "bin" / "python"
 
 
 def needs_vllm() -> Path:
