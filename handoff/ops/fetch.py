@@ -17,7 +17,12 @@ on each side whatever N (the workstation hashes its own probes meanwhile). Then,
   restarted`).
 A resumed download proves its whole prefix while the rest moves (`Proof`: both sides hash
 their N bytes beside the transfer, the host on a second channel) and is renamed into place
-only if the two match; if not, the file is downloaded again whole and named. A download is
+only if the two match; if not, the file is downloaded again whole and named. The one
+prefix that needs no such proof is one this workstation downloaded itself from the same
+host file (the listing's `file_id`: device and inode there) and left untouched since
+(size, mtime and inode as the download left them: merge_index.untouched, for the files the
+merge reads): there the probe, which sees a host file cut and rewritten or replaced, is
+the check, and a resume costs the rest's transfer alone. A download is
 written under a partial name and renamed into place when complete
 (handoff.host.transfer.download), with a progress display for large files. Nothing is
 written on the host.
@@ -39,6 +44,7 @@ the numbers); the rest is fetched, and the command exits non-zero.
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +70,8 @@ from handoff.ops.local_copies import (
 )
 from handoff.run.parallel import HostReport
 
+FILE_ID = re.compile(r"[0-9]{1,20}:[0-9]{1,20}")  # fetch_list's file_id: device:inode
+
 
 @dataclass
 class Fetched:
@@ -84,6 +92,7 @@ class Entry:
     mtime: float
     local: Path
     prefix_sha256: str | None = None
+    file_id: str | None = None  # the host file's device and inode (its word: equality only)
 
 
 def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry], list[str]]:
@@ -105,9 +114,11 @@ def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry
         if size is None:
             refused.append(f"{shown_job}/{untrusted.visible(rel)}: no valid size in the listing")
             continue
-        digest = entry.get("prefix_sha256")
+        digest, file_id = entry.get("prefix_sha256"), entry.get("file_id")
         entries.append(Entry(rel, size, untrusted.number(entry.get("mtime"), minimum=0) or 0.0,
-                             local, digest if isinstance(digest, str) else None))
+                             local, digest if isinstance(digest, str) else None,
+                             file_id if isinstance(file_id, str) and FILE_ID.fullmatch(file_id)
+                             else None))
     skipped = listing.get("skipped") if isinstance(listing, dict) else None
     for other in skipped if isinstance(skipped, list) else []:
         if isinstance(other, dict):
@@ -255,9 +266,15 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
     remote_dir = job_folder(listing, s.target.layout.job(job))
     plans = [(entry, plan_file(entry, entry.local, have.get(entry.rel, Have()), hashes.get(entry.rel)))
              for entry in entries]
-    resumed = {entry.rel: (f"{remote_dir}/{entry.rel}",
-                           entry.local if start.in_place else partial(entry.local), start.offset)
-               for entry, start in plans if start is not None and start.offset > 0}
+    resumed: dict[str, tuple[str, Path, int]] = {}  # the prefixes to prove whole (Proof)
+    for entry, start in plans:
+        if start is None or start.offset == 0:
+            continue
+        written = entry.local if start.in_place else partial(entry.local)
+        # A prefix downloaded here from this very host file, and untouched since, needs no
+        # whole-prefix hash: its probe (first and last MiB) matched the host's.
+        if not merge_index.untouched(entry.local, written, entry.file_id, start.offset):
+            resumed[entry.rel] = (f"{remote_dir}/{entry.rel}", written, start.offset)
     proof = Proof(s, resumed) if resumed else None
     for entry, start in plans:
         rel, size, local = entry.rel, entry.size, entry.local
@@ -275,7 +292,8 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
             continue
         done.resumed += start.offset > 0
         remote = f"{remote_dir}/{rel}"
-        verify = functools.partial(proof.holds, rel) if proof and start.offset else None
+        verify = (functools.partial(proof.holds, rel) if proof and rel in resumed
+                  else None)
         try:
             try:
                 _download(s, remote, entry, start, shown, verify)
@@ -305,7 +323,7 @@ def _download(s: Session, remote: str, entry: Entry, start: Start, shown: str,
     """One file's download; a file the merge reads (merge_index.INDEXED, at the top of the
     job folder) is indexed as it lands, and the index kept when the download is cut (what
     a resume starts from) or dropped when its prefix proves not to be the host's."""
-    growing = (merge_index.Growing(entry.local, start.offset)
+    growing = (merge_index.Growing(entry.local, start.offset, entry.file_id)
                if entry.rel in merge_index.INDEXED else None)
     if growing is not None and start.offset == 0:
         merge_index.drop(entry.local)  # what it indexed is being replaced

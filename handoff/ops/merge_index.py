@@ -9,6 +9,11 @@ resumed one indexes only the rest; the merge (handoff.ops.merge) extends it to t
 end and reads the ids from it instead of the file. A 1 GB output of 143k lines costs a
 2.3 MB index. The name holds `atomic.TMP_MARK`, so every reader of the folder skips it.
 
+The index also records which host file the bytes were downloaded from (its `file_id`:
+device and inode on the host) and the copy's size, mtime and inode once they were written
+(`stamp`), so a resumed fetch can tell a prefix it wrote itself from that host file and
+left untouched (`untouched`): such a prefix needs no whole-prefix hash on either side.
+
 An index whose probe does not match the file's bytes now (the file was replaced, cut
 and rewritten) is dropped and the file indexed again from its start. Its limit: a copy
 edited by hand in its middle, keeping its ends, keeps its old index, and the merge would
@@ -54,6 +59,7 @@ class Index:
     length: int = 0
     starts: array.array[int] = field(default_factory=lambda: array.array("Q"))
     hashes: array.array[int] = field(default_factory=lambda: array.array("Q"))
+    host_file: str | None = None  # the host file the bytes were downloaded from (its file_id)
 
     def extend(self, path: Path) -> None:
         """Index the whole lines `path` holds after `length` (a last line without its
@@ -78,8 +84,10 @@ class Index:
     def save(self, path: Path, source: Path | None = None) -> None:
         """Written beside `path` (atomically; not fsync'ed: a lost index costs a rescan);
         `source`: the file indexed, when it is not `path` yet (a download's partial file)."""
+        indexed = str(source or path)
         head = json.dumps({"length": self.length, "lines": len(self.starts),
-                           "probe": fetch_list.probe_sha256(str(source or path), self.length)})
+                           "probe": fetch_list.probe_sha256(indexed, self.length),
+                           "host_file": self.host_file, "written": stamp(indexed)})
         where = index_path(path)
         if where.parent.is_symlink():
             return  # the merged folder is reached through no symlink (fetch refuses one)
@@ -105,7 +113,8 @@ def load(path: Path, *, against: Path | None = None) -> Index | None:
             return None
         if fetch_list.probe_sha256(str(against or path), length) != head["probe"]:
             return None
-        idx = Index(length)
+        host_file = head.get("host_file")
+        idx = Index(length, host_file=host_file if isinstance(host_file, str) else None)
         idx.starts.frombytes(body[:8 * lines])
         idx.hashes.frombytes(body[8 * lines:])
         return idx
@@ -118,10 +127,40 @@ def current(path: Path) -> Index:
     idx = load(path) or Index()
     before = idx.length
     idx.extend(path)
+    if idx.length != before:
+        idx.host_file = None  # lines no download wrote: the next resume proves its prefix whole
     if idx.length != before or not index_path(path).exists():
         with contextlib.suppress(OSError):  # an index that cannot be saved costs a rescan
             idx.save(path)
     return idx
+
+
+def stamp(path: str) -> list[int]:
+    """What changes whenever a file's bytes do: its size, mtime, device and inode (not its
+    ctime, which the merge's hard link to a copy kept whole changes too)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino]
+
+
+def untouched(final: Path, written: Path, host_file: str | None, length: int) -> bool:
+    """Are `written`'s `length` bytes (the prefix a fetch resumes from: `final` itself or its
+    partial file) exactly what a download from the host file `host_file` wrote there, and
+    untouched since? Yes when `final`'s index says that download wrote them (its host
+    file id) and `written`'s size, mtime and inode are still what they were once it had;
+    then its bytes need no whole-prefix proof (handoff.ops.fetch.Proof). A file replaced,
+    written to or cut since, an index from before this check existed, or one from another
+    host file: no."""
+    if not host_file:
+        return False
+    try:
+        raw = index_path(final).read_bytes()
+        if not raw.startswith(_MAGIC):
+            return False
+        head = json.loads(raw[len(_MAGIC):raw.index(b"\n", len(_MAGIC))])
+        return (head.get("host_file") == host_file and head.get("written") == stamp(str(written))
+                and head["written"][0] == length)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def drop(path: Path) -> None:
@@ -135,9 +174,10 @@ class Growing:
     the final name. Resumed from `offset`: the index left of those bytes, if it still
     matches them, else they are indexed too."""
 
-    def __init__(self, final: Path, offset: int) -> None:
+    def __init__(self, final: Path, offset: int, host_file: str | None = None) -> None:
         self.final = final
         self.offset = offset
+        self.host_file = host_file
         self.idx: Index | None = None
         self.target = final
 
@@ -146,6 +186,7 @@ class Growing:
         if self.idx is None:
             old = load(self.final, against=target) if self.offset else None
             self.idx = old if old is not None and old.length <= self.offset else Index()
+        self.idx.host_file = self.host_file
         self.idx.extend(target)
 
     def save(self, *, landed: bool = False) -> None:

@@ -8,9 +8,11 @@ relative path -> local size N), it returns `prefix_sha256`, the sha256 of the *p
 the host file's first N bytes (`probe_sha256`: the whole N bytes when N <= 2 MiB, else
 their first and last MiB): cheap on both sides whatever N, and it catches a file that was
 replaced or rewritten (it starts otherwise) or cut and rewritten (it ends otherwise). The
-workstation resumes on a matching probe and proves the whole prefix while the rest moves
-(the `hash` mode below), so a difference in the middle is caught before the file is
-renamed into place.
+workstation resumes on a matching probe and, unless its prefix is one it wrote itself from
+this very host file and left untouched since (`file_id`, the file's device and inode,
+tells the host file apart from one that replaced it: handoff.ops.merge_index.untouched),
+proves the whole prefix while the rest moves (the `hash` mode below), so a difference in
+the middle is caught before the file is renamed into place.
 
 With `jobs_dir` instead of `job_dir`, every job folder under it is listed in the same round
 trip (`fab fetch` without `--job`); `local` then maps each job to its relative paths.
@@ -136,7 +138,8 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
             if not stat.S_ISREG(st.st_mode):
                 skipped.append({"rel": rel, "kind": kind(st.st_mode)})
                 continue
-            entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime}
+            entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime,
+                                     "file_id": f"{st.st_dev}:{st.st_ino}"}
             have = local.get(rel)
             if have is not None and 0 < have <= st.st_size:
                 digest = probe_sha256(path, have)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,6 +87,74 @@ def test_a_download_leaves_the_index_of_its_lines_for_the_merge(ws: Workstation,
         idx = merge_index.load(local / "output.jsonl")
         size = (jd / "output.jsonl").stat().st_size
         assert idx is not None and idx.length == size and len(idx.starts) == (4 if grown else 2)
+
+
+def test_a_prefix_written_here_and_untouched_needs_no_whole_prefix_hash(
+        ws: Workstation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut download's part, resumed untouched from the same host file, resumes on its probe
+    alone: neither side hashes the whole prefix. Changed since in its middle (where the probe
+    does not look), or the host file replaced by another with the same ends, the whole
+    prefix is proven again and the difference caught: the file comes whole, said."""
+    import time
+
+    from handoff.errors import RemoteError
+    from handoff.host.transfer import partial
+    from handoff.ops import fetch as fetching
+    from handoff.ops import merge_index
+    from tests.support.files import CutFiles
+
+    proofs: list[list[str]] = []
+
+    class Recorded(fetching.Proof):
+        def __init__(self, s: Any, resumed: dict[str, tuple[str, Path, int]]) -> None:
+            proofs.append(sorted(resumed))
+            super().__init__(s, resumed)
+
+    monkeypatch.setattr(fetching, "Proof", Recorded)
+    jd = ws.remote_dir("a") / "jobs" / "generator"
+    jd.mkdir(parents=True)
+    data = b"".join(b'{"id":"p%d","response":"%s"}\n' % (i, b"x" * 990) for i in range(5000))
+    (jd / "output.jsonl").write_bytes(data)
+    local = tmp_path / "r" / "a" / "generator"
+    final, part = local / "output.jsonl", partial(local / "output.jsonl")
+    [target] = ws.targets("a")
+    cut = 3_500_000  # past the probe's 2 MiB: the middle is only seen by a whole-prefix hash
+
+    def cut_fetch() -> None:
+        final.unlink(missing_ok=True)
+        merge_index.drop(final)
+        with ws.connect(target) as session:
+            session._files = CutFiles(ws.home("a"), cut=cut)  # type: ignore[attr-defined]
+            with pytest.raises(RemoteError, match="run fetch again to resume"):
+                fetch_job(session, "generator", local)
+        assert part.stat().st_size == cut
+
+    def fetch() -> Any:
+        with ws.connect(target) as session:
+            return fetch_job(session, "generator", local)
+
+    cut_fetch()
+    done = fetch()
+    assert (done.resumed, done.restarted, proofs) == (1, [], [])  # the probe alone
+    assert final.read_bytes() == data and not part.exists()
+
+    cut_fetch()
+    time.sleep(0.02)  # the change lands on a later clock tick than the cut's last write
+    changed = bytearray(part.read_bytes())
+    changed[changed.index(b"x", cut // 2)] = ord("y")
+    part.write_bytes(changed)  # same size, same inode: only the mtime says it changed
+    done = fetch()
+    assert proofs == [["output.jsonl"]] and done.resumed == 0
+    assert "whole-prefix sha256" in done.restarted[0] and final.read_bytes() == data
+
+    cut_fetch()
+    other = bytearray(data)
+    other[other.index(b"x", cut // 2)] = ord("z")
+    (jd / ".new").write_bytes(other)
+    os.replace(jd / ".new", jd / "output.jsonl")  # another host file, with the same ends
+    done = fetch()
+    assert proofs[-1] == ["output.jsonl"] and done.resumed == 0
+    assert "whole-prefix sha256" in done.restarted[0] and final.read_bytes() == other
 
 
 def test_fetch_of_a_job_never_launched_fails_the_host(ws: Workstation, tmp_path: Path,

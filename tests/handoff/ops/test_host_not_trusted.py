@@ -163,6 +163,16 @@ def test_a_listing_is_checked_entry_by_entry(tmp_path: Path) -> None:
     assert len(refused) == 7
 
 
+@pytest.mark.parametrize("file_id", ["64768:1234", "x:1", "1:2:3", "1:2\n", "9" * 30 + ":1", 12, None,
+                                     ["1", "2"]])
+def test_a_host_file_id_is_used_only_in_its_own_shape(tmp_path: Path, file_id: Any) -> None:
+    """The listing's file_id (device:inode) only decides whether a prefix written here from
+    that file may resume on its probe alone; anything but two short numbers is no id."""
+    listing = {"files": [{"rel": "output.jsonl", "size": 10, "mtime": 1.0, "file_id": file_id}]}
+    [entry], _ = fetch.checked_entries(listing, tmp_path, "job")
+    assert entry.file_id == (file_id if file_id == "64768:1234" else None)
+
+
 def test_free_bytes_of_a_folder_not_made_yet(tmp_path: Path) -> None:
     assert fetch.free_bytes(tmp_path / "a" / "b") == os.statvfs(tmp_path).f_bavail * \
         os.statvfs(tmp_path).f_frsize
