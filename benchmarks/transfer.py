@@ -7,9 +7,11 @@ repetition runs, back to back and in a rotating order so machine noise spreads o
           download, rename, and the merge into DEST/<job>/output.jsonl, each id
           checked once)                                       vs `scp host:FILE DEST`
   resume  `fab fetch` with the first half already there, as a cut fetch leaves it (the
-          part file and the index of its lines): the probe (2 MiB each side), then only
-          the rest moves while both sides hash the half for the proof, and the merge reads
-          only the new lines                                  vs the whole fetch
+          part file and the index of its lines, which records the host file it came from
+          and the part as written): the probe (2 MiB each side), then only the rest moves,
+          and the merge reads only the new lines              vs the whole fetch
+          and again with no such record (a part left by an older handoff or copied in):
+          the same, while both sides hash the half for the whole-prefix proof
   upload  transfer.upload_file over an SSHSession, what `fab launch --input` runs (connect,
           temp file, rename)                                  vs `scp FILE host:DEST`
   upload resume  transfer.upload_resumable (what `fab launch --input` runs) with half the
@@ -25,7 +27,6 @@ Ratios are medians of per-repetition ratios. Every result is checked (size and s
 
     sudo .venv/bin/python benchmarks/transfer.py                  # 1 GB, 5 reps
     sudo .venv/bin/python benchmarks/transfer.py --explore        # + the transports compared
-    sudo .venv/bin/python benchmarks/transfer.py --proof-cost     # + what the resume's proof costs
     sudo .venv/bin/python benchmarks/transfer.py --write          # record in BENCHMARKS.md
 """
 
@@ -151,30 +152,6 @@ class Bench:
         if took:
             self.download_s.setdefault(case, []).append(float(took[-1]))
 
-    def inproc_fetch(self, proof: bool = True) -> None:
-        """`fab fetch`'s own function in this process (no interpreter start, no imports), with
-        the resumed prefix's whole-prefix proof (handoff.ops.fetch.Proof) or, for the
-        diagnostic only, without it: what the proof's hashing costs on these cores."""
-        from handoff.cli import commands
-        from handoff.ops import fetch as fetching
-
-        class Unproven:  # not what fab does: the diagnostic's stand-in, hashing nothing
-            def __init__(self, *_: object) -> None:
-                pass
-
-            def holds(self, rel: str) -> bool:
-                return True
-
-        os.environ.update(self.sbx.env())
-        saved = fetching.Proof
-        if not proof:
-            fetching.Proof = Unproven  # type: ignore[misc, assignment]
-        try:
-            if commands.fetch(self.c.name, None, dest=str(self.dest)) != 0:
-                sys.exit("the in-process fetch failed")
-        finally:
-            fetching.Proof = saved  # type: ignore[misc]
-
     def scp_get(self) -> None:
         self.sub(["scp", "-q", *self.ssh, f"{self.c.name}:{self.remote}", str(self.copy)])
 
@@ -264,9 +241,12 @@ class Bench:
         for leftover in self.c.home.glob(".input.jsonl.tmp-*"):
             leftover.unlink()
 
-    def half_fetched(self) -> None:
+    def half_fetched(self, recorded: bool = True) -> None:
         """What a fetch cut at half leaves: the partial file with the first half, and the
-        index of its lines that the cut download saved (transfer.download's on_written)."""
+        index of its lines that the cut download saved (transfer.download's on_written),
+        which records the host file it came from (the device:inode the host's listing
+        reports) and the part as written; `recorded=False`: a part with no such record
+        (left by an older handoff, or copied in by hand), which is proven whole."""
         from handoff.ops import merge_index
 
         self.clear()
@@ -274,7 +254,8 @@ class Bench:
         part.parent.mkdir(parents=True)
         with self.remote.open("rb") as src, part.open("wb") as out:
             copy_prefix(src, out, self.size // 2)
-        growing = merge_index.Growing(self.local, 0)
+        st = self.remote.stat()
+        growing = merge_index.Growing(self.local, 0, f"{st.st_dev}:{st.st_ino}" if recorded else None)
         growing(part)
         growing.save()
 
@@ -292,7 +273,7 @@ class Bench:
                 sys.exit(f"{path} does not hold the file")
         return check
 
-    def cases(self, explore: bool, proof_cost: bool = False) -> list[Case]:
+    def cases(self, explore: bool) -> list[Case]:
         cases = [
             Case("fab fetch", "fetch", lambda: self.fab_fetch("fetch"), self.clear,
                  self.expect(self.local)),
@@ -300,22 +281,15 @@ class Bench:
             Case("fab fetch, half already here", "resume", lambda: self.fab_fetch("resume"),
                  self.half_fetched,
                  self.expect(self.local)),
+            Case("fab fetch, half here with no record of it (proven whole)", "resume",
+                 lambda: self.fab_fetch("resume proven"),
+                 lambda: self.half_fetched(recorded=False), self.expect(self.local)),
             Case("handoff upload (fab launch --input)", "upload", self.handoff_put, self.clear,
                  self.expect(self.uploaded), in_process=True),
             Case("handoff upload, half already there", "upload resume", self.handoff_resume_put,
                  self.half_uploaded, self.expect(self.uploaded), in_process=True),
             Case("scp upload", "upload", self.scp_put, self.clear, self.expect(self.uploaded)),
         ]
-        if proof_cost:
-            cases += [
-                Case("fetch in-process", "fetch", self.inproc_fetch, self.clear,
-                     self.expect(self.local), in_process=True),
-                Case("resume in-process", "resume", self.inproc_fetch, self.half_fetched,
-                     self.expect(self.local), in_process=True),
-                Case("resume in-process, no whole-prefix proof (diagnostic)", "resume",
-                     lambda: self.inproc_fetch(proof=False), self.half_fetched,
-                     self.expect(self.local), in_process=True),
-            ]
         if explore:
             cases += [
                 Case("ssh host cat", "fetch", self.ssh_cat, self.clear, self.expect(self.copy)),
@@ -357,6 +331,7 @@ def report(cases: list[Case], size: int, reps: int, command: str, loads: list[st
                     f"{ratio} |")
     fetch_ratio = paired(fab, scp)
     resume = by["fab fetch, half already here"]
+    proven = by["fab fetch, half here with no record of it (proven whole)"]
     up, up_resume = by["handoff upload (fab launch --input)"], by["handoff upload, half already there"]
     resumed = paired(resume, fab)
     up_resumed = paired(up_resume, up)
@@ -366,21 +341,16 @@ def report(cases: list[Case], size: int, reps: int, command: str, loads: list[st
         f"{'met' if fetch_ratio <= TARGET_RATIO else 'MISSED'})",
         f"- resumed from half: {statistics.median(resume.walls):.2f} s, {resumed:.2f}× a whole "
         f"fetch (target ≤ {TARGET_RESUME}×: {'met' if resumed <= TARGET_RESUME else 'MISSED'}; "
-        "only the second half moves, checked first by a 2 MiB probe on each side, the whole "
-        "half proven by sha256 on both sides beside the transfer, the merge reading only "
+        "the part a cut fetch left, with its record: only the second half moves, checked "
+        "first by a 2 MiB probe on each side, no whole-prefix hash (the part is the one "
+        "this workstation wrote from that host file, untouched), the merge reading only "
         "the new lines)",
+        f"- resumed from a half with no record of it: {statistics.median(proven.walls):.2f} s, "
+        f"{paired(proven, fab):.2f}× a whole fetch (the same, plus the whole half hashed "
+        "on both sides beside the transfer, the host on a second channel)",
         f"- upload resumed from half: {statistics.median(up_resume.walls):.2f} s, "
         f"{up_resumed:.2f}× a whole upload (the same checks on the host's part file)",
     ]
-    if "resume in-process" in by:
-        inproc = by["fetch in-process"]
-        proven = paired(by["resume in-process"], inproc)
-        unproven = paired(by["resume in-process, no whole-prefix proof (diagnostic)"], inproc)
-        verdicts.append(
-            f"- in this process (no interpreter start): the resume {proven:.2f}× the whole "
-            f"fetch with the whole-prefix proof, {unproven:.2f}× without it (the diagnostic, "
-            f"not what fab does): the proof's hashing of the half on both sides costs "
-            f"{proven - unproven:.2f} of a whole fetch's wall on these cores")
     down = statistics.median(download_s["fetch"]) if download_s.get("fetch") else 0.0
     if down > 0:  # fab prints tenths of a second: a small file reads 0.0 s
         verdicts.append(
@@ -404,9 +374,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--explore", action="store_true",
                         help="also ssh cat, sftp -b, rsync, paramiko's stock SFTP")
-    parser.add_argument("--proof-cost", action="store_true",
-                        help="also the fetch and resume in this process, and the resume "
-                             "without its whole-prefix proof (a diagnostic: what the proof costs)")
     parser.add_argument("--write", action="store_true", help="record in BENCHMARKS.md ## Transfers")
     args = parser.parse_args(argv)
     command = "sudo .venv/bin/python benchmarks/transfer.py " + " ".join(argv or sys.argv[1:])
@@ -416,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         with Sandbox(work / "sandbox", hosts=1, api=False, keyring="file") as sbx:
             bench = Bench(sbx, work, size)
-            cases = bench.cases(args.explore, args.proof_cost)
+            cases = bench.cases(args.explore)
             for rep in range(args.reps):
                 shift = rep % len(cases)
                 for case in cases[shift:] + cases[:shift]:
