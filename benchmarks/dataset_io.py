@@ -1,7 +1,7 @@
 """What datasets cost on the workstation: `fab launch`'s local check and `fab fetch`'s merge,
 each against the bare floor of the same work.
 
-    .venv/bin/python benchmarks/datasets.py [--lines 40000] [--reps 5]
+    .venv/bin/python benchmarks/dataset_io.py [--lines 40000] [--reps 5]
 
 Writes an EAGLE-3-shaped corpus in a temp dir (ShareGPT records with an old answer, ~3.8 KB
 a line), two hosts' shards of its answers, then alternates, --reps times:
