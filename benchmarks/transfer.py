@@ -247,6 +247,7 @@ class Bench:
         which records the host file it came from (the device:inode the host's listing
         reports) and the part as written; `recorded=False`: a part with no such record
         (left by an older handoff, or copied in by hand), which is proven whole."""
+        from handoff.host.remote_code import fetch_list
         from handoff.ops import merge_index
 
         self.clear()
@@ -254,8 +255,8 @@ class Bench:
         part.parent.mkdir(parents=True)
         with self.remote.open("rb") as src, part.open("wb") as out:
             copy_prefix(src, out, self.size // 2)
-        st = self.remote.stat()
-        growing = merge_index.Growing(self.local, 0, f"{st.st_dev}:{st.st_ino}" if recorded else None)
+        host_file = fetch_list.file_id(self.remote.stat()) if recorded else None
+        growing = merge_index.Growing(self.local, 0, host_file)
         growing(part)
         growing.save()
 

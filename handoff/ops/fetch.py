@@ -292,8 +292,7 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
             continue
         done.resumed += start.offset > 0
         remote = f"{remote_dir}/{rel}"
-        verify = (functools.partial(proof.holds, rel) if proof and rel in resumed
-                  else None)
+        verify = functools.partial(proof.holds, rel) if proof and rel in resumed else None
         try:
             try:
                 _download(s, remote, entry, start, shown, verify)

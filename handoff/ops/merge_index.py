@@ -32,6 +32,7 @@ import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 from handoff.host.remote_code import fetch_list
 from payload import atomic
@@ -102,13 +103,10 @@ def load(path: Path, *, against: Path | None = None) -> Index | None:
     """The index saved beside `path`, if it still describes the first bytes of `against`
     (default: `path`) by their probe; None otherwise (none, unreadable, stale)."""
     try:
-        raw = index_path(path).read_bytes()
-        if not raw.startswith(_MAGIC):
-            return None
-        head_end = raw.index(b"\n", len(_MAGIC))
-        head = json.loads(raw[len(_MAGIC):head_end])
+        with index_path(path).open("rb") as fh:
+            head = _head(fh)
+            body = memoryview(fh.read())
         length, lines = int(head["length"]), int(head["lines"])
-        body = memoryview(raw)[head_end + 1:]
         if len(body) != 16 * lines or length < 0:
             return None
         if fetch_list.probe_sha256(str(against or path), length) != head["probe"]:
@@ -153,14 +151,22 @@ def untouched(final: Path, written: Path, host_file: str | None, length: int) ->
     if not host_file:
         return False
     try:
-        raw = index_path(final).read_bytes()
-        if not raw.startswith(_MAGIC):
-            return False
-        head = json.loads(raw[len(_MAGIC):raw.index(b"\n", len(_MAGIC))])
+        with index_path(final).open("rb") as fh:
+            head = _head(fh)  # the head only: the lines' arrays are not needed here
         return (head.get("host_file") == host_file and head.get("written") == stamp(str(written))
                 and head["written"][0] == length)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return False
+
+
+def _head(fh: IO[bytes]) -> dict[str, Any]:
+    """An index file's head: the JSON line after the magic (ValueError: no index)."""
+    if fh.read(len(_MAGIC)) != _MAGIC:
+        raise ValueError("not a merge index")
+    head = json.loads(fh.readline())
+    if not isinstance(head, dict):
+        raise ValueError("not a merge index")
+    return head
 
 
 def drop(path: Path) -> None:
@@ -186,7 +192,7 @@ class Growing:
         if self.idx is None:
             old = load(self.final, against=target) if self.offset else None
             self.idx = old if old is not None and old.length <= self.offset else Index()
-        self.idx.host_file = self.host_file
+            self.idx.host_file = self.host_file
         self.idx.extend(target)
 
     def save(self, *, landed: bool = False) -> None:

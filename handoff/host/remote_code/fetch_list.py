@@ -83,6 +83,12 @@ def hashes(a: dict[str, Any]) -> dict[str, Any]:
     return {"sha256": out}
 
 
+def file_id(st: os.stat_result) -> str:
+    """Which file this is on its host (device:inode): the same while it is appended to,
+    another once it is replaced."""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def expand(path: str) -> str:
     return os.path.expanduser(path) if path.startswith("~") else path
 
@@ -139,7 +145,7 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
                 skipped.append({"rel": rel, "kind": kind(st.st_mode)})
                 continue
             entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime,
-                                     "file_id": f"{st.st_dev}:{st.st_ino}"}
+                                     "file_id": file_id(st)}
             have = local.get(rel)
             if have is not None and 0 < have <= st.st_size:
                 digest = probe_sha256(path, have)
