@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from handoff.ssh import connect
 from tests.integration.conftest import explain, remote_dir, wait_until
 
 MB = 1_000_000
@@ -120,9 +121,11 @@ def test_bulk_sftp_against_openssh(session: Any) -> None:
                 pass
     assert s.files.stat(path).size == len(data)
     # The bulk cipher: AES-GCM, as handoff.ssh.connect prefers, on both directions; and no Nagle
-    # delay on the socket (every round trip would wait for a delayed ACK).
+    # delay on the socket (every round trip would wait for a delayed ACK), nor a delayed ACK
+    # of ours holding sshd's answers under its own Nagle (connect.QuickAcks, Linux).
     assert s.transport.remote_cipher == s.transport.local_cipher == "aes128-gcm@openssh.com"
     assert s.link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert isinstance(s.link.sock, connect.QuickAcks) == hasattr(socket, "TCP_QUICKACK")
 
 
 def test_fetch_refuses_a_changed_host_key_as_before(make_sandbox, fab, tmp_path: Path) -> None:

@@ -196,3 +196,64 @@ def test_route_goes_through_every_hop_in_order(tmp_path: Path, monkeypatch: pyte
     assert hops[-1].endpoint.hostname == "127.0.0.33" and hops[-1].label == "deep"
     assert hops[1].endpoint.proxy_jump == ()  # a later hop goes through the previous one only
     assert hops[0].label == "outer (jump host for deep)"
+
+
+
+class _SpySocket:
+    """A real TCP socket that counts the quick-ACK requests QuickAcks makes of it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.quick_acks = 0
+
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        assert (level, option, value) == (socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        self.quick_acks += 1
+        self.sock.setsockopt(level, option, value)
+
+    def gettimeout(self) -> float | None:
+        return self.sock.gettimeout()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
+def test_small_answers_are_acknowledged_at_once_bulk_data_is_not() -> None:
+    """sshd answers a non-interactive session under Nagle: its second small packet waits for
+    our ACK, which Linux delays by up to 40 ms. So a read that leaves nothing waiting after a
+    small burst asks for the ACK at once; a read with more waiting, or the end of a bulk
+    burst (where the kernel acknowledges every other segment anyway), does not."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        peer = socket.create_connection(server.getsockname())
+        mine, _ = server.accept()
+    with peer, mine:
+        spy = _SpySocket(mine)
+        quick = connect.QuickAcks(spy)  # type: ignore[arg-type]
+
+        def arrived(n: int) -> None:
+            deadline = time.monotonic() + 10
+            while len(mine.recv(n, socket.MSG_PEEK)) < n:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+        peer.sendall(b"x" * 10)
+        arrived(10)
+        assert quick.recv(100) == b"x" * 10 and spy.quick_acks == 1
+        peer.sendall(b"y" * 20)
+        arrived(20)
+        assert quick.recv(10) == b"y" * 10 and spy.quick_acks == 1  # 10 more waiting
+        assert quick.recv(10) == b"y" * 10 and spy.quick_acks == 2
+        bulk = 100 * 1024
+        peer.sendall(b"z" * bulk)
+        arrived(bulk)
+        got = quick.recv(64 * 1024)
+        got += quick.recv(bulk)
+        assert got == b"z" * bulk and spy.quick_acks == 2
+        peer.sendall(b"w")
+        arrived(1)
+        assert quick.recv(10) == b"w" and spy.quick_acks == 3  # small again after the bulk
+        assert quick.gettimeout() == mine.gettimeout()  # anything else goes to the socket
