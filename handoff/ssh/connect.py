@@ -222,9 +222,9 @@ class QuickAcks:
     Why: sshd sets TCP_NODELAY only on interactive (pty) sessions, so on ours Nagle's
     algorithm holds its second small packet in a row until our ACK of the first, and Linux
     delays that ACK by up to 40 ms. The first channel of every connection waited so:
-    connect, login, open a channel and run `true` took 75 ms against OpenSSH's sshd on
-    loopback, 29 ms with this; a `fab fetch` with nothing to move 0.45 s, 0.35 s
-    (BENCHMARKS.md, "Transfers"). Not in bulk (more bytes waiting, or a burst of more than
+    connect, login, open a channel and run `true` took 79 ms against OpenSSH's sshd on
+    loopback, 34 ms with this (benchmarks/connect.py); a `fab fetch` with nothing to move
+    0.45 s, 0.35 s (BENCHMARKS.md, "Transfers"). Not in bulk (more bytes waiting, or a burst of more than
     SMALL): the kernel acknowledges every other full segment anyway, and quick ACKs there
     cost a download ~5%. The check is one ioctl per read."""
 
