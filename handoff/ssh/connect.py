@@ -222,9 +222,9 @@ class QuickAcks:
     Why: sshd sets TCP_NODELAY only on interactive (pty) sessions, so on ours Nagle's
     algorithm holds its second small packet in a row until our ACK of the first, and Linux
     delays that ACK by up to 40 ms. The first channel of every connection waited so:
-    connect, login, open a channel and run `true` took 79 ms against OpenSSH's sshd on
-    loopback, 34 ms with this (benchmarks/connect.py); a `fab fetch` with nothing to move
-    0.45 s, 0.35 s (BENCHMARKS.md, "Transfers"). Only small reads are looked at: a 1 GB
+    connect, login, open a channel and run `true` took 76 ms against OpenSSH's sshd on
+    loopback, 31 ms with this (benchmarks/connect.py); a `fab fetch` with nothing to move
+    0.376 s, 0.321 s (BENCHMARKS.md, "Transfers"). Only small reads are looked at: a 1 GB
     download makes ~40,000 reads, and a system call after each cost it 6%; its ~4,000
     small ones (packet heads) cost nothing measurable."""
 
