@@ -21,11 +21,13 @@ connection in flight (Ctrl-C), which unblocks the threads waiting on them at onc
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import logging
 import os
 import shlex
 import socket
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -45,6 +47,11 @@ from handoff.ssh.endpoint import Endpoint, Hop, route
 # negotiates the next cipher in paramiko's own order; key exchange, MACs and the host key
 # check are untouched.
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+# Asking the kernel for an ACK at once (QuickAcks, below) is Linux's; FIONREAD's answer (an
+# int) when no byte is waiting.
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+_NOTHING = bytes(4)
 
 # paramiko logs "Exception (client): …" and whole tracebacks at ERROR for failures that
 # handoff reports itself (as one clear line per host); with no handler of its own, Python's
@@ -205,13 +212,6 @@ def _open_socket(hop: Hop, through: Link | None) -> Any:
     # Nagle's algorithm holds until the server's delayed ACK: 40 ms on Linux. ssh sets it too.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return _track(QuickAcks(sock) if _QUICKACK is not None else sock)
-
-
-_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
-if _QUICKACK is not None:
-    import fcntl
-    import termios
-_NOTHING = bytes(4)  # FIONREAD's answer (an int) when no byte is waiting
 
 
 class QuickAcks:

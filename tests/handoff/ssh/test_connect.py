@@ -198,7 +198,6 @@ def test_route_goes_through_every_hop_in_order(tmp_path: Path, monkeypatch: pyte
     assert hops[0].label == "outer (jump host for deep)"
 
 
-
 class _SpySocket:
     """A real TCP socket that counts the quick-ACK requests QuickAcks makes of it."""
 
