@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -118,6 +119,15 @@ def text(value: Any, limit: int = MAX_TEXT_CHARS) -> str | None:
 
 def flag(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
+
+
+_FILE_ID = re.compile(r"[0-9]{1,20}:[0-9]{1,20}")
+
+
+def file_id(value: Any) -> str | None:
+    """A host file's identity as fetch_list reports it (`device:inode`: two short numbers),
+    else None (no id). Compared for equality only, never used as a path."""
+    return value if isinstance(value, str) and _FILE_ID.fullmatch(value) else None
 
 
 def strings(value: Any, limit: int = MAX_SAMPLES) -> list[str]:

@@ -44,7 +44,6 @@ the numbers); the rest is fetched, and the command exits non-zero.
 from __future__ import annotations
 
 import functools
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,8 +68,6 @@ from handoff.ops.local_copies import (
     local_hashes,
 )
 from handoff.run.parallel import HostReport
-
-FILE_ID = re.compile(r"[0-9]{1,20}:[0-9]{1,20}")  # fetch_list's file_id: device:inode
 
 
 @dataclass
@@ -117,8 +114,7 @@ def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry
         digest, file_id = entry.get("prefix_sha256"), entry.get("file_id")
         entries.append(Entry(rel, size, untrusted.number(entry.get("mtime"), minimum=0) or 0.0,
                              local, digest if isinstance(digest, str) else None,
-                             file_id if isinstance(file_id, str) and FILE_ID.fullmatch(file_id)
-                             else None))
+                             untrusted.file_id(file_id)))
     skipped = listing.get("skipped") if isinstance(listing, dict) else None
     for other in skipped if isinstance(skipped, list) else []:
         if isinstance(other, dict):
