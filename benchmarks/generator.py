@@ -738,7 +738,7 @@ NOTES = """### Reading these figures
 - "x ideal" includes each client's process start (Python, imports, the input survey:
   ~0.5-1 s). The oracle, a semaphore of exactly K, shows what a client that knows the
   capacity reaches on this machine; `payload generate` finds K from the 429s alone, and its
-  slow start (32 in flight, tripling per round trip) costs about a second against it.
+  slow start (32 in flight, then x16 per round trip) costs about a round trip against it.
 - The SDK's "failed" ids are prompts its default 2 retries could not get through (each an
   exception a user's loop must catch and redo); `payload generate` records none.
 - "back to 90% rate": seconds from the outage's end until a second runs at 90% of
@@ -749,9 +749,9 @@ NOTES = """### Reading these figures
   client that honours Retry-After avoids.
 - Capacity targets (issue 23: wall within 1.05x the oracle's, <= 1.08x the prompts in
   requests): read them off the table above. Where the gap goes on a busy machine: slow
-  start from 32 (tripling per round trip: ~1 s of the cap's capacity, the price of a run
-  whose every answer is an error sending a few dozen requests), and the start's overshoot
-  (answers read late let the window grow past K before the first refusals are read).
+  start's first round trip at 32 in flight (~0.5 s of the cap's capacity, the price of a
+  run whose every answer is an error sending a few dozen requests), the step past K (512
+  at K=500, read on its first refusals), and the probes for a cap that rose.
 - The same rules on a noise-free virtual-time model (tests/payload/generate/limiter_sim.py
   and test_limiter_model.py) meet the targets on every shape; the model has no answers
   sitting unread, which is where the benchmark's gap is.

@@ -634,7 +634,7 @@ def report(data: dict[str, Any]) -> str:
             f"- in flight held at the concurrency {m('payload', 'held'):.1%} of the time after "
             f"the start (target >= {HELD_TARGET:.0%}: "
             f"{'met' if m('payload', 'held') >= HELD_TARGET else 'MISSED'}; the bare loop "
-            f"{m('bare', 'held'):.1%}); the start (slow start from 32, tripling per round trip "
+            f"{m('bare', 'held'):.1%}); the start (slow start from 32, x16 per round trip "
             f"of ~{any_run['latency_mean_s']:.1f} s) took {m('payload', 'ramp_s'):.1f} s, "
             f"{m('payload', 'ramp_s') / any_run['latency_mean_s']:.1f}x the mean latency; the "
             f"bare loop's {m('bare', 'ramp_s'):.1f} s"]
@@ -707,11 +707,12 @@ NOTES = """### Reading these figures
   p99: it is the CPU, not the server's pool of bodies, that the run waits on. The payload's
   held share moved with the load (55% at load 12, 80% at load 6.5; the bare loop 85% and
   83% in the same reps).
-- The start: `payload generate` opens with 32 in flight and grows the window by two per
-  success (tripling per round trip, limiter.py), so it reaches 2000 after ~3.6 mean
-  latencies (22.7 s here). On the real seed run (mean latency ~60 s, ideal wall ~20 min for
-  40k at 2000) that is ~3.5 min at part load, ~5-8% of the run's wall. The bare loop and
-  the SDK open 2000 at once.
+- The start: `payload generate` opens with 32 in flight and grows the window per success
+  (limiter.py). In the run these notes describe it tripled per round trip and reached
+  2000 after ~3.6 mean latencies (22.7 s); on the real seed run (mean latency ~60 s,
+  ideal wall ~20 min for 40k at 2000) that was ~3.5 min at part load, ~5-8% of the run's
+  wall. Since 2026-12-02 it grows x16 per round trip (32, 512, 2000). The bare loop and the
+  SDK open 2000 at once.
 - The tail: after the last prompt is sent the longest answers (up to 30 s here) take their
   time; every client pays it (~27 s).
 - Wall: payload 171 s against an ideal 127 s: the start (~12 s of lost capacity) and the

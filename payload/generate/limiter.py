@@ -1,9 +1,11 @@
 """How many requests may be in flight: slow start, capacity, throttling, outages
 (docs/generator.md, "Throttling" and "Capacity", tells the same for users).
 
-Slow start: the window starts small (`initial_window`, tens) and grows by two per success
-(tripling every round trip) up to `--concurrency`, so a run whose every answer is an error
-has sent a few dozen requests before it stops. A window nobody fills does not grow.
+Slow start: the window starts small (`initial_window`, tens) and grows by fifteen per
+success (x16 every round trip: 32, 512, 2000) up to `--concurrency`, so a run whose every
+answer is an error has sent a few dozen requests before it stops, and one whose first
+answers are fine is at a cap of hundreds after one round trip. A window nobody fills does
+not grow.
 
 Throttling (429, or 402 with Retry-After) spends no attempt: the prompt waits as told and
 keeps its *slot* while it waits (up to HOLD_MAX_S; a `Hold`), which slows dispatch in
@@ -23,11 +25,17 @@ place at the server (slots.py `place`, at `_place_limit`): the margin's prompts 
 instead of being refused, and nothing is left refused at the run's end. A cap that rises:
 nothing refused for 1.5 times the longest wait (at least 0.5 s) with the window full means
 the margin's prompts got in: the window probes (+0.5 per success, x1.5 per round trip,
-nobody waiting for a place) until the first refusal, whose stamp is the new level.
+nobody waiting for a place) until the first refusal, whose stamp is the new level. Not in
+the run's last round trips (`left`, set by the run): the prompts a probe gets refused would
+wait out their Retry-After after everything else is done, a tail of a second for nothing.
 
-A capacity is found in one of two ways, each blind to sporadic throttling (even half of
-all answers never shrinks the window). (1) The retries (evidence.py): refused again after
-waiting far more often than first tries, as only a full server refuses them. (2) The
+A capacity is found in one of three ways, each blind to sporadic throttling (even half of
+all answers never shrinks the window). (0) The stamps (`_test_stamps`): the refusals sit
+at the top of the counts, every request sent with as many at the server refused and the
+many sent with fewer accepted, which random throttling does only by a chance of 1e-8; it
+reads slow start's step past a cap on its first dozen refusals. (1) The retries
+(evidence.py): refused again after waiting far more often than first tries, as only a full
+server refuses them (read as they come and again once their bins settle). (2) The
 delivery rate, for a busy machine whose retries find the server drained: twice, a window
 half as large again as at the best rate served under 10% more, with a share of refusals
 15 points larger (a share that stays put is random throttling). A round
@@ -47,6 +55,7 @@ from __future__ import annotations
 import collections
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from payload.generate.client import Kind, Outcome
@@ -55,9 +64,11 @@ from payload.generate.outage import Breaker
 from payload.generate.slots import HOLD, HOLD_MAX_S, RELEASE, YIELD, Hold, Slots
 
 INITIAL_WINDOW = 32
-# Slots added per success in slow start: the window triples every round trip (32, 96,
-# 288, ...), reaching 2000 in four round trips; a start against a full server is damped.
-SLOW_START_GAIN = 2.0
+# Slots added per success in slow start: the window grows x16 every round trip (32, 512,
+# 2000), at a cap of a few hundred a round trip sooner than tripling (32, 96, 288, 864);
+# a step past the cap is read on its first refusals (`_test_stamps`, (2)), so it costs
+# about the step's excess once; a start against a full server is damped.
+SLOW_START_GAIN = 15.0
 # Slow start stops growing fast once this share of a round trip's answers says
 # "Retry-After": far above the noise of a few percent of sporadic 429s.
 SLOW_START_EXIT_SHARE = 0.3
@@ -75,6 +86,11 @@ PROBE_STEP = 0.05  # ...but at most this share of the window per 25 ms
 # stamp of the refusals among them, this share refused, on at least STAMP_MIN refusals.
 STAMP_SHARE = 0.95
 STAMP_MIN = 32
+# ...or (a step past the cap) at least TOP_MIN refusals, this share of the requests sent
+# among them with at least their fewest stamp refused, above TOP_BELOW accepted ones.
+TOP_MIN = 8
+TOP_SHARE = 0.9
+TOP_BELOW = 32
 
 
 @dataclass
@@ -137,6 +153,9 @@ class Limiter(Slots):
         self._best_window = 0.0  # the window when the best rate was served
         self._best_share = 0.0  # the share of that round's answers refused
         self._flat = 0  # rounds since with a larger window and no more served (and refusals)
+        # Prompts not yet answered, where the run knows (it sets this): no probe for a
+        # higher cap in the run's last round trips (`_probe_pays`).
+        self.left: Callable[[], int | None] = lambda: None
 
     # -- feedback ------------------------------------------------------------------------------
     def sending(self) -> int:
@@ -204,8 +223,11 @@ class Limiter(Slots):
             self._longest_wait = max(self._longest_wait, outcome.retry_after)
         self._throttled_at = now
         self._ok_since_throttle = 0
-        if n_send is not None:
-            self._refused.append((now - outcome.latency_s, n_send))
+        sent_at = now - outcome.latency_s
+        # (a refusal of a request sent before the capacity was found tells of the step that
+        # found it, its stamps rising past K as a burst went out, not of the level)
+        if n_send is not None and (not self.capped or sent_at >= self._capped_at):
+            self._refused.append((sent_at, n_send))
             self._stamps_new += not self.capped
         if self.probing:
             # The probe found the cap: at most as many as were at the server when it refused.
@@ -223,7 +245,7 @@ class Limiter(Slots):
         if not self.capped and repeat and self.evidence.full_server():
             # Refused again after waiting, as a full server refuses: a capacity.
             self._found_capacity(now)
-        elif (not self.capped and self._stamps_new >= STAMP_MIN // 4
+        elif (not self.capped and self._stamps_new >= TOP_MIN
               and now - self._stamps_at >= 0.005):
             self._test_stamps(now)
         if self.in_flight > self._allowed():
@@ -288,12 +310,18 @@ class Limiter(Slots):
         self.evidence.refresh(now, max(self.srtt, BIN_S))
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
         # 429s): grow fast again.
-        quiet = max(2.0, 2.0 * self._longest_wait, 4.0 * self.srtt)
+        quiet = max(2.0, 2.0 * self._longest_wait + 2.0 * self.srtt, 4.0 * self.srtt)
         if self._exited_at is not None and not self.capped:
             if self.evidence.not_full():
                 # Random throttling at this share: only a clearly larger one stops slow
                 # start again.
                 self._random_share = self.evidence.share
+            elif self.evidence.full_server():
+                # The stop's few refused retries, read once their bins settle (a refused
+                # retry answers before its bin has: a step a dozen past the cap has no
+                # later one to read them)
+                self._found_capacity(now)
+                return
             if self._random_share or now - self._exited_at > quiet:
                 self.ssthresh = float(self.max_in_flight)
                 self._exited_at = None
@@ -355,23 +383,45 @@ class Limiter(Slots):
 
     def _test_stamps(self, now: float) -> None:
         """A cap refuses every request sent with K or more of ours at it (more than K by
-        answers still unread here), random throttling its share at every count: of the
-        requests sent since the oldest recent refusal with at least the refusals' median
-        stamp, STAMP_SHARE refused is a capacity, at their low quantile. Refusals that
-        come late read a low share here (their requests still out): the retries decide."""
+        answers still unread here), random throttling its share at every count. Two reads:
+        (1) of the requests sent since the oldest recent refusal with at least the
+        refusals' median stamp, STAMP_SHARE refused, on STAMP_MIN refusals or more; (2) a
+        step past the cap, read on its first few refusals (slow start's step to 512 at
+        K=500 is refused 12 times): TOP_MIN refusals or more, every request sent since the
+        oldest and until the newest with at least their fewest at the server refused
+        (TOP_SHARE), and TOP_BELOW requests sent with fewer, none refused. Random
+        throttling orders its refusals by chance: that all of them sit above every accepted
+        request among TOP_BELOW is below one in C(TOP_BELOW + TOP_MIN, TOP_MIN), about
+        1e-8. Either is a capacity: (1) at the refusals' low quantile, (2) at their fewest.
+        Refusals that come late read a low share here (their requests still out): the
+        retries decide."""
         self._stamps_new, self._stamps_at = 0, now
         horizon = now - max(ROUND_MIN_S, 2.0 * self.srtt)
         recent = list(itertools.takewhile(lambda r: r[0] >= horizon, reversed(self._refused)))
-        if len(recent) < STAMP_MIN:
+        if len(recent) < TOP_MIN:
             return
         xs = sorted(x for _, x in recent)
-        band = xs[len(xs) // 2]
         since = recent[-1][0] - 0.002  # the oldest (a latency read a little short)
-        refused = sum(1 for x in xs if x >= band)
-        sent = sum(1 for t, x in itertools.takewhile(lambda r: r[0] >= since,
-                                                     reversed(self._sends)) if x >= band)
-        if refused >= STAMP_SHARE * sent:
-            self._found_capacity(now, float(xs[len(xs) // 16]))
+        newest = recent[0][0]
+        level = float(xs[len(xs) // 16])
+        if len(recent) >= STAMP_MIN:
+            band = xs[len(xs) // 2]
+            refused = sum(1 for x in xs if x >= band)
+            sent = sum(1 for t, x in itertools.takewhile(lambda r: r[0] >= since,
+                                                         reversed(self._sends)) if x >= band)
+            if refused >= STAMP_SHARE * sent:
+                self._found_capacity(now, level)
+                return
+        band = xs[0]
+        top = below = 0
+        for t, x in self._sends:  # (sent after the newest refusal: maybe refused, unread)
+            if t <= newest:
+                if x < band:
+                    below += 1
+                elif t >= since:
+                    top += 1
+        if below >= TOP_BELOW and len(recent) >= TOP_SHARE * top:
+            self._found_capacity(now, float(band))
 
     def _follow(self, now: float) -> None:
         """Capped: the window is the full level (the fewest requests at the server with
@@ -380,16 +430,27 @@ class Limiter(Slots):
         window of successes and with the window full, the cap rose: probe (x1.5 per round
         trip) until a refusal."""
         wait_hi, wait_at = self._wait_hi
-        calm = max(CALM_S, 1.5 * (wait_hi if now - wait_at < 10.0 else 0.0))
+        wait = wait_hi if now - wait_at < 10.0 else 0.0
+        calm = max(CALM_S, 1.5 * wait)
         if now - self._throttled_at > calm:
             if (not self.probing and self._ok_since_throttle >= self.window / 2
-                    and now - self._unused_at > calm):
+                    and now - self._unused_at > calm and self._probe_pays(wait)):
                 self.probing = True
                 self._probe_limit = self.window + max(PROBE_MIN, PROBE_STEP * self.window)
                 self._refused.clear()  # what the old cap refused says nothing of the new
             return  # a window nobody is refused at (the run's tail) is left as it is
         if not self.probing:
             self._set_to_level(now)
+
+    def _probe_pays(self, wait: float) -> bool:
+        """Is there work enough left for a probe to pay? The prompts it gets refused wait
+        `wait` (the server's Retry-After) and then a round trip: near the run's end that
+        is the run's tail, for a larger window that has nothing left to send."""
+        left = self.left()
+        if left is None:
+            return True
+        rtt = max(self.srtt, BIN_S)
+        return left > self.window * (2.0 + wait / rtt)
 
     def _set_to_level(self, now: float) -> None:
         """The window to the full level (of the last FULL_SAMPLES refusals sent lately)

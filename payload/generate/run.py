@@ -57,6 +57,7 @@ class Generator:
         self.c = Counters(max_cost=s.max_cost)
         self.breaker = Breaker()
         self.limiter = Limiter(s.concurrency, breaker=self.breaker)
+        self.limiter.left = self._left
         self.stop = Stop(self.c, self.limiter, self.say)
         self.budget = Budget(s.max_cost)
         self.prices: Prices | None = s.prices
@@ -69,6 +70,11 @@ class Generator:
         self.recorder: Recorder | None = None
         self.resumed: dict[int, list[Turn]] = {}  # --turns all: journaled turns by id hash
         self._mean_line_bytes = 0
+
+    def _left(self) -> int | None:
+        """Prompts not yet answered (the limiter's end-of-run test), once the survey says."""
+        c = self.c
+        return None if c.total is None else max(0, c.total - c.done - c.failed)
 
     # -- the pipeline --------------------------------------------------------------------------
     async def produce(self, queue: asyncio.Queue[Prompt | None]) -> None:

@@ -185,6 +185,7 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
     for _ in range(workers):
         queue.put_nowait(None)
     done = 0
+    lim.left = lambda: n - done  # as run.py tells it
 
     async def prompt() -> None:
         nonlocal done

@@ -12,7 +12,7 @@ from payload.generate.client import (
     Kind,
     Outcome,
 )
-from payload.generate.limiter import Limiter
+from payload.generate.limiter import SLOW_START_GAIN, Limiter
 from payload.generate.outage import Breaker
 from payload.generate.slots import HOLD, RELEASE, YIELD
 
@@ -36,11 +36,11 @@ def fail() -> Outcome:
     return Outcome(Kind.RETRY, 503, "unavailable", server_failure=True)
 
 
-def test_slow_start_doubles_per_round_trip_up_to_the_concurrency():
-    """Each success adds two slots while prompts wait for one: the window triples every
-    round trip (32, 96, 288, ...) and stops at --concurrency."""
+def test_slow_start_grows_sixteenfold_per_round_trip_up_to_the_concurrency():
+    """Each success adds SLOW_START_GAIN (15) slots while prompts wait for one: the window
+    grows x16 every round trip (32, 512, 2000) and stops at --concurrency."""
     async def scenario() -> None:
-        lim = Limiter(300)
+        lim = Limiter(3000)
         answers = 0
 
         async def worker() -> None:
@@ -50,13 +50,14 @@ def test_slow_start_doubles_per_round_trip_up_to_the_concurrency():
                 await asyncio.sleep(0.001)
                 lim.answered(OK)
                 answers += 1
-                if answers <= (300 - 32) // 2:
-                    assert lim.allowed == 32 + 2 * answers  # +2 per success
+                if answers <= (3000 - 32) // SLOW_START_GAIN:
+                    assert lim.allowed == 32 + SLOW_START_GAIN * answers
                 lim.release()
 
+        assert SLOW_START_GAIN == 15
         assert lim.allowed == 32
-        await asyncio.gather(*(worker() for _ in range(400)))
-        assert lim.allowed == 300
+        await asyncio.gather(*(worker() for _ in range(4000)))
+        assert lim.allowed == 3000
     asyncio.run(scenario())
 
 
@@ -100,7 +101,7 @@ def test_limiter_outage_gate_lets_one_probe_through_then_restarts_small():
         assert len(probes) == 1 and probes[0].result() is True  # one probe, marked as such
         lim.answered(OK, probe=True)
         lim.release()
-        assert not lim.breaker.is_open and 32 <= lim.allowed <= 34  # restart small...
+        assert not lim.breaker.is_open and lim.allowed == 32 + SLOW_START_GAIN  # restart small...
         assert lim.ssthresh == 600  # ...growing back to where it was
         await asyncio.sleep(0)
         assert sum(w.done() for w in waiters) == 1 + lim.allowed  # the probe + the window
@@ -137,3 +138,56 @@ def test_a_capacity_window_follows_the_refusals_and_takes_back_holds_above_it():
         assert lim.in_flight == 600 - len(old) - sum(d == YIELD for d in new)
         assert all(lim.resumed(d) for d in new if d == HOLD)
     asyncio.run(scenario())
+
+
+
+
+def _step(lim: Limiter, sends: int, refuse) -> tuple[list[float], list[int]]:
+    """Slow start's step on a clock: `sends` requests 0.1 ms apart; `refuse(i, accepted)`
+    says whether the i-th is refused at the door, 2 ms after it went (the accepted ones'
+    answers are a round trip away). Returns the clock and the refused ones' stamps."""
+    now = [0.0]
+    lim.breaker.clock = lambda: now[0]
+    door = 0.002
+    pending: list[tuple[float, int]] = []  # (when the refusal is read, its stamp)
+    accepted, stamps = 0, []
+    for i in range(1, sends + 1):
+        now[0] = i * 0.0001
+        while pending and pending[0][0] <= now[0]:
+            _, stamp = pending.pop(0)
+            lim.returned()
+            lim.answered(Outcome(Kind.RETRY, 429, "rate_limited", retry_after=1.0,
+                                 throttled=True, latency_s=door), n_send=stamp)
+            stamps.append(stamp)
+        stamp = lim.sending()
+        if refuse(i, accepted):
+            pending.append((now[0] + door, stamp))
+        else:
+            accepted += 1
+    return now, stamps
+
+
+def test_a_step_past_the_cap_is_read_on_its_first_refusals_at_their_fewest():
+    """The step to 600 at K=500: each request that finds 500 of ours at the server is
+    refused at once, the 500 before it accepted (their answers a round trip away). The
+    first eight refusals, every request sent with as many at the server among them
+    refused, above 500 accepted: a capacity at their fewest, 501. The step's later
+    refusals (sent before the capacity was found, up to ~520 at the server) do not move
+    the level."""
+    lim = Limiter(2000)
+    lim.window = 600.0
+    now, stamps = _step(lim, 600, lambda i, accepted: accepted >= 500)
+    assert lim.capped and lim.full_level == 501
+    assert lim.capacity_events == 1 and len(stamps) > 8 and max(stamps) > 510
+    now[0] += 0.05
+    lim.answered(Outcome(Kind.OK, latency_s=0.5))  # a refresh: the level from the refusals
+    assert lim.full_level == 501 and lim.allowed == 511
+
+
+def test_as_many_refusals_at_random_counts_are_not_a_capacity():
+    """The same step with one request in 40 refused (random throttling refuses its share
+    at every count): no capacity."""
+    lim = Limiter(2000)
+    lim.window = 600.0
+    _, stamps = _step(lim, 600, lambda i, accepted: i % 40 == 0)
+    assert len(stamps) >= 12 and not lim.capped and lim.full_level == 0

@@ -34,6 +34,22 @@ def test_capacity_found_without_waste(seed, shape):
     assert r.wall <= 1.15 * 20, r.wall
     assert r.requests <= waste * 20_000, r.requests
     assert 490 <= r.limiter.allowed <= 560  # the window sits at the capacity
+    # No probe for a higher cap in the run's last round trips: its refused prompts would
+    # wait out a Retry-After after everything else is done.
+    tl = r.server.timeline
+    assert not any(tl[b][2] for b in tl if b >= (r.wall - 2.0) * 10)
+
+
+@pytest.mark.parametrize("capacity", [60, 150, 1500])
+def test_capacity_found_without_waste_whatever_the_cap(capacity):
+    """The x16 slow start is not tuned to K=500: 40 K prompts at any cap (ideal 20 s) stay
+    within 1.1x the ideal and 1.05x the prompts in requests."""
+    n = 40 * capacity
+    r = simulate(n, 2000, Server(latency=0.5, capacity=capacity, seed=1), seed=1)
+    assert r.done == n
+    assert r.wall <= 1.1 * 20, r.wall
+    assert r.requests <= 1.05 * n, r.requests
+    assert capacity <= r.limiter.allowed <= 1.05 * capacity + 2
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -70,13 +86,16 @@ def test_outage_without_capacity_grows_back_to_the_full_concurrency():
 
 
 @pytest.mark.parametrize(("n", "concurrency", "latency", "limit"),
-                         [(20_000, 2000, 0.5, 1.55), (2000, 200, 0.2, 1.6)])
+                         [(20_000, 2000, 0.5, 1.6), (2000, 200, 0.2, 1.6)])
 def test_sporadic_429_with_retry_after_costs_little(n, concurrency, latency, limit):
     """5% of answers 429 with Retry-After 1: the window never shrinks (the retries go
     through like anything else). What it costs is the waits themselves: the prompts keep
     their slots while they wait (~9% of the slots at 0.5 s latency), and the run's tail
     (the last prompts throttled wait a second, some twice), which at 2k prompts is half
-    the fault-free wall and at 20k a third: ~1.5x in all (issue 13's target)."""
+    the fault-free wall and at 20k a third: ~1.5x in all (issue 13's target). At 20k the
+    tail is the unluckiest prompt refused three or four times in a row, ~3 s whatever the
+    start: the x16 slow start made both runs ~1 s faster (fault-free 6.98 -> 6.10 s,
+    throttled 10.59 -> 9.51 s) and so the ratio larger (1.52 -> 1.56)."""
     base = simulate(n, concurrency, Server(latency=latency))
     r = simulate(n, concurrency, Server(latency=latency, throttle_share=0.05,
                                         throttle_retry_after=1.0))
