@@ -35,12 +35,11 @@ at the top of the counts, every request sent with as many at the server refused 
 many sent with fewer accepted, which random throttling does only by a chance of 1e-8; it
 reads slow start's step past a cap on its first dozen refusals. (1) The retries
 (evidence.py): refused again after waiting far more often than first tries, as only a full
-server refuses them (read as they come and again once their bins settle). (2) The
-delivery rate, for a busy machine whose retries find the server drained: twice, a window
-half as large again as at the best rate served under 10% more, with a share of refusals
-15 points larger (a share that stays put is random throttling). A round
-trip in which a third of the requests were throttled stops slow start's fast growth until
-the retries show random throttling.
+server refuses them. (2) The delivery rate, for a busy machine whose retries find the
+server drained: twice, a window half as large again as at the best rate served under 10%
+more, with a share of refusals 15 points larger (a share that stays put is random
+throttling). A round trip in which a third of the requests were throttled stops slow
+start's fast growth until the retries show random throttling.
 
 The outage breaker (outage.py) gates the same slots: one probe in flight while it is open;
 when the server is back the window restarts from `initial_window` and grows back.
@@ -309,19 +308,14 @@ class Limiter(Slots):
         self._probe_limit = self.window + max(PROBE_MIN, PROBE_STEP * self.window)
         self.evidence.refresh(now, max(self.srtt, BIN_S))
         # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
-        # 429s): grow fast again.
+        # 429s): grow fast again (after the stop's refused prompts have waited, asked again
+        # and been answered, with a round trip to spare).
         quiet = max(2.0, 2.0 * self._longest_wait + 2.0 * self.srtt, 4.0 * self.srtt)
         if self._exited_at is not None and not self.capped:
             if self.evidence.not_full():
                 # Random throttling at this share: only a clearly larger one stops slow
                 # start again.
                 self._random_share = self.evidence.share
-            elif self.evidence.full_server():
-                # The stop's few refused retries, read once their bins settle (a refused
-                # retry answers before its bin has: a step a dozen past the cap has no
-                # later one to read them)
-                self._found_capacity(now)
-                return
             if self._random_share or now - self._exited_at > quiet:
                 self.ssthresh = float(self.max_in_flight)
                 self._exited_at = None
