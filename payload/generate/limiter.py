@@ -26,7 +26,7 @@ instead of being refused, and nothing is left refused at the run's end. A cap th
 nothing refused for 1.5 times the longest wait (at least 0.5 s) with the window full means
 the margin's prompts got in: the window probes (+0.5 per success, x1.5 per round trip,
 nobody waiting for a place) until the first refusal, whose stamp is the new level. Not in
-the run's last round trips (`left`, set by the run): the prompts a probe gets refused would
+the run's last round trips (`left`, from the run): the prompts a probe gets refused would
 wait out their Retry-After after everything else is done, a tail of a second for nothing.
 
 A capacity is found in one of three ways, each blind to sporadic throttling (even half of
@@ -114,7 +114,8 @@ class Limiter(Slots):
     """The window of the slot gate (slots.py), moved by what the answers say."""
 
     def __init__(self, max_in_flight: int, *, initial_window: int = INITIAL_WINDOW,
-                 min_window: int = 1, breaker: Breaker | None = None) -> None:
+                 min_window: int = 1, breaker: Breaker | None = None,
+                 left: Callable[[], int | None] | None = None) -> None:
         super().__init__(max_in_flight, initial_window=initial_window,
                          min_window=min_window, breaker=breaker)
         self.ssthresh = float(max_in_flight)  # slow start below it, +1 per round trip above
@@ -152,9 +153,9 @@ class Limiter(Slots):
         self._best_window = 0.0  # the window when the best rate was served
         self._best_share = 0.0  # the share of that round's answers refused
         self._flat = 0  # rounds since with a larger window and no more served (and refusals)
-        # Prompts not yet answered, where the run knows (it sets this): no probe for a
-        # higher cap in the run's last round trips (`_probe_pays`).
-        self.left: Callable[[], int | None] = lambda: None
+        # Prompts not yet answered, where the run knows: no probe for a higher cap in the
+        # run's last round trips (`_probe_pays`).
+        self._left = left or (lambda: None)
 
     # -- feedback ------------------------------------------------------------------------------
     def sending(self) -> int:
@@ -440,7 +441,7 @@ class Limiter(Slots):
         """Is there work enough left for a probe to pay? The prompts it gets refused wait
         `wait` (the server's Retry-After) and then a round trip: near the run's end that
         is the run's tail, for a larger window that has nothing left to send."""
-        left = self.left()
+        left = self._left()
         if left is None:
             return True
         rtt = max(self.srtt, BIN_S)

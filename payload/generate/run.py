@@ -56,8 +56,7 @@ class Generator:
         self.say = reporter or Reporter()
         self.c = Counters(max_cost=s.max_cost)
         self.breaker = Breaker()
-        self.limiter = Limiter(s.concurrency, breaker=self.breaker)
-        self.limiter.left = self._left
+        self.limiter = Limiter(s.concurrency, breaker=self.breaker, left=self._left)
         self.stop = Stop(self.c, self.limiter, self.say)
         self.budget = Budget(s.max_cost)
         self.prices: Prices | None = s.prices

@@ -177,7 +177,8 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                server: Server, trace: float) -> Result:
     import payload.generate.limiter as limiter_module
     limiter_module.random.seed(rng.random())  # the limiter's jitter, reproducible too
-    lim = Limiter(concurrency, breaker=Breaker(clock=loop.time))
+    lim = Limiter(concurrency, breaker=Breaker(clock=loop.time),
+                  left=lambda: n - done)  # as run.py tells it
     queue: asyncio.Queue[int | None] = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i)
@@ -185,7 +186,6 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
     for _ in range(workers):
         queue.put_nowait(None)
     done = 0
-    lim.left = lambda: n - done  # as run.py tells it
 
     async def prompt() -> None:
         nonlocal done

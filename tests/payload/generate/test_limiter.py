@@ -4,6 +4,7 @@ throttle waits, the outage gate, backoff (over time: test_limiter_model.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -140,9 +141,8 @@ def test_a_capacity_window_follows_the_refusals_and_takes_back_holds_above_it():
     asyncio.run(scenario())
 
 
-
-
-def _step(lim: Limiter, sends: int, refuse) -> tuple[list[float], list[int]]:
+def _step(lim: Limiter, sends: int, refuse: Callable[[int, int], bool]
+          ) -> tuple[list[float], list[int]]:
     """Slow start's step on a clock: `sends` requests 0.1 ms apart; `refuse(i, accepted)`
     says whether the i-th is refused at the door, 2 ms after it went (the accepted ones'
     answers are a round trip away). Returns the clock and the refused ones' stamps."""
