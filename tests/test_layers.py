@@ -85,7 +85,7 @@ PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
         {"tokens"},                                       # conversations to tokens and masks
         {"tensors", "batching", "writer"},                # a sample's tensors, batches, files
         {"formats"},                                      # the output formats
-        {"config", "preflight", "status", "progress"},    # flags, disk preflight, reports
+        {"config", "preflight", "status", "progress", "metrics"},  # flags, preflight, reports
         {"backends"},                                     # model backends
         {"meta", "writing"},                              # meta.json, writing a batch
         {"pipeline"},                                     # the run's stages

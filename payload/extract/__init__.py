@@ -11,7 +11,7 @@ what the target emits after its generation prompt (`rendering`); records to the
 conversations to supervise (`conversations`); their tokens and loss masks (`tokens`);
 a sample's tensors, batches and files (`tensors`, `batching`, `writer`); the output
 formats (`formats/`); flags, the disk preflight and the run's reports (`config`,
-`preflight`, `status`, `progress`); the model backends (`backends/`); meta.json and
+`preflight`, `status`, `progress`, `metrics`); the model backends (`backends/`); meta.json and
 the batch writer (`meta`, `writing`); the run's stages (`pipeline`).
 """
 

@@ -34,6 +34,8 @@ from payload.extract.backends import ModelInfo, read_info
 from payload.extract.config import ExtractConfig, Rank, from_args
 from payload.extract.formats import Format
 from payload.extract.meta import build_meta, check_meta
+from payload.extract.metrics import NAME as METRICS
+from payload.extract.metrics import Metrics
 from payload.extract.status import ErrorLog, MismatchLog, Stats, StopFlag, job_status
 from payload.extract.writing import BatchWriter, finite_rows
 from payload.records import BadRecord, iter_lines, shard_of
@@ -62,6 +64,7 @@ class Run:
     errors: ErrorLog
     renderer: Any  # tokens.Renderer (its module needs transformers' tokenizer)
     mismatches: MismatchLog
+    metrics: Metrics | None = None  # the job's metrics.jsonl, beside the status file
     settled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -88,8 +91,10 @@ class Run:
         s.state, s.updated, s.last_error = state, time.time(), self.errors.last
         write_json_atomic(self.out / f"stats.{self.tag}.json", asdict(s))
         if self.cfg.status_file is not None:
-            write_json_atomic(self.cfg.status_file,
-                              job_status(self.out, self.run_id, self.rank.world))
+            status = job_status(self.out, self.run_id, self.rank.world)
+            write_json_atomic(self.cfg.status_file, status)
+            if self.metrics is not None and state != "starting":
+                self.metrics.tick(status, final=state not in ("running", "starting"))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -155,6 +160,9 @@ def start(args: argparse.Namespace) -> Run:
     mismatches = MismatchLog(cfg.output_dir / f"mismatches.{tag}.jsonl",
                              record=not cfg.preflight_only)
     run = Run(cfg, rank, info, fmt, tag, run_id, stats, errors, renderer, mismatches)
+    if cfg.status_file is not None and not cfg.preflight_only:
+        run.metrics = Metrics(cfg.status_file.parent / METRICS, STATS_EVERY_S, stats.started,
+                              run_id)
     run.save_stats("starting")
     return run
 

@@ -160,6 +160,7 @@ def job_status(out_dir: Path, run_id: str, world: int) -> dict[str, Any]:
         "skipped_mismatch": total("skipped_mismatch"),
         "bad_lines": max((s.get("bad_lines", 0) for s in ranks), default=0),
         "tokens_written": total("tokens_written"), "bytes_written": total("bytes_written"),
+        "supervised_written": total("supervised_written"),
         "estimate_bytes": total("estimate_bytes"), "tokens_per_s": total("tokens_per_s"),
         "rate_rps": total("samples_per_s"), "cost": 0.0, "ranks": len(ranks), "world": world,
         "format": first.get("format", "native"),

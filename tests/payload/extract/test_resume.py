@@ -346,6 +346,16 @@ def test_concurrent_ranks_merge_one_manifest(tmp_path: Path, model_dir: Path, fm
     # what a status reader shows as the kind of features
     final = "prenorm" if fmt == "speculators" else "postnorm"
     assert (st["format"], st["final_state"]) == (fmt, final)
+    # metrics.jsonl beside the status: both ranks wrote the job's lines, the last says finished
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    entries = manifest(out)
+    last = lines[-1]
+    assert {x["role"] for x in lines} == {"extractor"} and len({x["run"] for x in lines}) == 1
+    assert (last["state"], last["samples"], last["failed"]) == ("finished", 10, 0)
+    assert last["tokens"] == sum(e["num_tokens"] for e in entries)
+    assert last["supervised_tokens"] == sum(e["num_supervised"] for e in entries)
+    assert last["bytes_written"] > 0
+    assert sum(x["samples_interval"] for x in lines) == 10
 
 
 def test_meta_mismatch_refused(tmp_path: Path, model_dir: Path, capsys) -> None:
