@@ -265,6 +265,30 @@ def fetch(c: Context, host: str | None = None, role: str | None = None, job: str
     _done(commands.fetch(host, role, job=job, dest=dest))
 
 
+@task(auto_shortflags=False, help={
+    "host": HOST + "; only with --watch (the report itself reads the fetched files)",
+    "role": ROLE + "; only with --watch",
+    "job": "one job's page only (default: every job fetched, and the run's page)",
+    "dest": "the folder fetch wrote (default results): DEST/report.html, DEST/<job>/report.html",
+    "watch": "serve the pages live on 127.0.0.1, read from the hosts, until Ctrl-C",
+    "open": "open the report (or the live page) in your browser",
+    "interval": "seconds between the live page's refreshes with --watch (default 5)",
+    "answers": "random answers in the answers browser, and at most as many cut ones and "
+               "failures (default 200)",
+    "port": "the port on 127.0.0.1 for --watch (default 0: any free one; the URL is printed)",
+})
+def report(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
+           dest: str = "results", watch: bool = False, open: bool = False,
+           interval: str | None = None, answers: str | None = None, port: str | None = None) -> None:
+    """The run's HTML report with plots; --watch serves it live."""
+    from handoff.cli import commands
+
+    host = _host(c, host)
+
+    _done(commands.report(host, role, job=job, dest=dest, watch=watch, open_page=open,
+                          interval=interval, answers=answers, port=port))
+
+
 @task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists, "
                                            "every inventory host and the last deploy's hosts)",
                                    "role": "only the inventory's hosts of this role",

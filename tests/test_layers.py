@@ -54,9 +54,9 @@ HANDOFF_WITHIN: dict[str, list[set[str]]] = {
     "run": [{"parallel"}, {"plan"}],
     # the operations do not import each other: what one needs of another (the management
     # key for a launch's limits) the command hands it (Plan.private, a callable)
-    "ops": [{"keyapi", "merge_index", "local_copies"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"}, {"fetch"},
-            {"deploy"}],
-    "testing": [{"fakekeys", "local"}, {"fakeapi"}, {"sandbox"}],
+    "ops": [{"keyapi", "merge_index", "local_copies"}, {"verify", "releases", "secrets", "jobs", "trust", "merge"},
+            {"fetch", "report"}, {"deploy"}],
+    "testing": [{"fakekeys", "local", "fakerun"}, {"fakeapi"}, {"sandbox"}],
     "cli": [{"commands", "program"}, {"demo"}],
 }
 # The payload, lowest first: the common modules one by one (each imports only those before

@@ -1,5 +1,8 @@
 """`fab demo`: the whole checklist against a throwaway local sandbox.
 
+The demo ends by writing the report of the run it fetched (`fab report`: DIR/report.html
+and a page per job) and printing its path.
+
 Two sshd "containers" on 127.0.0.x (throwaway users, client key, known_hosts, all in
 a temp dir), the fake OpenRouter on loopback and throwaway keyring entries (an API key and
 a management key, so each container gets its own minted, capped child key) come from
@@ -106,6 +109,8 @@ def run(hosts: int = 2, results: str = "demo-results", keep: bool = False) -> in
                     (f"fetch → {results_dir}", lambda: commands.fetch(None, None, dest=str(results_dir))),
                     ("cleanup-secrets: remove every placed key and revoke the child keys, verify",
                      lambda: commands.cleanup_secrets()),
+                    (f"report → {results_dir / 'report.html'}: the run's pages, with plots",
+                     lambda: commands.report(None, None, dest=str(results_dir))),
                 ]
                 for title, step in steps:
                     _step(title)
@@ -162,3 +167,5 @@ def _summary(results_dir: Path, seconds: float) -> None:
     console.say(console.table("demo results", ["host", "responses", "errors", "folder"], rows))
     console.say(f"[bold green]demo done[/] in {seconds:.1f} s; results are in {console.r(results_dir)} "
                 f"(sandbox removed, child keys revoked)")
+    console.say(f"the report: {console.r(results_dir / 'report.html')} (open it in a browser; "
+                f"`fab report --dest {console.r(results_dir)}` rebuilds it)")

@@ -8,7 +8,8 @@
 - `deploy`: the plan composed of verify, push-script and push-key.
 - `jobs/`: launch, status, logs, stop, smoke, estimates.
 - `merge`, `fetch`: jobs' outputs brought home and merged into one dataset.
+- `report/`: the run's HTML report from the fetched files, and its live page.
 """
 
-__all__ = ["deploy", "fetch", "jobs", "keyapi", "merge", "releases", "secrets", "trust",
-           "verify"]
+__all__ = ["deploy", "fetch", "jobs", "keyapi", "merge", "releases", "report", "secrets",
+           "trust", "verify"]

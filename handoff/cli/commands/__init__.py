@@ -12,6 +12,7 @@ What happens ON a host lives with the thing it acts on:
 | deploy = verify + release + key | handoff.ops.deploy |
 | jobs: launch, status, logs, stop, smoke-test | handoff.ops.jobs.* |
 | fetch | handoff.ops.fetch |
+| report (the run's HTML report, its live page) | handoff.ops.report |
 | host keys (trust-host) | handoff.ops.trust, handoff.ssh.hostkeys |
 
 fabfile.py parses flags and calls these; `fab demo` and tests call them directly. Every
@@ -26,14 +27,16 @@ The modules, by command group (the names below are this package's surface):
   session), `guarded` (failures to messages and exit codes), targets, running a plan;
 - `prepare`: deploy, verify, push-script, push-key, set-key, trust-host;
 - `work`: smoke-test, launch, status, jobs, forget, logs, stop;
-- `finish`: fetch, cleanup-secrets.
+- `finish`: fetch, cleanup-secrets;
+- `report`: report (the pages from the fetched files, `--watch` live from the hosts).
 """
 
 from handoff.cli.commands.common import Interrupted, ask, exit_code, guarded, run_plan, targets_for
 from handoff.cli.commands.finish import cleanup_secrets, fetch
 from handoff.cli.commands.prepare import deploy, push_key, push_script, set_key, trust_host, verify
+from handoff.cli.commands.report import report
 from handoff.cli.commands.work import forget, jobs, launch, logs, smoke_test, status, stop
 
 __all__ = ["Interrupted", "ask", "cleanup_secrets", "deploy", "exit_code", "fetch", "forget",
-           "guarded", "jobs", "launch", "logs", "push_key", "push_script", "run_plan", "set_key",
+           "guarded", "jobs", "launch", "logs", "push_key", "push_script", "report", "run_plan", "set_key",
            "smoke_test", "status", "stop", "targets_for", "trust_host", "verify"]

@@ -25,7 +25,11 @@ one round trip including the check that follows it.
   finished or abandoned job no longer counted by `status`); answers what it found.
 - `list`: every job under `jobs_dir` (each one's state as `state` reads it), plus the
   `keys` and `records` of `state`: `fab status`, `stop`, `logs` without `--job` and the
-  launch's checks of several jobs read a host in this one round trip.
+  launch's checks of several jobs read a host in this one round trip. With `metrics`
+  (job -> the byte offset read so far, or None), each job also gets the whole lines its
+  `metrics.jsonl` gained since (`fab report --watch`: one round trip a refresh), at most
+  METRICS_BYTES for all jobs together: a first read (or one that fell behind) takes the
+  file's end.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
 
 START_WATCH_S = 1.0  # how long a fresh start is watched for an instant crash
 LOG_TAIL_LINES = 15
+METRICS_BYTES = 2 << 20  # metrics.jsonl text per answer, all jobs together
 
 
 def expand(path: str) -> str:
@@ -116,9 +121,37 @@ def job_names(jobs_dir: str) -> list[str]:
     return [n for n in names if not n.startswith(".") and os.path.isdir(os.path.join(jobs_dir, n))]
 
 
+def metrics_since(job_dir: str, start: int | None, budget: int) -> dict[str, Any] | None:
+    """The whole lines of the job's metrics.jsonl after byte `start` (None: its last
+    `budget` bytes), as {"from", "to", "text"}; None without the file."""
+    try:
+        with open(os.path.join(job_dir, "metrics.jsonl"), "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if start is None or start > size or size - start > budget:
+                start, skip = max(0, size - budget), size > budget
+            else:
+                skip = False
+            fh.seek(start)
+            data = fh.read(min(budget, size - start))
+    except (OSError, ValueError):
+        return None
+    if skip:  # began inside a line: from the next one
+        nl = data.find(b"\n") + 1
+        data, start = data[nl:], start + nl
+    data = data[:data.rfind(b"\n") + 1]  # a line still being written comes next time
+    return {"from": start, "to": start + len(data), "text": data.decode("utf-8", "replace")}
+
+
 def list_jobs(a: dict[str, Any]) -> dict[str, Any]:
     jobs_dir = expand(a["jobs_dir"])
-    jobs = {name: job_state(os.path.join(jobs_dir, name)) for name in job_names(jobs_dir)}
+    names = job_names(jobs_dir)
+    jobs = {name: job_state(os.path.join(jobs_dir, name)) for name in names}
+    offsets = a.get("metrics")
+    if isinstance(offsets, dict):
+        budget = METRICS_BYTES // max(1, len(names))
+        for name in names:
+            jobs[name]["metrics"] = metrics_since(os.path.join(jobs_dir, name), offsets.get(name),
+                                                  budget)
     return {"jobs_dir": jobs_dir, "jobs": jobs, **host_keys(a)}
 
 
