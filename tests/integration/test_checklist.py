@@ -15,6 +15,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import explain, key_file, remote_dir, wipe_remote_state
 from tests.support.fab import FAB
 
@@ -266,3 +268,29 @@ def test_demo_end_to_end_leaves_home_untouched(tmp_path: Path) -> None:
     assert list(home.iterdir()) == []  # no ~/.ssh, no keyring, nothing
     assert "handoff-demo-" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                                  text=True).stdout
+    # it ends with the report, its path said; the report opens in a real browser with no
+    # error and shows the figures of the records
+    report = results / "report.html"
+    assert f"the report: {report}" in " ".join(proc.stdout.split()), proc.stdout[-2000:]
+    check_demo_report(results, tmp_path)
+
+
+def check_demo_report(results: Path, tmp_path: Path) -> None:
+    import statistics
+
+    from tests.support.browser import CHROMIUM, Chromium
+
+    if CHROMIUM is None:
+        pytest.skip("no chromium on PATH: scripts/bootstrap installs Debian's package")
+    out = [json.loads(line) for line in (results / "prompts" / "output.jsonl").read_text().splitlines()]
+    q = statistics.quantiles([r["latency_s"] for r in out], n=100, method="inclusive")
+    with Chromium(tmp_path / "chromium") as browser:
+        for page in (results / "report.html", results / "prompts" / "report.html"):
+            browser.open(page.as_uri())
+            figures = browser.evaluate("JSON.parse(document.getElementById('handoff-summary')"
+                                       ".textContent)")
+            assert figures["samples"] == len(out) and figures["failed"] == 0
+            assert abs(figures["cost_usd"] - sum(r["usage"]["cost"] for r in out)) < 1e-6
+            assert abs(figures["latency_s"]["p50"] - q[49]) < 1e-3
+            browser.screenshot(tmp_path / f"{page.parent.name}.png", full_page=True)
+        assert browser.errors == []

@@ -7,8 +7,13 @@ report on; 2 bad usage (a missing `--dest`, an unknown `--job`, a bad number).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import webbrowser
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from handoff import console
 from handoff.cli.commands import common
@@ -49,6 +54,26 @@ def _open(url: str) -> None:
         console.warn(f"no browser to open here: open {url} yourself")
 
 
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event the watch waits on (it ends after the refresh in hand); a second
+    one raises KeyboardInterrupt at once. A KeyboardInterrupt raised wherever the signal
+    lands can be swallowed (one that hits a garbage-collector callback is only printed), and
+    the watch would serve on."""
+    stop = threading.Event()
+
+    def on_int(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = signal.signal(signal.SIGINT, on_int)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _watch(host: str | None, role: str | None, job: str | None, interval: float | str | None,
            size: int, port: int | str | None, open_page: bool) -> int:
     from handoff.ops.report import live as serving
@@ -71,13 +96,15 @@ def _watch(host: str | None, role: str | None, job: str | None, interval: float 
         if open_page:
             _open(url)
         try:
-            serving.run(live, server, console.warn)
+            with _ctrl_c() as stop:
+                serving.run(live, server, console.warn, stop)
         except KeyboardInterrupt:
-            console.say("stopped serving; the jobs keep running on the hosts (`fab fetch` then "
-                        "`fab report` for the full report)")
+            pass  # a second Ctrl-C: at once
         finally:
             server.shutdown()
             server.server_close()
+        console.say("stopped serving; the jobs keep running on the hosts (`fab fetch` then "
+                    "`fab report` for the full report)")
     finally:
         live.close()
     return 0

@@ -16,7 +16,6 @@ cannot read the report through a DNS name rebound to 127.0.0.1).
 from __future__ import annotations
 
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -198,10 +197,9 @@ def serve(live: Live, port: int = 0) -> ThreadingHTTPServer:
     return server
 
 
-def run(live: Live, server: ThreadingHTTPServer, say: Any) -> None:
-    """Refresh every `interval` seconds until Ctrl-C (KeyboardInterrupt reaches the caller)."""
-    while True:
-        time.sleep(live.interval)
+def run(live: Live, server: ThreadingHTTPServer, say: Any, stop: threading.Event) -> None:
+    """Refresh every `interval` seconds until `stop` is set (Ctrl-C)."""
+    while not stop.wait(live.interval):
         live.refresh()
         if live.errors:
             say("; ".join(f"{h}: unreachable ({untrusted.visible(e, 200)})"
