@@ -240,8 +240,10 @@ def _write(run: FakeRun, dest: Path) -> Written:
         rid = f"q{k:06d}"
         shards[shard_of(rid, n)].append(rid)
     written = Written(dest, run.job)
-    merged_out: list[bytes] = []
-    merged_err: list[bytes] = []
+    merged = dest / run.job
+    merged.mkdir(parents=True, exist_ok=True)
+    for name in ("output.jsonl", "output.errors.jsonl"):
+        (merged / name).write_bytes(b"")
     for i, (host, ids) in enumerate(zip(run.hosts, shards, strict=True)):
         answers = _answers(run, rnd, corpus, ids)
         folder = dest / host / run.job
@@ -249,10 +251,10 @@ def _write(run: FakeRun, dest: Path) -> Written:
         out = [(json.dumps(a.record, ensure_ascii=False) + "\n").encode() for a in answers
                if not a.error]
         err = [(json.dumps(a.record, ensure_ascii=False) + "\n").encode() for a in answers if a.error]
-        (folder / "output.jsonl").write_bytes(b"".join(out))
-        (folder / "output.errors.jsonl").write_bytes(b"".join(err))
-        merged_out += out
-        merged_err += err
+        for name, lines in (("output.jsonl", out), ("output.errors.jsonl", err)):
+            (folder / name).write_bytes(b"".join(lines))
+            with (merged / name).open("ab") as fh:  # the shards in shard order, as merged
+                fh.write(b"".join(lines))
         shard = f"{i}/{n}"
         (folder / "status.json").write_text(json.dumps(_status(run, answers, shard), indent=2))
         meta = {"job": run.job, "role": "generator", "shard": shard, "hosts": n,
@@ -270,8 +272,4 @@ def _write(run: FakeRun, dest: Path) -> Written:
         written.answers += len(out)
         written.failures += len(err)
         written.hosts[host] = len(answers)
-    merged = dest / run.job
-    merged.mkdir(parents=True, exist_ok=True)
-    (merged / "output.jsonl").write_bytes(b"".join(merged_out))
-    (merged / "output.errors.jsonl").write_bytes(b"".join(merged_err))
     return written

@@ -302,6 +302,14 @@ def cost(data: JobData, bins: Bins | None) -> Plot | None:
         return _done(fig, "cost", "Cost against the budget", note)
 
 
+def _hist(ax: Any, values: Any, bins: Any, color: str) -> None:
+    """A histogram as one filled outline (numpy counts it): one SVG path, not a bar each."""
+    import numpy as np
+
+    counts, edges = np.histogram(np.asarray(values, dtype=float), bins=bins)
+    ax.stairs(counts, edges, fill=True, color=color, alpha=0.8)
+
+
 def _log_bins(values: list[float], n: int = 50) -> Any:
     lo, hi = min(values), max(values)
     if lo <= 0 or hi / lo < 30:
@@ -322,7 +330,7 @@ def latency(data: JobData, bins: Bins | None) -> Plot | None:
     with _figure("latency", cols=2) as (fig, axes):
         ax = axes[0][0]
         edges = _log_bins(values)
-        ax.hist(values, bins=edges, color=COLORS[0], alpha=0.8)
+        _hist(ax, values, edges, COLORS[0])
         if not isinstance(edges, int):
             ax.set_xscale("log")
         for (name, v), color in zip(q.items(), (COLORS[2], COLORS[1], COLORS[3]), strict=False):
@@ -383,7 +391,7 @@ def tokens(data: JobData) -> Plot | None:
     with _figure("tokens", rows=2, cols=2, high=2.2) as (fig, axes):
         for (name, values), ax, color in zip(panels, [a for row in axes for a in row], COLORS, strict=False):
             if values:
-                ax.hist(values, bins=50, color=color, alpha=0.8)
+                _hist(ax, values, 50, color)
             else:
                 ax.text(0.5, 0.5, "not in the records", ha="center", va="center",
                         transform=ax.transAxes)
@@ -428,15 +436,16 @@ def errors(data: JobData, bins: Bins | None) -> Plot | None:
             return _done(fig, "errors", "Errors", "From the errors file (no timeline in it).")
     if not kinds or bins is None:
         return None
-    xs, label = bins.axis()
+    label = bins.axis()[1]
     by_size = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))
     with _figure("errors") as (fig, axes):
         ax = axes[0][0]
         bottom = [0.0] * bins.n
-        width = bins.width / bins.scale()
+        edges = [k * bins.width / bins.scale() for k in range(bins.n + 1)]
         for (kind, counts), color in zip(by_size, (*COLORS[3:], *COLORS[:3]) * 4, strict=False):
-            ax.bar(xs, counts, width=width, bottom=bottom, color=color, label=kind)
-            bottom = [a + b for a, b in zip(bottom, counts, strict=True)]
+            top = [a + b for a, b in zip(bottom, counts, strict=True)]
+            ax.stairs(top, edges, baseline=bottom, fill=True, color=color, label=kind)
+            bottom = top
         ax.set_xlabel(label)
         ax.set_ylabel(f"errors per {bins.width:g} s")
         ax.set_title("Errors by kind")
@@ -543,7 +552,7 @@ def spans(data: JobData) -> Plot | None:
                                                         ("supervised tokens per sample",
                                                          list(feat.supervised))),
                                               (COLORS[0], COLORS[2]), strict=True):
-            ax.hist(values, bins=50, color=color, alpha=0.8)
+            _hist(ax, values, 50, color)
             ax.set_title(title)
             ax.set_ylabel("samples")
         return _done(fig, "spans", "Sample and supervised span lengths",
