@@ -13,6 +13,9 @@ document (`requests`), so a test can assert that a report reached nothing.
         assert browser.errors == []
         browser.screenshot(tmp_path / "shot.png")
         browser.evaluate("document.title")
+
+`python -m tests.support.browser PAGE OUT.png [--height H]` takes one screenshot of a page
+(its top H pixels; how docs/report.png was made from `fab demo`'s report).
 """
 
 from __future__ import annotations
@@ -195,3 +198,26 @@ class Chromium:
         data = self.send("Page.captureScreenshot", **params)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="a screenshot of a page in headless Chromium")
+    ap.add_argument("page", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--height", type=int, default=1400, help="pixels from the top (default 1400)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="handoff-shot-") as tmp, \
+            Chromium(Path(tmp), height=args.height) as browser:
+        browser.open(args.page.resolve().as_uri())
+        if browser.errors:
+            print("\n".join(browser.errors))
+            return 1
+        browser.screenshot(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
