@@ -71,14 +71,16 @@ class Bins:
         return min(self.n - 1, max(0, int((t - self.t0) // self.width)))
 
     def axis(self) -> tuple[list[float], str]:
-        """Bin centres in minutes or hours since t0, and the axis label."""
-        hours = self.n * self.width > 3 * 3600
-        unit = 3600.0 if hours else 60.0
+        """Bin centres in seconds, minutes or hours since t0, and the axis label."""
+        unit = self.scale()
         xs = [(k + 0.5) * self.width / unit for k in range(self.n)]
-        return xs, ("hours" if hours else "minutes") + " since the start"
+        name = {1.0: "seconds", 60.0: "minutes", 3600.0: "hours"}[unit]
+        return xs, f"{name} since the start"
 
     def scale(self) -> float:
-        return 3600.0 if self.n * self.width > 3 * 3600 else 60.0
+        """Seconds in the axis' unit: seconds up to 3 minutes, minutes up to 3 hours."""
+        length = self.n * self.width
+        return 1.0 if length <= 180 else 60.0 if length <= 3 * 3600 else 3600.0
 
 
 # -- drawing ---------------------------------------------------------------------------------------
@@ -225,7 +227,8 @@ def throughput(data: JobData, bins: Bins | None) -> Plot | None:
         ax.plot(xs, _rate(answers, bins), color=COLORS[0], label="answers/s")
         ax.set_ylabel("answers/s")
         ax2 = ax.twinx()
-        ax2.plot(xs, _rate(tokens, bins), color=COLORS[1], label="completion tokens/s")
+        ax2.plot(xs, _rate(tokens, bins), color=COLORS[1], linestyle="--", alpha=0.8,
+                 label="completion tokens/s")
         ax2.set_ylabel("tokens/s")
         ax2.grid(False)
         ax2.spines["right"].set_visible(True)
@@ -529,7 +532,7 @@ def extract_rate(data: JobData, bins: Bins | None) -> Plot | None:
         ax.plot(xs, _rate(samples, bins), color=COLORS[0], label="samples/s")
         ax.set_ylabel("samples/s")
         ax2 = ax.twinx()
-        ax2.plot(xs, _rate(toks, bins), color=COLORS[1], label="tokens/s")
+        ax2.plot(xs, _rate(toks, bins), color=COLORS[1], linestyle="--", alpha=0.8, label="tokens/s")
         ax2.set_ylabel("tokens/s")
         ax2.grid(False)
         ax2.spines["right"].set_visible(True)
