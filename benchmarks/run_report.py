@@ -104,6 +104,11 @@ def main() -> int:
             reps["report"].append((wall, rss))
             wall, rss, _ = measured([sys.executable, "-c", FLOOR, str(merged)])
             reps["floor"].append((wall, rss))
+        # the same run a tenth the size: what memory the records themselves add
+        small = work / "small"
+        measured([sys.executable, "-c", MAKE, str(small), str(max(1, args.samples // 10))])
+        small_rss = statistics.median(measured([fab, "report", "--dest", str(small)])[1]
+                                      for _ in range(args.reps))
         job_page = dest / run.job / "report.html"
         html = job_page.read_text()
         svg = sum(len(m) for m in re.findall(r"<svg.*?</svg>", html, re.S))
@@ -128,9 +133,13 @@ def main() -> int:
         f"| floor: one `json.loads` a line of output.jsonl | {med('floor', 0):.2f} s | "
         f"{med('floor', 1):.0f} MB |",
         f"| ratio report / floor | {med('report', 0) / med('floor', 0):.2f}x | |",
+        f"| `fab report` on the same run a tenth the size ({args.samples // 10:,} ids) | | "
+        f"{small_rss:.0f} MB |",
         "",
         f"Reps (wall s): report {', '.join(f'{w:.2f}' for w, _ in reps['report'])}; floor "
-        f"{', '.join(f'{w:.2f}' for w, _ in reps['floor'])}.",
+        f"{', '.join(f'{w:.2f}' for w, _ in reps['floor'])}. Peak RSS: ten times the records "
+        f"add {med('report', 1) - small_rss:.0f} MB (the columns kept per record, never its "
+        f"text; most of the rest is matplotlib and numpy).",
         "",
         f"The job's page: {len(html.encode()) / 1e6:.2f} MB: its {html.count('<svg')} "
         f"figures {svg / 1e3:.0f} KB (inline SVG; the 40k-point scatter rasterized inside its "

@@ -16,7 +16,7 @@ from tests.support.fab import FAB, REPO
 
 TASKS = ["deploy", "verify", "push-script", "push-key", "trust-host", "set-key", "smoke-test",
          "launch", "status", "logs", "stop", "fetch", "cleanup-secrets", "demo",
-         "jobs", "forget"]
+         "jobs", "forget", "report"]
 
 
 def fab_tasks() -> dict[str, object]:
