@@ -267,8 +267,8 @@ def _write(run: FakeRun, dest: Path) -> Written:
         (folder / "job.json").write_text(json.dumps(meta) + "\n")
         (folder / "log").write_text(f"generate: {len(ids)} prompts\n")
         if run.metrics:
-            lines = _metrics(run, answers, rnd)
-            (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+            metrics = _metrics(run, answers, rnd)
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
         written.answers += len(out)
         written.failures += len(err)
         written.hosts[host] = len(answers)

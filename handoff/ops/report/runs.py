@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from handoff.host import untrusted
+from handoff.ops.merge import ERRORS, OUTPUT
 from handoff.ops.report import features as feature_files
 from handoff.ops.report import records as record_files
 from handoff.ops.report import series as metrics_files
@@ -31,7 +32,6 @@ from handoff.ops.report.features import FeatureStats
 from handoff.ops.report.records import RecordStats, quantiles
 from handoff.ops.report.series import Series
 
-OUTPUT, ERRORS = "output.jsonl", "output.errors.jsonl"
 MAX_JSON_BYTES = 1 << 20  # status.json / job.json (a few KB when honest)
 
 
