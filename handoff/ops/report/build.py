@@ -37,9 +37,7 @@ class Built:
 
 def job_plots(data: JobData, summary: dict[str, Any]) -> tuple[list[plots.Plot], list[str]]:
     """A job's figures, and a line for each that could not be drawn, saying why."""
-    start, end, _ = runs.span(data)
-    if data.live and summary.get("wall_s") and start is not None:
-        end = start + summary["wall_s"]
+    start, end, _ = runs.span(data)  # live: up to the hosts' last metrics line
     bins = plots.job_bins(data, start, end)
     no_time = ("no timeline: the records carry no answered_at and no metrics.jsonl was "
                "fetched (a payload from before round 4)")

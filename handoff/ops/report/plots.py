@@ -62,9 +62,11 @@ class Bins:
     n: int
 
     @classmethod
-    def over(cls, start: float, end: float, target: int = BINS) -> Bins:
+    def over(cls, start: float, end: float, target: int = BINS, at_least: float = 0.0) -> Bins:
+        """Nice bins over [start, end]: at most `target`, each at least `at_least` seconds
+        (the metrics' interval: a bin narrower than a line's interval is empty or a spike)."""
         length = max(end - start, 1.0)
-        width = next((w for w in NICE_S if length / w <= target), NICE_S[-1])
+        width = next((w for w in NICE_S if length / w <= target and w >= at_least), NICE_S[-1])
         return cls(start, float(width), max(1, math.ceil(length / width)))
 
     def at(self, t: float) -> int:
@@ -129,9 +131,14 @@ def _records_timed(rec: RecordStats | None) -> bool:
 
 
 def job_bins(data: JobData, start: float | None, end: float | None) -> Bins | None:
+    """The job's time bins; drawn from the metrics, none narrower than their interval."""
     if start is None or end is None:
         return None
-    return Bins.over(start, end)
+    at_least = 0.0
+    if not _records_timed(data.records) and data.series:
+        intervals = [p.interval_s for _, s in data.series for p in s.points if p.interval_s]
+        at_least = sorted(intervals)[len(intervals) // 2] if intervals else 0.0
+    return Bins.over(start, end, at_least=at_least)
 
 
 def _from_records(rec: RecordStats, bins: Bins, values: Any = None,
@@ -170,15 +177,16 @@ def _interval(series: Series, bins: Bins, name: str) -> list[float]:
     return out
 
 
-def _levels(series: Series, bins: Bins, name: str) -> list[float | None]:
-    """Per bin, the field's last value (a "now" field: in flight, window), carried forward
-    until the host's last line."""
+def _levels(series: Series, bins: Bins, name: str, hold: bool = False) -> list[float | None]:
+    """Per bin, the field's last value, carried forward until the host's last line (a "now"
+    field: in flight, window), or with `hold` to the end (a total: what a host spent stays
+    spent once it is done)."""
     out: list[float | None] = [None] * bins.n
     for p in series.points:
         v = getattr(p, name)
         if v is not None:
             out[bins.at(p.t)] = float(v)
-    last_bin = bins.at(series.points[-1].t) if series.points else -1
+    last_bin = bins.n - 1 if hold else bins.at(series.points[-1].t) if series.points else -1
     current = None
     for k in range(bins.n):
         if out[k] is not None:
@@ -275,7 +283,7 @@ def cost(data: JobData, bins: Bins | None) -> Plot | None:
     elif data.series and bins is not None:
         levels: list[float | None] = [None] * bins.n
         for _, s in data.series:
-            levels = _add(levels, _levels(s, bins, "cost"))
+            levels = _add(levels, _levels(s, bins, "cost", hold=True))
         axis, xlabel = bins.axis()
         xs = [x for x, v in zip(axis, levels, strict=True) if v is not None]
         ys = [v for v in levels if v is not None]
@@ -525,7 +533,7 @@ def extract_rate(data: JobData, bins: Bins | None) -> Plot | None:
     for _, s in data.series:
         samples = [a + b for a, b in zip(samples, _interval(s, bins, "samples_interval"), strict=True)]
         toks = [a + b for a, b in zip(toks, _interval(s, bins, "tokens_interval"), strict=True)]
-        written = _add(written, _levels(s, bins, "bytes_written"))
+        written = _add(written, _levels(s, bins, "bytes_written", hold=True))
     xs, label = bins.axis()
     with _figure("extract", rows=2, sharex=True) as (fig, axes):
         ax = axes[0][0]
