@@ -6,7 +6,9 @@ run's page links to the job's. One browser for the module; screenshots in the te
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,25 @@ def test_the_run_page_links_each_job(browser: Chromium, run: Path, tmp_path: Pat
                             ".textContent).jobs") == ["prompts"]
     href = browser.evaluate("document.querySelector('table.jobs a').href")
     assert href == (run / "prompts" / "report.html").as_uri()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("HANDOFF_SLOW_TESTS"),
+                    reason="a 600 MB made-up run, ~1 min on 2 cores: set HANDOFF_SLOW_TESTS=1 "
+                           "(benchmarks/run_report.py checks the same and times it)")
+def test_a_40k_answer_run(browser: Chromium, tmp_path: Path) -> None:
+    """The benchmark's run (40k thinking-size answers over 3 hosts): built in seconds, its
+    page loads with no error and shows the records' figures."""
+    FakeRun(samples=40_000, concurrency=2000).write(tmp_path)
+    t = time.monotonic()
+    build.build(tmp_path)
+    assert time.monotonic() - t < 60
+    report = tmp_path / "prompts" / "report.html"
+    loaded(browser, report)
+    out = [json.loads(x) for x in (tmp_path / "prompts" / "output.jsonl").open("rb")]
+    q = statistics.quantiles([r["latency_s"] for r in out], n=100, method="inclusive")
+    got = browser.evaluate("JSON.parse(document.getElementById('handoff-summary').textContent)")
+    assert got["samples"] == len(out) and abs(got["cost_usd"] - sum(r["usage"]["cost"] for r in out)) < 1e-6
+    assert abs(got["latency_s"]["p50"] - q[49]) < 1e-3 and abs(got["latency_s"]["p99"] - q[98]) < 1e-3
+    browser.screenshot(tmp_path / "job-40k.png")
+
