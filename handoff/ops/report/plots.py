@@ -3,11 +3,11 @@
 Why matplotlib: it is the plotting library every Python ML engineer already has and
 trusts, it is kept up to date (3.11 as pinned in pyproject.toml), and it renders
 SVG with no browser, no JavaScript and no network: the report stays one small file that
-opens offline, and the text of every figure is text (searchable, selectable). Plotly's
-inlined JS alone weighs ~4.5 MB a file. A 40k-answer report's figures weigh ~300 KB
-(BENCHMARKS.md, "Run report"): everything is binned before it is drawn (time in at most
-`BINS` bins, histograms in 40-60), and the one scatter plot (latency against answer
-length, every answer) is rasterized inside its SVG.
+opens offline, and the text of every figure is text (searchable, selectable); a library
+that draws in the browser would inline its JavaScript (megabytes) into every file. A
+40k-answer report's figures weigh ~280 KB (BENCHMARKS.md, "Run report"): everything is
+binned before it is drawn (time in at most `BINS` bins, histograms in 50), and the one
+scatter plot (latency against answer length, every answer) is rasterized inside its SVG.
 
 Every function takes a job's data (handoff.ops.report.runs) and returns a Plot, or None
 when the data for it is missing (the page then says what is missing and why). The time
