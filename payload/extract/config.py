@@ -222,9 +222,9 @@ def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int
     n = num_layers
     if layers is None:
         layers = (2, n // 2, n - 3)
-        if n < 6:
+        if n < 7:  # 6 gives 2,3,3: not three layers
             raise UsageError(f"the model has {n} decoder layers; the default layers "
-                             f"2,N//2,N-3 need at least 6; pass --layers")
+                             f"2,N//2,N-3 need at least 7; pass --layers")
     if len(set(layers)) != 3:
         raise UsageError(f"--layers must be three distinct indices, got {layers}")
     for k in layers:

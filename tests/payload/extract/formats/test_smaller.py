@@ -242,3 +242,15 @@ def test_role_passes_feature_dtype_and_compress() -> None:
     for argv in (role["launch"], role["preflight"]["run"]):
         assert ["--feature-dtype", "{feature_dtype}"] in argv
         assert ["--compress", "{compress}"] in argv
+
+
+def test_default_layers_of_a_6_layer_model_name_the_flag() -> None:
+    """2,N//2,N-3 is 2,3,3 at N=6: the refusal names --layers, not a duplicate the user
+    never typed (it said "--layers must be three distinct indices, got (2, 3, 3)")."""
+    from payload.errors import UsageError
+    from payload.extract.config import resolve_layers
+
+    assert resolve_layers(None, 7) == (2, 3, 4)
+    with pytest.raises(UsageError, match="need at least 7; pass --layers"):
+        resolve_layers(None, 6)
+    assert resolve_layers((1, 3, 6), 6) == (1, 3, 6)
