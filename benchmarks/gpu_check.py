@@ -247,7 +247,8 @@ def planned(model: Path, inp: Path, max_length: int) -> list[Any]:
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     lines = inp.read_text().splitlines()
     convs = [parse_record(line, i) for i, line in enumerate(lines, 1)]
-    samples = Renderer(tok, "include", {tok.eos_token_id}).encode_many(convs)
+    samples = [s for s in Renderer(tok, "include", {tok.eos_token_id}).encode_many(convs)
+               if not isinstance(s, Exception)]  # a BoundaryError: the extractor fails it too
     return [truncate(s, max_length) if s.num_tokens > max_length else s for s in samples]
 
 
@@ -419,6 +420,66 @@ def compare(ref: Reference, form: Form, got: dict[str, Any]) -> dict[str, Any]:
             "agree_sure": int(agree[sure].sum()), "sure": int(sure.sum())}
 
 
+def check_form(form: Form, inp: Path, model_dir: Path, out: Path, size: Size, device: str,
+               samples: list[Any], check_keys: set[str], state: dict[str, Any],
+               report: dict[str, Any], failures: list[str]) -> None:
+    """Extract `form`, then check what it wrote: every sample, bytes a token, the checked
+    samples against the fp32 model (loaded once, into `state`); a row in report["forms"]."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    stats = extract(form, inp, model_dir, out, size, device)
+    tokens = sum(s.num_tokens for s in samples)
+    row: dict[str, Any] = {
+        "rc": int(stats["rc"]), "written": stats.get("written"),
+        "tokens_per_s": round(stats.get("tokens_per_s") or 0.0),
+        "extract_s": round(stats.get("extract_s") or 0.0, 2),
+        "wall_s": round(stats["wall_s"], 1)}
+    report["forms"][form.name] = row
+    if stats["rc"] != 0 or stats.get("written") != len(samples):
+        failures.append(f"{form.name}: exit {stats['rc']}, wrote {stats.get('written')} of "
+                        f"{len(samples)}")
+        return
+    row["bytes"] = disk_bytes(out, form)
+    row["bytes_per_token"] = round(row["bytes"] / tokens, 1)
+    if state["ref"] is None:
+        meta = json.loads((out / "meta.json").read_text())
+        cpu_model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, local_files_only=True).eval()
+        state["ref"] = Reference(cpu_model, meta["layers"])
+    ref: Reference = state["ref"]
+    entries = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    errs = [compare(ref, form, read_sample(out, form, e)) for e in entries
+            if str(e["id"]) in check_keys]
+    if len(errs) != len(check_keys):
+        failures.append(f"{form.name}: {len(errs)} of the {len(check_keys)} checked samples "
+                        "found in its manifest")
+        return
+    tol = TOLERANCE["fp8" if form.fp8 else "bf16"]
+    sure = sum(e["sure"] for e in errs)
+    row.update(checked=len(errs), tolerance=tol,
+               aux_rel_l2=round(max(e["aux_rel_l2"] for e in errs), 5),
+               final_rel_l2=round(max(e["final_rel_l2"] for e in errs), 5),
+               top1=round(sum(e["agree_sure"] for e in errs) / max(sure, 1), 4),
+               top1_positions=sure,
+               top1_all=round(sum(e["agree_all"] for e in errs)
+                              / sum(e["positions"] for e in errs), 4))
+    misplaced = [m for e in errs for m in e["misplaced"]]
+    if max(row["aux_rel_l2"], row["final_rel_l2"]) > tol:
+        failures.append(f"{form.name}: relative error {row['aux_rel_l2']}/"
+                        f"{row['final_rel_l2']} > {tol}")
+    if misplaced:
+        failures.append(f"{form.name}: {misplaced[0]}")
+    if row["top1"] < TOP1_MIN or not sure:
+        failures.append(f"{form.name}: top-1 {row['top1']} on {sure} confident positions")
+    log(f"{form.name}: {row}")
+    if form.name == "native" and device == "cuda":
+        stored = read_sample(out, form, entries[0])
+        report["fp8_cuda_equals_cpu"] = fp8_same_on(stored, device)
+        if not report["fp8_cuda_equals_cpu"]:
+            failures.append("fp8: quantized on cuda differs from the CPU's bytes")
+
+
 # -- the run ---------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.splitlines()[0])
@@ -486,66 +547,28 @@ def main(argv: list[str] | None = None) -> int:
         # the samples compared with the fp32 model: a few of middling length (CPU time)
         by_len = sorted(samples, key=lambda s: abs(s.num_tokens - 256))
         check_keys = {s.key for s in by_len[:size.check]}  # (fewer with --samples < check)
-        from transformers import AutoModelForCausalLM
-
-        ref: Reference | None = None
-        plain: dict[str, int] = {}
+        state: dict[str, Any] = {"ref": None}
         for form in forms:
             out = work / f"out-{form.name}"
-            stats = extract(form, inp, model_dir, out, size, device)
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            row: dict[str, Any] = {
-                "rc": int(stats["rc"]), "written": stats.get("written"),
-                "tokens_per_s": round(stats.get("tokens_per_s") or 0.0),
-                "extract_s": round(stats.get("extract_s") or 0.0, 2),
-                "wall_s": round(stats["wall_s"], 1)}
-            if stats["rc"] != 0 or stats.get("written") != len(samples):
-                failures.append(f"{form.name}: exit {stats['rc']}, wrote {stats.get('written')}"
-                                f" of {len(samples)}")
-            nbytes = disk_bytes(out, form)
-            row["bytes_per_token"] = round(nbytes / tokens, 1)
-            plain[form.name] = nbytes
-            if ref is None:
-                meta = json.loads((out / "meta.json").read_text())
-                cpu_model = AutoModelForCausalLM.from_pretrained(
-                    model_dir, dtype=torch.float32, local_files_only=True).eval()
-                ref = Reference(cpu_model, meta["layers"])
-            entries = [json.loads(line) for line in (out / "manifest.jsonl").read_text()
-                       .splitlines()]
-            errs = [compare(ref, form, read_sample(out, form, e)) for e in entries
-                    if str(e["id"]) in check_keys]
-            tol = TOLERANCE["fp8" if form.fp8 else "bf16"]
-            sure = sum(e["sure"] for e in errs)
-            row.update(checked=len(errs), tolerance=tol,
-                       aux_rel_l2=round(max(e["aux_rel_l2"] for e in errs), 5),
-                       final_rel_l2=round(max(e["final_rel_l2"] for e in errs), 5),
-                       top1=round(sum(e["agree_sure"] for e in errs) / max(sure, 1), 4),
-                       top1_positions=sure,
-                       top1_all=round(sum(e["agree_all"] for e in errs)
-                                      / sum(e["positions"] for e in errs), 4))
-            misplaced = [m for e in errs for m in e["misplaced"]]
-            if max(row["aux_rel_l2"], row["final_rel_l2"]) > tol:
-                failures.append(f"{form.name}: relative error {row['aux_rel_l2']}/"
-                                f"{row['final_rel_l2']} > {tol}")
-            if misplaced:
-                failures.append(f"{form.name}: {misplaced[0]}")
-            if row["top1"] < TOP1_MIN or not sure or len(errs) != len(check_keys):
-                failures.append(f"{form.name}: top-1 {row['top1']} on {sure} confident "
-                                f"positions of {len(errs)} samples")
-            report["forms"][form.name] = row
-            log(f"{form.name}: {row}")
-            if form.name == "native" and device == "cuda":
-                stored = read_sample(out, form, entries[0])
-                report["fp8_cuda_equals_cpu"] = fp8_same_on(stored, device)
-                if not report["fp8_cuda_equals_cpu"]:
-                    failures.append("fp8: quantized on cuda differs from the CPU's bytes")
-            shutil.rmtree(out, ignore_errors=True)  # 1B: gigabytes each
+            try:  # one form's failure is reported, the other forms still run
+                check_form(form, inp, model_dir, out, size, device, samples, check_keys,
+                           state, report, failures)
+            except Exception as exc:
+                import traceback
+
+                traceback.print_exc()
+                failures.append(f"{form.name}: crashed: {type(exc).__name__}: {exc}")
+            finally:
+                shutil.rmtree(out, ignore_errors=True)  # 1B: gigabytes each
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
         bare.append(bare_forward(model_dir, samples, size.batch_tokens, device))
         best = max(bare)
         report["bare_tokens_per_s"] = [round(b) for b in bare]
         for row in report["forms"].values():
             row["vs_bare"] = round(row["tokens_per_s"] / best, 3)
+        plain = {name: row["bytes"] for name, row in report["forms"].items() if "bytes" in row}
         if "specforge" in plain and "specforge+gzip" in plain:
             report["gzip_vs_ckpt"] = round(plain["specforge+gzip"] / plain["specforge"], 4)
         if "speculators" in plain and "speculators+fp8" in plain:
@@ -577,6 +600,9 @@ def summary(r: dict[str, Any]) -> str:
     if r.get("bare_tokens_per_s"):
         parts.append(f"bare forward {max(r['bare_tokens_per_s']):,} tok/s")
     for name, row in r["forms"].items():
+        if "top1" not in row:
+            parts.append(f"{name} not checked")
+            continue
         parts.append(f"{name} {row['tokens_per_s']:,} tok/s ({row.get('vs_bare', '?')}x bare), "
                      f"{row['bytes_per_token']} B/tok, err {max(row['aux_rel_l2'], row['final_rel_l2'])}"
                      f" (tol {row['tolerance']}), top-1 {row['top1']:.1%} of "
