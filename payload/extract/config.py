@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(train with --hidden-states-backend fp8)")
     parser.add_argument("--compress", choices=COMPRESSIONS, default="none",
                         help="gzip: write SpecForge's .ckpt.gz (--format specforge only; "
-                             "saves little on bf16 features and costs CPU: see "
+                             "~1/5 smaller on bf16 features, written 20-30x slower: see "
                              "docs/training.md)")
     parser.add_argument("--shard", default=None, help="I/N: this host's 0-based share of ids")
     parser.add_argument("--reasoning", choices=["include", "drop"], default="include",
