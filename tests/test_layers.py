@@ -84,6 +84,7 @@ PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
         {"conversations"},                                # records to conversations
         {"tokens"},                                       # conversations to tokens and masks
         {"tensors", "batching", "writer"},                # a sample's tensors, batches, files
+        {"feature_dtype"},                                # how features are stored (FP8)
         {"formats"},                                      # the output formats
         {"config", "preflight", "status", "progress", "metrics"},  # flags, preflight, reports
         {"backends"},                                     # model backends
@@ -434,9 +435,9 @@ def test_the_payload_checker_fails_on_planted_upward_imports(tmp_path: Path) -> 
             "payload.units (common: units) imports payload.records (common: records)",
             "payload.generate.budget (the features, which do not import each other) imports "
             "payload.extract.formats (the features",
-            "payload.extract.formats.native (row 5 of payload.extract) imports "
-            "payload.extract.pipeline (row 9)",
-            "payload.extract.tokens (row 3 of payload.extract) imports payload.extract (row 10)"]
+            "payload.extract.formats.native (row 6 of payload.extract) imports "
+            "payload.extract.pipeline (row 10)",
+            "payload.extract.tokens (row 3 of payload.extract) imports payload.extract (row 11)"]
     assert len(bad) == 6, "\n".join(bad)
     for text in want:
         assert any(text in line for line in bad), (text, bad)

@@ -222,14 +222,24 @@ def _size(n: Any) -> str:
 def _estimate_check(name: str, want: str, d: dict[str, Any], rc_ok: bool, cv: dict[str, Any]) -> Check:
     """The preflight's JSON verdict with its numbers (the extractor's disk estimate)."""
     est, free, reserve = d.get("estimate_bytes"), d.get("free_bytes"), d.get("reserve_bytes") or 0
+    # what the files hold, when the payload says (fp8 features, gzip counted uncompressed)
+    form = "".join(f", {v}" for v in (_text(d.get("feature_dtype")), _text(d.get("compress")))
+                   if v)
     have = (f"{_size(est)} for {d.get('samples', '?')} samples / {d.get('tokens', '?')} tokens "
-            f"({d.get('bytes_per_token', '?')} B/token, {d.get('already_done', 0)} already done); "
-            f"{_size(free)} free, {_size(reserve)} reserve")
+            f"({d.get('bytes_per_token', '?')} B/token{form}, {d.get('already_done', 0)} already "
+            f"done); {_size(free)} free, {_size(reserve)} reserve")
     ok = bool(d.get("fits")) and rc_ok
     need = (est or 0) + reserve
     fix = (f"needs {_size(need)} but {_size(free)} free under {cv.get('job_dir')}: free space there, "
            f"point `remote_dir` at a bigger volume, shard over more hosts, or lower `max_length`")
+    if d.get("format") == "speculators" and d.get("feature_dtype") != "float8_e4m3fn":
+        fix += "; or halve it: `feature_dtype: fp8` (speculators reads it)"
     return Check(name, want, have, ok, fix)
+
+
+def _text(value: Any) -> str:
+    """A short plain word from the host's JSON, or "" (a number, a list: not shown)."""
+    return value[:40] if isinstance(value, str) else ""
 
 
 def report_verdict(report: HostReport, verdict: Verdict, show_all: bool = True) -> None:

@@ -9,9 +9,10 @@ imports torch) is imported inside `run()`.
 The package's layers, lowest first (a module imports only from the layers below it):
 what the target emits after its generation prompt (`rendering`); records to the
 conversations to supervise (`conversations`); their tokens and loss masks (`tokens`);
-a sample's tensors, batches and files (`tensors`, `batching`, `writer`); the output
-formats (`formats/`); flags, the disk preflight and the run's reports (`config`,
-`preflight`, `status`, `progress`, `metrics`); the model backends (`backends/`); meta.json and
+a sample's tensors, batches and files (`tensors`, `batching`, `writer`); how the
+features are stored, a cast or FP8 (`feature_dtype`); the output formats (`formats/`);
+flags, the disk preflight and the run's reports (`config`, `preflight`, `status`,
+`progress`, `metrics`); the model backends (`backends/`); meta.json and
 the batch writer (`meta`, `writing`); the run's stages (`pipeline`).
 """
 

@@ -19,6 +19,16 @@ from payload.records import ALL, Shard, parse_shard
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                  "float": "float32"}
+# --feature-dtype: what the files hold (default: the model's --dtype). fp8 is hs-connectors'
+# FP8 layout (feature_dtype.py), which only speculators reads.
+FP8 = "float8_e4m3fn"
+FEATURE_DTYPES = {**DTYPES, FP8: 1}
+FEATURE_DTYPE_CHOICES = ("bf16", "fp16", "fp32", "fp8")
+FEATURE_DTYPE_ALIASES = {**DTYPE_ALIASES, "fp8": FP8, "float8": FP8, "e4m3": FP8}
+# The format each storage option is for (no other trainer reads it), and the fix to name.
+FP8_FORMAT = "speculators"
+COMPRESSIONS = ("none", "gzip")
+GZIP_FORMAT = "specforge"
 DEFAULT_MAX_LENGTH = 8192
 DEFAULT_BATCH_TOKENS = 16384
 BACKENDS = ("hf", "vllm")
@@ -56,7 +66,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="padded tokens per forward pass (rows x longest row); "
                              f"a longer sample runs alone (default {DEFAULT_BATCH_TOKENS})")
     parser.add_argument("--dtype", default="bfloat16",
-                        help="model and feature dtype: bfloat16 (default), float16, float32")
+                        help="the model's dtype: bfloat16 (default), float16, float32; also "
+                             "the features' unless --feature-dtype says otherwise")
+    parser.add_argument("--feature-dtype", default=None, metavar="{bf16,fp16,fp32,fp8}",
+                        help="the dtype the feature files hold (default: --dtype's). fp8: "
+                             "float8_e4m3fn with one float32 scale per token, hs-connectors' "
+                             "layout (~1/2 the bytes of bf16), --format speculators only "
+                             "(train with --hidden-states-backend fp8)")
+    parser.add_argument("--compress", choices=COMPRESSIONS, default="none",
+                        help="gzip: write SpecForge's .ckpt.gz (--format specforge only; "
+                             "~1/5 smaller on bf16 features, written 20-30x slower: see "
+                             "docs/training.md)")
     parser.add_argument("--shard", default=None, help="I/N: this host's 0-based share of ids")
     parser.add_argument("--reasoning", choices=["include", "drop"], default="include",
                         help="the record's reasoning: put it in the supervised assistant turn "
@@ -130,7 +150,7 @@ class ExtractConfig:
     max_length: int
     overlong: str
     batch_tokens: int
-    dtype: str
+    dtype: str  # the model's
     shard: Shard
     reasoning: str
     completion_format: str | None  # --completion-format as given (None: from the template)
@@ -150,10 +170,16 @@ class ExtractConfig:
     kv_cache_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     engine_args: tuple[tuple[str, object], ...] = ()
+    feature_dtype: str = ""  # what the files hold; "" (only when built by hand): --dtype's
+    compress: str | None = None  # "gzip" (specforge's .ckpt.gz) or None
+
+    def __post_init__(self) -> None:
+        if not self.feature_dtype:
+            object.__setattr__(self, "feature_dtype", self.dtype)
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPES[self.dtype]
+        return FEATURE_DTYPES[self.feature_dtype]
 
 
 def parse_size(text: str, flag: str = "--reserve") -> int:
@@ -196,9 +222,9 @@ def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int
     n = num_layers
     if layers is None:
         layers = (2, n // 2, n - 3)
-        if n < 6:
+        if n < 7:  # 6 gives 2,3,3: not three layers
             raise UsageError(f"the model has {n} decoder layers; the default layers "
-                             f"2,N//2,N-3 need at least 6; pass --layers")
+                             f"2,N//2,N-3 need at least 7; pass --layers")
     if len(set(layers)) != 3:
         raise UsageError(f"--layers must be three distinct indices, got {layers}")
     for k in layers:
@@ -253,10 +279,35 @@ def engine_settings(args: argparse.Namespace) -> dict[str, object]:
             "gpu_memory_utilization": util, "engine_args": parse_engine_args(extra)}
 
 
+def storage_settings(args: argparse.Namespace, dtype: str) -> tuple[str, str | None]:
+    """(--feature-dtype resolved, --compress or None), checked against --format: each
+    smaller form is the one its trainer reads, so anything else is refused (exit 2)."""
+    fmt = args.format
+    raw = getattr(args, "feature_dtype", None)
+    feature = dtype if raw is None else FEATURE_DTYPE_ALIASES.get(raw.lower(), raw.lower())
+    if feature not in FEATURE_DTYPES:
+        raise UsageError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPE_CHOICES)}, "
+                         f"got {raw!r}")
+    if feature == FP8 and fmt != FP8_FORMAT:
+        raise UsageError(f"--feature-dtype fp8 writes hs-connectors' FP8 layout, which only "
+                         f"speculators reads (--hidden-states-backend fp8): add --format "
+                         f"{FP8_FORMAT}, or keep --format {fmt} with --feature-dtype bf16")
+    compress = getattr(args, "compress", "none") or "none"
+    if compress not in COMPRESSIONS:
+        raise UsageError(f"--compress must be one of {', '.join(COMPRESSIONS)}, got {compress!r}")
+    if compress == "gzip" and fmt != GZIP_FORMAT:
+        hint = (" (for half the disk there, use --feature-dtype fp8)" if fmt == FP8_FORMAT
+                else "")
+        raise UsageError(f"--compress gzip writes SpecForge's .ckpt.gz files: add --format "
+                         f"{GZIP_FORMAT}, or drop --compress for --format {fmt}{hint}")
+    return feature, None if compress == "none" else compress
+
+
 def from_args(args: argparse.Namespace) -> ExtractConfig:
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    feature_dtype, compress = storage_settings(args, dtype)
     if args.max_length is not None and args.max_length < 2:
         raise UsageError("--max-length must be at least 2")
     if args.batch_tokens < 1:
@@ -286,6 +337,7 @@ def from_args(args: argparse.Namespace) -> ExtractConfig:
         preflight_only=args.preflight_only, reserve_bytes=parse_size(args.reserve),
         status_file=args.status_file, device=args.device,
         trust_remote_code=args.trust_remote_code, progress=args.progress,
+        feature_dtype=feature_dtype, compress=compress,
         **engine_settings(args),  # type: ignore[arg-type]
     )
 

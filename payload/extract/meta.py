@@ -20,9 +20,19 @@ from payload.extract.writer import write_json_atomic
 
 # meta.json keys that must match for a resumed run to add to an output dir
 SETTINGS = ("num_layers", "hidden_size", "layers", "dtype", "max_length", "overlong",
-            "reasoning", "format", "final_state", "turns", "completion_format")
+            "reasoning", "format", "final_state", "turns", "completion_format",
+            "feature_dtype", "compress")
 # what a meta.json written before a setting existed meant by leaving it out
-LEGACY_SETTINGS = {"format": "native", "final_state": "postnorm", "turns": "last"}
+LEGACY_SETTINGS = {"format": "native", "final_state": "postnorm", "turns": "last",
+                   "compress": None}
+
+
+def _recorded(old: dict[str, Any], key: str) -> Any:
+    """A setting as an existing meta.json states it (or meant it, before it was recorded:
+    the features were stored in the model's dtype before --feature-dtype existed)."""
+    if key == "feature_dtype" and key not in old:
+        return old.get("dtype")
+    return old.get(key, LEGACY_SETTINGS.get(key))
 # settings a meta.json from before them cannot be checked against (not recorded then)
 UNRECORDED = {"completion_format"}
 
@@ -31,6 +41,7 @@ def build_meta(cfg: ExtractConfig, info: ModelInfo, fmt: Format,
                rendering: dict[str, Any]) -> dict[str, Any]:
     return {"model": str(cfg.model.resolve()), "num_layers": info.num_layers,
             "hidden_size": info.hidden, "layers": list(info.layers), "dtype": cfg.dtype,
+            "feature_dtype": cfg.feature_dtype, "compress": cfg.compress,
             "format": cfg.format, "final_state": cfg.final_state,
             "final_normed": cfg.final_state == POSTNORM,
             "max_length": cfg.max_length, "overlong": cfg.overlong,
@@ -49,8 +60,7 @@ def check_meta(out_dir: Path, meta: dict[str, Any], write: bool = True) -> None:
         except (OSError, ValueError) as exc:
             raise UsageError(f"{path}: unreadable ({exc}); move it away to start over") from None
         keys = [k for k in SETTINGS if k in old or k not in UNRECORDED]
-        diff = {k: (old.get(k, LEGACY_SETTINGS.get(k)), meta[k]) for k in keys
-                if old.get(k, LEGACY_SETTINGS.get(k)) != meta[k]}
+        diff = {k: (_recorded(old, k), meta[k]) for k in keys if _recorded(old, k) != meta[k]}
         if diff:
             desc = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise UsageError(f"{out_dir} holds features made with other settings ({desc}); "

@@ -140,7 +140,7 @@ def start(args: argparse.Namespace) -> Run:
     cfg = from_args(args)
     rank = Rank.from_env()
     info = read_info(cfg)
-    fmt = formats.make(cfg.format, cfg.output_dir, info.hidden, cfg.dtype)
+    fmt = formats.make(cfg.format, cfg.output_dir, info.hidden, cfg.feature_dtype, cfg.compress)
     renderer = make_renderer(cfg)
     if renderer.form is None and cfg.reasoning == "include":
         raise UsageError(renderer.undetermined)  # a thinking template, form unknown
@@ -175,11 +175,11 @@ def warn_for_trainer(cfg: ExtractConfig) -> None:
         print(f"extract: WARNING: --final-state {cfg.final_state}, but the {cfg.format} "
               f"format's trainer computes its teacher from the {needs} state: its logits "
               "will not be the target's (see docs/training.md)", file=sys.stderr, flush=True)
-    if cfg.format == "specforge" and cfg.dtype != "bfloat16":
-        print(f"extract: WARNING: --format specforge with --dtype {cfg.dtype}: SpecForge "
-              "casts its target head to bfloat16 and fails on features of another dtype; "
-              "extract with --dtype bfloat16 (see docs/training.md)", file=sys.stderr,
-              flush=True)
+    if cfg.format == "specforge" and cfg.feature_dtype != "bfloat16":
+        print(f"extract: WARNING: --format specforge with {cfg.feature_dtype} features: "
+              "SpecForge casts its target head to bfloat16 and fails on features of another "
+              "dtype; extract with --dtype bfloat16 (or --feature-dtype bf16; see "
+              "docs/training.md)", file=sys.stderr, flush=True)
 
 
 def make_renderer(cfg: ExtractConfig) -> Any:
@@ -325,7 +325,8 @@ def report_preflight(run: Run, samples: list[Any]) -> int:
     est = preflight.estimate(samples, run.fmt, run.info.vocab_size)
     free = preflight.free_bytes(preflight.existing(run.out))
     fits = est.bytes * run.rank.local_world + run.cfg.reserve_bytes <= free
-    print(json.dumps({"format": run.cfg.format, "samples": est.samples, "tokens": est.tokens,
+    print(json.dumps({"format": run.cfg.format, "feature_dtype": run.cfg.feature_dtype,
+                      "compress": run.cfg.compress, "samples": est.samples, "tokens": est.tokens,
                       "estimate_bytes": est.bytes, "bytes_per_token": est.per_token,
                       "already_done": run.stats.already_done, "free_bytes": free,
                       "reserve_bytes": run.cfg.reserve_bytes, "fits": fits}), flush=True)
@@ -377,6 +378,7 @@ def load_backend(run: Run, samples: list[Any]) -> Any:
 
 
 def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFlag) -> None:
+    from payload.extract.feature_dtype import store
     from payload.extract.progress import Progress
 
     stats = run.stats
@@ -409,8 +411,9 @@ def forward_and_write(run: Run, samples: list[Any], tokenizer: Any, stop: StopFl
     try:
         with BatchWriter(run, progress) as writer:
             for batch, aux, final in fm.features(samples, pad, lambda: stop.set):
-                ok = finite_rows(run, progress, batch, aux, final)
-                writer.submit(batch.samples, aux, final, ok)
+                stored = store(aux, final, run.cfg.feature_dtype)  # on the device
+                ok = finite_rows(run, progress, batch, stored)
+                writer.submit(batch.samples, stored, ok)
                 if time.monotonic() - last_save > STATS_EVERY_S:
                     last_save = time.monotonic()
                     with run.lock:

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from payload.extract.tokens import Sample
 
-# The --dtype names (after aliases) and their torch attribute names.
-TORCH_DTYPE_NAMES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+# The --dtype and --feature-dtype names (after aliases) and their torch attribute names.
+TORCH_DTYPE_NAMES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
+                     "float8_e4m3fn": "float8_e4m3fn"}
 
 
 def torch_dtype(name: str) -> Any:
-    """`bfloat16` -> torch.bfloat16 (the model's and the features' dtype)."""
+    """`bfloat16` -> torch.bfloat16 (the model's or the stored features' dtype)."""
     import torch
 
     return getattr(torch, TORCH_DTYPE_NAMES[name])

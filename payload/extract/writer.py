@@ -31,9 +31,10 @@ from payload import atomic
 
 PARTS_DIR = "manifest.parts"
 MANIFEST = "manifest.jsonl"
-ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-ST_WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "U8": 1}
+# The stored feature dtypes (`--feature-dtype`, after aliases): safetensors codes and widths.
+ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+ST_WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "U8": 1, "F8_E4M3": 1}
 TMP_MARK = atomic.TMP_MARK
 
 TensorSpec = tuple[str, str, list[int]]  # (name, safetensors dtype code, shape)

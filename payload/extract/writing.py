@@ -1,5 +1,5 @@
-"""Writing a batch's samples: the NaN/Inf check, and the writer threads that overlap the
-device's next batch.
+"""Writing a batch's samples: the NaN/Inf check of what is stored, and the writer threads
+that overlap the device's next batch.
 
 Each batch's samples are written on two threads while the device computes the next one;
 at most MAX_PENDING_BATCHES batches wait for their writes (bounds host memory). What a
@@ -13,6 +13,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from payload.extract.feature_dtype import Stored
 from payload.extract.formats import Format
 from payload.extract.status import ErrorLog, Stats
 
@@ -26,17 +27,19 @@ class RunLike(Protocol):
     lock: threading.Lock
 
 
-def finite_rows(run: RunLike, progress: Any, batch: Any, aux: Any, final: Any) -> list[bool]:
-    """Per row: no NaN/Inf on a real token (padding is never stored, so never checked).
-    A bad row fails its sample, which is reported and not written."""
+def finite_rows(run: RunLike, progress: Any, batch: Any, stored: Stored) -> list[bool]:
+    """Per row: no NaN/Inf on a real token of what is stored (the cast features, or the
+    FP8 scales: see feature_dtype.py); padding is never stored, so never checked. A bad
+    row fails its sample, which is reported and not written."""
     import torch
 
-    valid = batch.attention_mask.to(aux.device).bool()
+    parts = stored.checked()
+    valid = batch.attention_mask.to(parts[0].device).bool()
     # A row's float64 sum is finite exactly when each of its values is: NaN and Inf carry
     # through (Inf - Inf is NaN), and no float16/bfloat16/float32 values can add up to
     # float64's overflow. One reduction per row instead of a bool per value: 2.5x less CPU,
     # which on a CPU engine is the engine's own cores.
-    rows = aux.sum(-1, dtype=torch.float64) + final.sum(-1, dtype=torch.float64)
+    rows = sum(p.sum(-1, dtype=torch.float64) for p in parts)
     ok: list[bool] = (torch.isfinite(rows) | ~valid).all(-1).tolist()
     for i, good in enumerate(ok):
         if not good:
@@ -46,7 +49,8 @@ def finite_rows(run: RunLike, progress: Any, batch: Any, aux: Any, final: Any) -
                 progress.update(failed=1)
             run.errors.add(s.id, None, "nonfinite",
                            f"id {s.key}: NaN or Inf in the features; not written "
-                           f"(try --dtype float32 or bfloat16 instead of float16)")
+                           "(float16 overflows at 65504: use bfloat16 for --dtype and "
+                           "--feature-dtype)")
     return ok
 
 
@@ -73,20 +77,24 @@ class BatchWriter:
         finally:
             self.pool.shutdown(wait=True)
 
-    def submit(self, samples: list[Any], aux: Any, final: Any, ok: list[bool]) -> None:
+    def submit(self, samples: list[Any], stored: Stored, ok: list[bool]) -> None:
         ready = None
+        aux, final, scale = stored.aux, stored.final, stored.scale
         if aux.device.type == "cuda":  # copy to the host without stalling the device
             import torch
 
             aux = aux.to("cpu", non_blocking=True)
             final = final.to("cpu", non_blocking=True)
+            if scale is not None:
+                scale = scale.to("cpu", non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
-        self.pending.append(self.pool.submit(self._write, samples, aux, final, ok, ready))
+        self.pending.append(self.pool.submit(self._write, samples, aux, final, scale, ok,
+                                             ready))
         while len(self.pending) > MAX_PENDING_BATCHES:
             self.pending.popleft().result()
 
-    def _write(self, samples: list[Any], aux: Any, final: Any, ok: list[bool],
+    def _write(self, samples: list[Any], aux: Any, final: Any, scale: Any, ok: list[bool],
                ready: Any) -> None:
         if ready is not None:
             ready.synchronize()  # the device-to-host copies of this batch have landed
@@ -95,7 +103,8 @@ class BatchWriter:
             if not ok[i]:
                 continue
             t = s.num_tokens
-            nbytes = run.fmt.write(s, aux[i, :t], final[i, :t])
+            nbytes = run.fmt.write(s, aux[i, :t], final[i, :t],
+                                   None if scale is None else scale[i, :t])
             with run.lock:
                 run.fmt.record(s)
                 stats.written += 1

@@ -3,8 +3,8 @@
 | format | module | per sample | final state | also |
 |---|---|---|---|---|
 | native | native.py | `samples/ab/<sha>.safetensors`: `input_ids` int64 [T], `loss_mask` uint8 [T], `aux_hidden_states` [T,3H], `hidden_state` [T,H] | post-norm | manifest.jsonl |
-| specforge | specforge.py | `samples/ab/<sha>.ckpt` (torch.save, SpecForge 0.2 offline): `input_ids`, `loss_mask` int64 [T], `aux_hidden_state` [1,T,3H], `hidden_state` [1,T,H] | post-norm (its target head is the lm_head alone) | meta `eagle_aux_hidden_state_layer_ids` (HF index k -> k-1) |
-| speculators | speculators.py (+ speculators_dataset.py) | `hidden_states/hs_{row}.safetensors`: `token_ids` int64 [T], `hidden_states` [T,4,H] (3 aux layers, then the final state) + an HF datasets dir (`input_ids`, `loss_mask` int64, `seq_len`) | PRE-norm (its trainer applies the target's norm) | `token_freq.pt`, meta `target_layer_ids` |
+| specforge | specforge.py | `samples/ab/<sha>.ckpt` (torch.save, SpecForge 0.2 offline; `.ckpt.gz` with `--compress gzip`): `input_ids`, `loss_mask` int64 [T], `aux_hidden_state` [1,T,3H], `hidden_state` [1,T,H] | post-norm (its target head is the lm_head alone) | meta `eagle_aux_hidden_state_layer_ids` (HF index k -> k-1) |
+| speculators | speculators.py (+ speculators_dataset.py) | `hidden_states/hs_{row}.safetensors`: `token_ids` int64 [T], `hidden_states` [T,4,H] (3 aux layers, then the final state; `--feature-dtype fp8`: float8_e4m3fn + `hidden_states_scales` float32 [T,1,1]) + an HF datasets dir (`input_ids`, `loss_mask` int64, `seq_len`) | PRE-norm (its trainer applies the target's norm) | `token_freq.pt`, meta `target_layer_ids`, `hidden_states_backend` |
 
 base.py holds the `Format` interface and the tables config.py reads; the format modules
 import base.py and never each other or this package. Importing the package is
@@ -35,6 +35,7 @@ _CLASSES: dict[str, type[Format]] = {"native": Native, "specforge": SpecForge,
                                      "speculators": Speculators}
 
 
-def make(name: str, out: Path, hidden: int, dtype: str) -> Format:
-    """The format `--format name` writes, for this output dir, width and dtype."""
-    return _CLASSES[name](out, hidden, dtype)
+def make(name: str, out: Path, hidden: int, dtype: str, compress: str | None = None) -> Format:
+    """The format `--format name` writes, for this output dir, width, feature dtype and
+    compression (config.py has refused a combination the format does not write)."""
+    return _CLASSES[name](out, hidden, dtype, compress)

@@ -47,10 +47,11 @@ class Format(ABC):
     # last decoder layer's raw output, as the trainers' own capture stores it.
     raw_last_layer: bool = True
 
-    def __init__(self, out: Path, hidden: int, dtype: str) -> None:
+    def __init__(self, out: Path, hidden: int, dtype: str, compress: str | None = None) -> None:
         self.out = out
         self.hidden = hidden
-        self.dtype = dtype
+        self.dtype = dtype  # what the files hold (--feature-dtype)
+        self.compress = compress  # --compress (specforge's gzip); config refuses it elsewhere
 
     # -- planning (the preflight; no torch) --------------------------------------------
     @abstractmethod
@@ -94,8 +95,9 @@ class Format(ABC):
         return clean_temp_files(self.out, {self.relpath(k) for k in keys})
 
     @abstractmethod
-    def write(self, sample: Sample, aux: Any, final: Any) -> int:
-        """Write one sample (aux [T, 3H], final [T, H], CPU); returns its bytes.
+    def write(self, sample: Sample, aux: Any, final: Any, scale: Any = None) -> int:
+        """Write one sample (aux [T, 3H], final [T, H], CPU, in the feature dtype; `scale`
+        [T] float32 with FP8 features, else None); returns its bytes.
 
         Runs on the writer threads, several at once (distinct samples).
         """
@@ -116,8 +118,8 @@ class FilePerSample(Format):
 
     suffix = ""
 
-    def __init__(self, out: Path, hidden: int, dtype: str) -> None:
-        super().__init__(out, hidden, dtype)
+    def __init__(self, out: Path, hidden: int, dtype: str, compress: str | None = None) -> None:
+        super().__init__(out, hidden, dtype, compress)
         self._part: ManifestPart | None = None
         self._listed: set[str] = set()
 

@@ -62,8 +62,11 @@ class Native(FilePerSample):
         mask = read_tensor_bytes(path, header, start, "loss_mask")
         return t, sum(1 for b in mask if b)
 
-    def write(self, sample: Sample, aux: Any, final: Any) -> int:
+    def write(self, sample: Sample, aux: Any, final: Any, scale: Any = None) -> int:
         import torch
+
+        if scale is not None:
+            raise RuntimeError("native files hold no FP8 scales (config refuses fp8 here)")
         from safetensors.torch import save_file
 
         tensors = {"input_ids": ids_tensor(sample), "loss_mask": mask_tensor(sample, torch.uint8),

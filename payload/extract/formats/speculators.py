@@ -30,6 +30,10 @@ writing its file would leave a hole; so rows are not numbered while extracting:
 Existing rows keep their numbers across resumed runs (new ones are appended); only a
 row whose file was damaged changes hands (the last row takes its place). The dataset
 dir and token_freq.pt are written by speculators_dataset.py.
+
+`--feature-dtype fp8` is hs-connectors 0.9.0's FP8 layout (feature_dtype.py):
+`hidden_states` float8_e4m3fn [T,4,H] and `hidden_states_scales` float32 [T,1,1], what
+its FP8 connector writes and its `FP8Transfer` (`--hidden-states-backend fp8`) reads.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from payload.errors import UsageError
+from payload.extract.feature_dtype import FP8, SCALES_KEY
 from payload.extract.formats.base import Format
 from payload.extract.formats.speculators_dataset import (
     DATASET_TMP,
@@ -156,9 +161,16 @@ class RowStore:
         self._index: dict[str, int] = {}
 
     # -- one file ---------------------------------------------------------------------
+    @property
+    def fp8(self) -> bool:
+        return self.dtype == FP8
+
     def _want(self, t: int) -> dict[str, tuple[str, list[int]]]:
-        return {"token_ids": ("I64", [t]),
+        want = {"token_ids": ("I64", [t]),
                 "hidden_states": (ST_DTYPES[self.dtype], [t, 4, self.hidden])}
+        if self.fp8:
+            want[SCALES_KEY] = ("F32", [t, 1, 1])
+        return want
 
     @staticmethod
     def _metadata(sample: Sample) -> dict[str, str]:
@@ -196,13 +208,17 @@ class RowStore:
     def pending_relpath(self, key: str) -> str:
         return id_relpath(key, PENDING_DIR, ".safetensors")
 
-    def write_pending(self, sample: Sample, aux: Any, final: Any) -> int:
+    def write_pending(self, sample: Sample, aux: Any, final: Any, scale: Any = None) -> int:
         import torch
         from safetensors.torch import save_file
 
         t = sample.num_tokens
+        if (scale is not None) != self.fp8:
+            raise RuntimeError(f"speculators {self.dtype} rows: scales {scale is not None}")
         tensors = {"token_ids": ids_tensor(sample),
                    "hidden_states": torch.cat([aux, final], dim=-1).view(t, 4, self.hidden)}
+        if scale is not None:
+            tensors[SCALES_KEY] = scale.reshape(t, 1, 1).contiguous()
         meta = self._metadata(sample)
         return write_atomically(self.out / self.pending_relpath(sample.key),
                                 lambda tmp: save_file(tensors, str(tmp), metadata=meta))
@@ -369,8 +385,8 @@ class Speculators(Format):
 
     name = "speculators"
 
-    def __init__(self, out: Path, hidden: int, dtype: str) -> None:
-        super().__init__(out, hidden, dtype)
+    def __init__(self, out: Path, hidden: int, dtype: str, compress: str | None = None) -> None:
+        super().__init__(out, hidden, dtype, compress)
         self.rows = RowStore(out, hidden, dtype)
 
     def relpath(self, key: str) -> str:
@@ -388,19 +404,26 @@ class Speculators(Format):
         return 64 * 1024 + 16 * vocab_size
 
     def bytes_per_token(self) -> int:
-        return 4 * self.hidden * DTYPE_BYTES[self.dtype] + 8 + 16
+        scales = 4 if self.rows.fp8 else 0  # one float32 a token
+        return 4 * self.hidden * DTYPE_BYTES[self.dtype] + scales + 8 + 16
 
     def meta(self, layers: tuple[int, ...], vocab_size: int) -> dict[str, Any]:
         # vLLM (speculators' capture) numbers layers as HF's output_hidden_states does;
         # the trainer's --target-layer-ids are the three aux ids, the 4th slot is implicit.
+        # hidden_states_backend: its `--hidden-states-backend` (fp8 dequantizes on load).
         return {"target_layer_ids": list(layers), "target_vocab_size": vocab_size,
+                "hidden_states_backend": "fp8" if self.rows.fp8 else "file",
                 "row_order": f"new rows by sha256('{ROW_SEED}' + 0x1f + id), appended"}
 
     def keys(self) -> dict[str, str]:
-        return {"token_ids": "int64 [T] (hidden_states/hs_{row}.safetensors)",
+        keys = {"token_ids": "int64 [T] (hidden_states/hs_{row}.safetensors)",
                 "hidden_states": f"{self.dtype} [T, 4, H]: the 3 aux layers, then the final "
                                  "state (see final_state)",
                 "dataset": "input_ids int64 [T], loss_mask int64 [T], seq_len (row = hs_{row})"}
+        if self.rows.fp8:
+            keys[SCALES_KEY] = ("float32 [T, 1, 1]: one scale per token over its 4 x H "
+                                "values; the state is hidden_states x scale (hs-connectors)")
+        return keys
 
     def open(self, tag: str, *, dry: bool) -> None:
         self.rows.open(dry=dry)
@@ -408,8 +431,8 @@ class Speculators(Format):
     def done(self, conv: Conversation) -> bool:
         return self.rows.done(conv.key)
 
-    def write(self, sample: Sample, aux: Any, final: Any) -> int:
-        return self.rows.write_pending(sample, aux, final)
+    def write(self, sample: Sample, aux: Any, final: Any, scale: Any = None) -> int:
+        return self.rows.write_pending(sample, aux, final, scale)
 
     def record(self, sample: Sample) -> None:
         """Nothing to list yet: the pending file describes itself; rows come at close."""

@@ -43,10 +43,10 @@ def facts(**extra: Any) -> Facts:
     return Facts.from_json(raw)
 
 
-def preflight_result(fits: bool, rc: int | None = None) -> dict[str, Any]:
+def preflight_result(fits: bool, rc: int | None = None, **extra: Any) -> dict[str, Any]:
     line = {"samples": 1000, "tokens": 2_500_000, "estimate_bytes": 430 * GIB,
             "bytes_per_token": 172032, "already_done": 10, "free_bytes": 900 * GIB if fits else 200 * GIB,
-            "reserve_bytes": GIB, "fits": fits}
+            "reserve_bytes": GIB, "fits": fits, **extra}
     return {"rc": (0 if fits else 2) if rc is None else rc, "out": json.dumps(line) + "\n", "err": ""}
 
 
@@ -130,6 +130,22 @@ def test_preflight_does_not_fit_fails_with_numbers_and_fix() -> None:
     assert "214.7 GB free" in c.have and "172032 B/token" in c.have and "10 already done" in c.have
     assert c.fix.startswith("needs 462.8 GB but 214.7 GB free under ~/.handoff/jobs/extractor")
     assert "bigger volume" in c.fix and "more hosts" in c.fix
+
+
+def test_preflight_shows_the_stored_form_and_points_speculators_at_fp8() -> None:
+    """The payload's verdict names what the files hold (fp8, gzip); a speculators job
+    that does not fit in bf16 is told that fp8 halves it, an fp8 one is not."""
+    bf16 = preflight_result(fits=False, format="speculators", feature_dtype="bfloat16")
+    c = check(evaluate(facts(preflight=bf16), ROLE, host_vars()), "disk for the features")
+    assert "172032 B/token, bfloat16, 10 already done" in c.have
+    assert "`feature_dtype: fp8`" in c.fix
+    fp8 = preflight_result(fits=False, format="speculators", feature_dtype="float8_e4m3fn")
+    c = check(evaluate(facts(preflight=fp8), ROLE, host_vars()), "disk for the features")
+    assert "float8_e4m3fn" in c.have and "fp8" not in c.fix
+    gz = preflight_result(fits=True, format="specforge", feature_dtype="bfloat16",
+                          compress="gzip")
+    c = check(evaluate(facts(preflight=gz), ROLE, host_vars()), "disk for the features")
+    assert c.ok and "B/token, bfloat16, gzip," in c.have
 
 
 def test_preflight_crash_shows_its_error_and_the_command_to_rerun() -> None:

@@ -82,3 +82,32 @@ def test_probe_runs_torch_check_and_preflight(tmp_path: Path) -> None:
     cuda = next(c for c in verdict.checks if c.name == "CUDA via torch")
     assert cuda.ok == torch_facts.available  # CPU here: fails, with the CPU-build fix
     assert next(c for c in verdict.checks if c.name.startswith("file ")).ok
+
+
+def test_verify_counts_fp8_features_at_half_the_bytes(tmp_path: Path) -> None:
+    """The role's `feature_dtype` var reaches the payload's preflight that `fab verify`
+    runs: fp8 speculators features are counted at 4H + 28 bytes a token, not 8H + 24."""
+    from tests.payload.extract.helpers import HIDDEN, make_records, write_jsonl
+
+    rd = tmp_path / "rd"
+    release = rd / "releases" / "abc"
+    release.mkdir(parents=True)
+    (release / "payload.pyz").write_bytes(releases.build_bytes())
+    (rd / "current").symlink_to(release)
+    inp = write_jsonl(tmp_path / "gen.jsonl", make_records(4))
+    model = tiny_model_dir(tmp_path / "model")
+    role = get_role("extractor")
+    v: dict[str, Any] = dict(role.vars)
+    v.update(python=sys.executable, remote_dir=str(rd), gpus=1, model_dir=str(model),
+             input=str(inp), format="speculators")
+    per_token = {}
+    for fd in ("bf16", "fp8"):
+        v["feature_dtype"] = fd
+        facts = run_probe(tmp_path, v, None)
+        assert facts.preflight is not None and facts.preflight.rc == 0, facts.preflight
+        pre = json.loads(facts.preflight.out.strip().splitlines()[-1])
+        per_token[fd] = pre["bytes_per_token"]
+        disk = next(c for c in evaluate(facts, role, v).checks
+                    if c.name == "disk for the features")
+        assert disk.ok and f"{pre['bytes_per_token']} B/token, {pre['feature_dtype']}" in disk.have
+    assert per_token == {"bf16": 8 * HIDDEN + 24, "fp8": 4 * HIDDEN + 28}

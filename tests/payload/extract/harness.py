@@ -6,8 +6,8 @@ half-way to its temp name, a marker file appears, and the process sleeps: the te
 sends SIGKILL from outside, which is exactly a run killed in the middle of a write.
 With STALL_ROWS_AFTER=K (speculators), the finalize stalls the same way after K of its
 renames. With STALL_LOAD=marker, loading the model writes the marker and then takes
-600 s (a vLLM engine start, a huge checkpoint): a test sends SIGTERM meanwhile. Sample files are written by safetensors' save_file or torch.save (specforge);
-both are wrapped. Test-only code: the product has no such hook.
+600 s (a vLLM engine start, a huge checkpoint): a test sends SIGTERM meanwhile. Sample files are written by safetensors' save_file or torch.save (specforge, also into
+a GzipFile with --compress gzip); both are wrapped. Test-only code: the product has no such hook.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _wrap_sample_writes(before, after) -> None:  # type: ignore[no-untyped-def]
         before()
         real_torch(obj, f, *args, **kwargs)
         f.flush()
-        after(f.name)
+        after(getattr(f, "fileobj", f).name)  # a GzipFile (.ckpt.gz): the file beneath
         return None
 
     st.save_file = save_file

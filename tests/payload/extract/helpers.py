@@ -72,10 +72,15 @@ def build_tokenizer(chat_template: str = CHAT_TEMPLATE, *, specials: tuple[str, 
         eos_token=eos, chat_template=chat_template)
 
 
-def build_model(vocab: int, seed: int = 0) -> Any:
+def build_model(vocab: int, seed: int = 0, *, peaked: bool = False) -> Any:
     """Random weights, norm weights included (0.5 + U[0, 1)): with HF's init (all 1) the
     states before and after the final norm differ only by a scale, which hides a
-    pre-/post-norm mix-up from every comparison of logits."""
+    pre-/post-norm mix-up from every comparison of logits.
+
+    `peaked`: embeddings scaled x4 and copied into the lm_head (not tied: both are saved),
+    so the next-token distribution has a clear top-1. A random head's distribution is
+    nearly flat (its top two logits often differ by less than any rounding), and top-1
+    agreement under FP8 or bf16 rounding then says more about the fixture than the data."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -89,6 +94,9 @@ def build_model(vocab: int, seed: int = 0) -> Any:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.copy_(0.5 + torch.rand_like(param))
+        if peaked:
+            model.model.embed_tokens.weight.mul_(4)
+            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
     return model
 
 
@@ -198,10 +206,18 @@ def read_features(out: Path, fmt: str) -> dict[str, dict[str, Any]]:
                                    "file": e["file"]}
     elif fmt == "specforge":
         by_file = {e["file"]: e for e in entries}
-        ckpts = sorted(out.rglob("*.ckpt"))  # SpecForge's reader walks the dir for *.ckpt
+        # SpecForge's reader walks the dir for *.ckpt and *.ckpt.gz
+        ckpts = sorted([*out.rglob("*.ckpt"), *out.rglob("*.ckpt.gz")])
         assert len(ckpts) == len(entries)
         for p in ckpts:
-            f = torch.load(p, mmap=True, weights_only=True)
+            if p.name.endswith(".gz"):
+                import gzip
+                import io
+
+                with gzip.open(p, "rb") as gz:
+                    f = torch.load(io.BytesIO(gz.read()), weights_only=True)
+            else:
+                f = torch.load(p, mmap=True, weights_only=True)
             e = by_file[str(p.relative_to(out))]
             found[str(e["id"])] = {"input_ids": f["input_ids"], "loss_mask": f["loss_mask"],
                                    "aux": f["aux_hidden_state"][0], "final": f["hidden_state"][0],
@@ -218,9 +234,14 @@ def read_features(out: Path, fmt: str) -> dict[str, dict[str, Any]]:
             assert e["file"] == f"hidden_states/hs_{e['row']}.safetensors"
             assert torch.equal(hs["token_ids"], row["input_ids"])  # what speculators checks
             assert int(row["seq_len"]) == len(row["input_ids"]) == e["num_tokens"]
+            states = hs["hidden_states"]
+            if "hidden_states_scales" in hs:  # FP8: dequantized exactly (fp32), not as bf16
+                from payload.extract.feature_dtype import dequantize
+
+                states = dequantize(states, hs["hidden_states_scales"], torch.float32)
             found[str(e["id"])] = {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
-                                   "aux": hs["hidden_states"][:, :3].flatten(1),
-                                   "final": hs["hidden_states"][:, 3], "row": e["row"],
+                                   "aux": states[:, :3].flatten(1),
+                                   "final": states[:, 3], "row": e["row"],
                                    "file": e["file"], "raw": hs}
     else:
         raise AssertionError(fmt)

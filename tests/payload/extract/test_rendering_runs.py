@@ -143,7 +143,11 @@ def test_flag_checks_and_specforge_dtype_warning(tmp_path: Path, model_dir: Path
                        "--completion-format", "{reasoning}{content}") == 2
     assert "needs --reasoning include" in capsys.readouterr().err
     assert run_extract(inp, model_dir, tmp_path / "sf", "--format", "specforge") == 0
-    assert "WARNING: --format specforge with --dtype float32" in capsys.readouterr().err
+    assert "WARNING: --format specforge with float32 features" in capsys.readouterr().err
+    # what SpecForge needs is bf16 FEATURES: an fp32 model storing bf16 ones is fine
+    assert run_extract(inp, model_dir, tmp_path / "sf16", "--format", "specforge",
+                       "--feature-dtype", "bf16") == 0
+    assert "WARNING" not in capsys.readouterr().err
 
 
 def test_turns_all_run(tmp_path: Path, kimi_dir: Path) -> None:

@@ -27,11 +27,20 @@ from tests.payload.extract.helpers import (
 )
 
 FORMATS = ("native", "specforge", "speculators")
+# every format, and the smaller forms of the two trainers' (fmt, then its storage flags)
+LAYOUTS = [(f,) for f in FORMATS] + [("specforge", "--compress", "gzip"),
+                                     ("speculators", "--feature-dtype", "fp8")]
 
 
-def sample_files(out: Path, fmt: str) -> list[Path]:
+def layout_of(case: tuple[str, ...]) -> tuple[str, str, str | None]:
+    """(format, feature dtype, compression) of a LAYOUTS case (the tests' model is fp32)."""
+    fp8, gz = "--feature-dtype" in case, "--compress" in case
+    return case[0], "float8_e4m3fn" if fp8 else "float32", "gzip" if gz else None
+
+
+def sample_files(out: Path, fmt: str, compress: str | None = None) -> list[Path]:
     """Complete sample files under their final names (speculators: rows and pending)."""
-    suffix = ".ckpt" if fmt == "specforge" else ".safetensors"
+    suffix = ".safetensors" if fmt != "specforge" else ".ckpt.gz" if compress else ".ckpt"
     return [p for p in out.rglob(f"*{suffix}") if not p.name.startswith(".")]
 
 
@@ -45,7 +54,8 @@ def spawn(inp: Path, model: Path, out: Path, *extra: str, env: dict | None = Non
         stderr=subprocess.PIPE, text=True)
 
 
-def assert_complete(out: Path, records: list, fmt: str = "native") -> None:
+def assert_complete(out: Path, records: list, fmt: str = "native",
+                    feature_dtype: str = "float32", compress: str | None = None) -> None:
     """Every id listed exactly once, its file complete; speculators: dense rows that
     match the dataset, nothing pending."""
     from payload.extract import formats
@@ -53,7 +63,7 @@ def assert_complete(out: Path, records: list, fmt: str = "native") -> None:
     entries = manifest(out)
     counts = Counter(str(e["id"]) for e in entries)
     assert counts == Counter(str(r["id"]) for r in records)  # every id exactly once
-    layout = formats.make(fmt, out, HIDDEN, "float32")
+    layout = formats.make(fmt, out, HIDDEN, feature_dtype, compress)
     for e in entries:
         if isinstance(layout, formats.Speculators):
             f = layout.rows.read(out / e["file"])
@@ -62,7 +72,7 @@ def assert_complete(out: Path, records: list, fmt: str = "native") -> None:
         else:
             assert isinstance(layout, formats.Native | formats.SpecForge)
             assert layout.check(out / e["file"]) == (e["num_tokens"], e["num_supervised"])
-    assert len(sample_files(out, fmt)) == len(entries)
+    assert len(sample_files(out, fmt, compress)) == len(entries)
     if fmt == "speculators":
         read_features(out, fmt)  # the rows are dense and each hs_{row} is its row
         assert not (out / "pending").exists()
@@ -88,35 +98,38 @@ def kill_when_stalled(proc: subprocess.Popen, marker: Path) -> Path:
     return stalled
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path, fmt: str) -> None:
+@pytest.mark.parametrize("case", LAYOUTS, ids=lambda c: "-".join(c).replace("--", ""))
+def test_kill_9_mid_write_then_resume(tmp_path: Path, model_dir: Path,
+                                      case: tuple[str, ...]) -> None:
+    fmt, feature_dtype, compress = layout_of(case)
+    flags = ("--format", *case)
     records = make_records(12, seed=5)
     inp = write_jsonl(tmp_path / "in.jsonl", records)
     out, marker = tmp_path / "out", tmp_path / "stalled"
     # batches of ~1 sample, so samples are written one by one as a long run would
-    proc = spawn(inp, model_dir, out, "--batch-tokens", "1", "--format", fmt,
+    proc = spawn(inp, model_dir, out, "--batch-tokens", "1", *flags,
                  env={"STALL_AFTER": "5", "STALL_MARKER": str(marker)})
     half = kill_when_stalled(proc, marker)
     assert half.exists() and ".tmp-" in half.name  # the half file sits under a temp name
     final = half.with_name(half.name[1:half.name.index(".tmp-")])
     assert not final.exists()
-    assert len(sample_files(out, fmt)) == 5
+    assert len(sample_files(out, fmt, compress)) == 5
     # Two writer threads: the one that wrote the marker and, at times, the other one are
     # both stalled half-way when the kill lands, so one or two half files exist.
     halves = [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert half in halves and 1 <= len(halves) <= 2
 
-    assert run_extract(inp, model_dir, out, "--format", fmt) == 0
+    assert run_extract(inp, model_dir, out, *flags) == 0
     s = stats(out)
     assert (s["already_done"], s["written"]) == (5, 7)
     assert s["temp_files_removed"] == len(halves)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
-    assert_complete(out, records, fmt)
+    assert_complete(out, records, fmt, feature_dtype, compress)
     # a third run finds everything done and still lists each id once
     rows_before = {str(e["id"]): e["file"] for e in manifest(out)}
-    assert run_extract(inp, model_dir, out, "--format", fmt) == 0
+    assert run_extract(inp, model_dir, out, *flags) == 0
     assert stats(out)["already_done"] == 12 and stats(out)["written"] == 0
-    assert_complete(out, records, fmt)
+    assert_complete(out, records, fmt, feature_dtype, compress)
     assert {str(e["id"]): e["file"] for e in manifest(out)} == rows_before  # stable rows
 
 
@@ -197,20 +210,35 @@ def test_sigterm_while_the_model_loads_stops_at_once(tmp_path: Path, model_dir: 
     assert_complete(out, records)
 
 
-def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path) -> None:
-    """A file cut short under its final name (a machine crash) is redone, never counted."""
+@pytest.mark.parametrize("case", [("native",), ("specforge", "--compress", "gzip")],
+                         ids=["native", "specforge-gzip"])
+def test_truncated_final_file_is_not_done(tmp_path: Path, model_dir: Path,
+                                          case: tuple[str, ...]) -> None:
+    """A file cut short under its final name (a machine crash) is redone, never counted;
+    a .ckpt.gz also when only its describing tail is lost or its first member is cut."""
+    fmt, feature_dtype, compress = layout_of(case)
     records = make_records(3)
     inp = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out"
-    assert run_extract(inp, model_dir, out) == 0
-    victim = out / manifest(out)[0]["file"]
-    data = victim.read_bytes()
-    victim.write_bytes(data[: len(data) - 100])
+    assert run_extract(inp, model_dir, out, "--format", *case) == 0
+    entries = manifest(out)
+    victims = [out / e["file"] for e in entries]
+    data = [v.read_bytes() for v in victims]
+    victims[0].write_bytes(data[0][: len(data[0]) - 100])
+    cut = 2
+    if compress:  # the archive whole, its tail gone; the archive cut, the tail kept
+        from payload.extract.formats.specforge import read_tail
+
+        found = read_tail(victims[1])
+        assert found is not None and found[0]["tokens"] == entries[1]["num_tokens"]
+        victims[1].write_bytes(data[1][:found[1]])
+        victims[2].write_bytes(data[2][:found[1] // 2] + data[2][found[1]:])
+        cut = 0
     (out / "manifest.jsonl").unlink()  # and the manifest lost too: rebuilt from the parts
-    assert run_extract(inp, model_dir, out) == 0
-    assert (stats(out)["already_done"], stats(out)["written"]) == (2, 1)
-    assert victim.read_bytes() == data
-    assert_complete(out, records)
+    assert run_extract(inp, model_dir, out, "--format", *case) == 0
+    assert (stats(out)["already_done"], stats(out)["written"]) == (cut, 3 - cut)
+    assert [v.read_bytes() for v in victims] == data  # the same bytes again
+    assert_complete(out, records, fmt, feature_dtype, compress)
 
 
 def test_torn_manifest_part_line_does_not_swallow_the_next(tmp_path: Path) -> None:

@@ -30,14 +30,15 @@ def inp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_out(tmp_path_factory: pytest.TempPathFactory, chat_model: Path, inp: Path):
-    """The HF backend's output per format (in-process, the reference)."""
-    made: dict[str, Path] = {}
+    """The HF backend's output per format (and storage flags; in-process, the reference)."""
+    made: dict[tuple[str, ...], Path] = {}
 
-    def get(fmt: str) -> Path:
-        if fmt not in made:
+    def get(fmt: str, *flags: str) -> Path:
+        key = (fmt, *flags)
+        if key not in made:
             out = tmp_path_factory.mktemp(f"hf-{fmt}") / "out"
-            assert run_extract(inp, chat_model, out, "--format", fmt, *COMMON) == 0
-            made[fmt] = out
-        return made[fmt]
+            assert run_extract(inp, chat_model, out, "--format", fmt, *flags, *COMMON) == 0
+            made[key] = out
+        return made[key]
 
     return get
