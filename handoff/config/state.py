@@ -19,17 +19,17 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from handoff.config.paths import state_dir
 from payload import atomic
 
-__all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "live_minted",
-           "load_smoke", "load_targets", "pinned_keys_path", "placed", "record", "save_smoke",
-           "save_targets", "smoke_problem", "state_dir", "targets_saved_at", "workstation_id",
-           "write_pinned"]
+__all__ = ["LedgerEntry", "SmokeFigures", "ensure_state_dir", "ledger_events", "ledger_path",
+           "live_minted", "load_smoke", "load_targets", "pinned_keys_path", "placed", "record",
+           "save_smoke", "save_targets", "smoke_problem", "state_dir", "targets_saved_at",
+           "workstation_id", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
 
@@ -227,45 +227,79 @@ def _smoke_key(base_url: str, model: str) -> str:
     return f"{base_url.rstrip('/')} {model}"
 
 
-# What a smoke test's figures may be: a host measured them (its `payload smoke` printed
-# them), so each is checked when saved (that host's smoke test fails otherwise) and again
-# when read (a bad entry is ignored with a warning, never a crash of a later launch).
-_SMOKE_RANGES: dict[str, tuple[float, float]] = {
-    "latency_s": (0.0, 86_400.0), "prompt_tokens": (0, 100_000_000),
-    "completion_tokens": (0, 100_000_000), "reasoning_tokens": (0, 100_000_000),
-    "content_tokens": (0, 100_000_000), "cost": (0.0, 10_000.0),
-    "time": (0.0, 1e11),
-}
-_PRICE_RANGES = {"prompt": (0.0, 1.0), "completion": (0.0, 1.0), "request": (0.0, 100.0)}
-_SMOKE_REQUIRED = ("latency_s", "prompt_tokens", "completion_tokens")
-
-
 def _in_range(value: Any, low: float, high: float) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and low <= value <= high)
 
 
+def _ranged(low: float, high: float, *, required: bool = False) -> Any:
+    """A figure's field: a finite number in low..high (required, or None when absent)."""
+    meta = {"range": (low, high)}
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
+
+
+_TOKENS = 100_000_000
+_PRICE_RANGES = {"prompt": (0.0, 1.0), "completion": (0.0, 1.0), "request": (0.0, 100.0)}
+
+
+@dataclass(frozen=True)
+class SmokeFigures:
+    """What one smoke test measured, as `fab launch`'s estimate reads it from smoke.json. A
+    host measured it (its `payload smoke` printed it), so each figure is declared with its
+    sane range and checked when saved (that host's smoke test fails otherwise) and again
+    when read (a bad entry is ignored with a warning, never a crash of a later launch)."""
+
+    latency_s: float = _ranged(0.0, 86_400.0, required=True)
+    prompt_tokens: int = _ranged(0, _TOKENS, required=True)
+    completion_tokens: int = _ranged(0, _TOKENS, required=True)
+    reasoning_tokens: int | None = _ranged(0, _TOKENS)
+    content_tokens: int | None = _ranged(0, _TOKENS)
+    cost: float | None = _ranged(0.0, 10_000.0)
+    time: float | None = _ranged(0.0, 1e11)
+    prices: dict[str, float] | None = None  # USD per prompt / completion token, per request
+    cut: bool | None = None  # the smoke answer was cut at its max_tokens
+    host: str | None = None  # which host measured it
+
+    @classmethod
+    def read(cls, raw: Any) -> SmokeFigures:
+        """The figures, checked; ValueError saying which one is not believable."""
+        if not isinstance(raw, dict):
+            raise ValueError("not a set of figures")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = raw.get(f.name)
+            if "range" in f.metadata:
+                low, high = f.metadata["range"]
+                if value is None and f.default is MISSING:
+                    raise ValueError(f"no {f.name}")
+                if value is not None and not _in_range(value, low, high):
+                    raise ValueError(f"{f.name} {str(value)[:40]} is not a number in {low:g}..{high:g}")
+            values[f.name] = value
+        prices = values["prices"]
+        if prices is not None:
+            if not isinstance(prices, dict) or not {"prompt", "completion"} <= set(prices):
+                raise ValueError("prices are not {prompt, completion, request}")
+            for name, (low, high) in _PRICE_RANGES.items():
+                if prices.get(name) is not None and not _in_range(prices[name], low, high):
+                    raise ValueError(f"price {name} {str(prices[name])[:40]} is not a number in "
+                                     f"{low:g}..{high:g}")
+        if values["cut"] is not None and not isinstance(values["cut"], bool):
+            raise ValueError("cut is not true or false")
+        if values["host"] is not None and not isinstance(values["host"], str):
+            raise ValueError("host is not a name")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
 def smoke_problem(measured: Any) -> str | None:
-    """Why a smoke test's figures are not believable (a number not finite or out of any
-    sane range, a required one missing); None when they are."""
-    if not isinstance(measured, dict):
-        return "not a set of figures"
-    for name in _SMOKE_REQUIRED:
-        if name not in measured:
-            return f"no {name}"
-    for name, (low, high) in _SMOKE_RANGES.items():
-        value = measured.get(name)
-        if value is not None and not _in_range(value, low, high):
-            return f"{name} {str(value)[:40]} is not a number in {low:g}..{high:g}"
-    prices = measured.get("prices")
-    if prices is not None:
-        if not isinstance(prices, dict) or not {"prompt", "completion"} <= set(prices):
-            return "prices are not {prompt, completion, request}"
-        for name, (low, high) in _PRICE_RANGES.items():
-            if prices.get(name) is not None and not _in_range(prices[name], low, high):
-                return f"price {name} {str(prices[name])[:40]} is not a number in {low:g}..{high:g}"
-    if measured.get("cut") is not None and not isinstance(measured["cut"], bool):
-        return "cut is not true or false"
+    """Why a smoke test's figures are not believable (a number not finite or out of its
+    range, a required one missing); None when they are (SmokeFigures.read)."""
+    try:
+        SmokeFigures.read(measured)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -273,10 +307,7 @@ def save_smoke(base_url: str, model: str, measured: dict[str, Any]) -> None:
     """Remember one smoke test's figures (latency, tokens, cost, the endpoint prices) for
     this API and model: the next launch estimates cost and time from them. Figures that
     are not believable (`smoke_problem`) are a ValueError: never written."""
-    figures = {**measured, "time": time.time()}
-    problem = smoke_problem(figures)
-    if problem:
-        raise ValueError(problem)
+    figures = SmokeFigures.read({**measured, "time": time.time()}).as_dict()
     with _lock:
         path = ensure_state_dir() / "smoke.json"
         try:
@@ -306,10 +337,10 @@ def load_smoke(base_url: str, model: str,
     found = data.get(_smoke_key(base_url, model)) if isinstance(data, dict) else None
     if found is None:
         return None
-    problem = smoke_problem(found)
-    if problem:
+    try:
+        return SmokeFigures.read(found).as_dict()
+    except ValueError as problem:
         if warn is not None:
             warn(f"{path}: the smoke test recorded for {model} at {base_url} is ignored "
                  f"({problem}); rerun `fab smoke-test` for an estimate")
         return None
-    return dict(found)
