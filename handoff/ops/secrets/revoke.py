@@ -110,6 +110,16 @@ def listed_at_api(scope: CleanupScope, keys: ManagementKeys,
     return found, problems
 
 
+def minting_in_use(scope: CleanupScope, reports: list[HostReport]) -> bool:
+    """Whether anything says child keys were minted for these hosts: the ledger ever minted
+    one, a host held a record, a host's key_mode is `minted`. Then a management API that
+    cannot be listed is an error; otherwise (plain keys only, say a keyring that cannot be
+    reached from this shell) only a warning."""
+    return (any(e.event == "minted" for e in state.ledger_events())
+            or any(r.data_as(KeysRemoved).records for r in reports)
+            or any(str(t.vars.get("key_mode") or "") == "minted" for t in scope.targets.values()))
+
+
 @dataclass
 class Revoked:
     revocation: Revocation
@@ -209,5 +219,5 @@ def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[
     return not down and not failed, lines
 
 
-__all__ = ["Revocation", "Revoked", "cleanup_summary", "listed_at_api", "revocation_plan", "revocation_table",
-           "revocations", "revoke_all"]
+__all__ = ["Revocation", "Revoked", "cleanup_summary", "listed_at_api", "minting_in_use", "revocation_plan",
+           "revocation_table", "revocations", "revoke_all"]

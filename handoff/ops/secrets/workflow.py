@@ -47,9 +47,12 @@ def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Targe
     ok, lines = revoke.cleanup_summary(reports, revoked)
     for line in lines:
         (console.say if ok else console.error)(line)
+    # A key only the API names may live: an error where child keys are in use, a warning
+    # where nothing says any was minted (plain keys, a keyring this shell cannot reach).
+    fatal = bool(unlisted) and revoke.minting_in_use(scope, reports)
     for problem in unlisted:
-        console.error(problem)
-    return 0 if ok and not unlisted else 1
+        (console.error if fatal else console.warn)(problem)
+    return 0 if ok and not fatal else 1
 
 
 __all__ = ["cleanup_secrets"]
