@@ -166,12 +166,15 @@ def layout_path(job: str) -> Path:
 def record(job: str, launch: Launch) -> ShardLayout:
     """Add a launch to the job's layout (0600, replaced atomically, like every state file).
     A launch with another input than the job's last one starts the job's record over: its
-    earlier launches were of other data."""
+    earlier launches were of other data. One over the same hosts as the last (a resume)
+    replaces it."""
     before = load(job)
     earlier = before.launches if before is not None else ()
     if earlier and launch.input_sha256 and earlier[-1].input_sha256 \
             and earlier[-1].input_sha256 != launch.input_sha256:
         earlier = ()
+    if earlier and (earlier[-1].hosts, earlier[-1].shards) == (launch.hosts, launch.shards):
+        earlier = earlier[:-1]
     layout = ShardLayout(job, (*earlier, launch)[-MAX_LAUNCHES:])
     folder = state.ensure_state_dir() / _FOLDER
     folder.mkdir(mode=0o700, exist_ok=True)

@@ -181,7 +181,9 @@ def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[str], bool]) ->
             if hashes[i] in (merge_index.BLANK, merge_index.UNREADABLE):
                 continue
             start, end = starts[i], (starts[i + 1] if i + 1 < n else idx.length) - 1
-            key = leading_id(mm[start:min(end, start + 4096)]) or record_key(mm[start:end])
+            key = leading_id(mm[start:min(end, start + 4096)])
+            if key is None and end - start <= merge_index.MAX_PARSED_LINE:
+                key = record_key(mm[start:end])
             if key is not None and not owns(key):
                 out.add(i)
     return out

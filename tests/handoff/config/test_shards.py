@@ -50,8 +50,11 @@ def test_another_input_starts_the_record_over_and_old_launches_are_forgotten() -
     shards.record("j", shards.new_launch(["a"], sharded=True, input_sha256="s1"))
     layout = shards.record("j", shards.new_launch(["a", "b"], sharded=True, input_sha256="s2"))
     assert len(layout.launches) == 1
-    for _ in range(shards.MAX_LAUNCHES + 5):
-        layout = shards.record("j", shards.new_launch(["a", "b"], sharded=True, input_sha256="s2"))
+    again = shards.record("j", shards.new_launch(["a", "b"], sharded=True, input_sha256="s2"))
+    assert len(again.launches) == 1  # a resume over the same hosts replaces the launch
+    for n in range(shards.MAX_LAUNCHES + 5):
+        hosts = ["a", "b"] if n % 2 else ["a", "b", "c"]
+        layout = shards.record("j", shards.new_launch(hosts, sharded=True, input_sha256="s2"))
     assert len(layout.launches) == shards.MAX_LAUNCHES
 
 

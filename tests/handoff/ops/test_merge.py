@@ -201,3 +201,14 @@ def test_one_copy_kept_whole_is_linked_and_a_copy_with_lines_left_out_is_written
     m = merge("B3", [cut], tmp_path / "c")
     assert m.torn == 1 and ids(tmp_path / "c" / "B3" / OUTPUT) == ["1", "2"]
     assert not os.path.samefile(cut.folder / OUTPUT, tmp_path / "c" / "B3" / OUTPUT)
+
+
+def test_a_giant_line_without_its_id_first_is_unreadable_not_parsed(tmp_path: Path) -> None:
+    """A host's 20 MB line whose id comes last would be parsed whole (RSS ~ its size several
+    times): past MAX_PARSED_LINE it is left out as unreadable, the other lines merged."""
+    from handoff.ops import merge_index
+
+    big = '{"response": "' + "x" * (merge_index.MAX_PARSED_LINE + 1000) + '", "id": "big"}'
+    a = shard(tmp_path, "a", None, "finished", 2, [1], tail=(big + "\n").encode())
+    m = merge("B3", [a], tmp_path, layout((("a",), False)))
+    assert ids(tmp_path / "B3" / OUTPUT) == ["1"] and m.unreadable == 1
