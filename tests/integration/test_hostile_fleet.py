@@ -87,7 +87,8 @@ def launched(sbx: Any, fab: Any, tmp_path: Path, n: int, job: str = "p") -> Path
 
 def test_a_host_never_holds_two_live_child_keys(make_sandbox, fab) -> None:
     """Finding 1: copy the placed key away, delete `<key_path>.minted.json`, wait for the next
-    push-key, three times: a new key is minted each time and the old one must die first."""
+    push-key, three times, then once more with the workstation's state dir gone: a new key
+    is minted each time and the old one must die first."""
     sbx = minted(make_sandbox, 1)
     c = sbx.container("sbx-1")
     deploy = fab.on(sbx, "deploy")
@@ -103,6 +104,14 @@ def test_a_host_never_holds_two_live_child_keys(make_sandbox, fab) -> None:
     assert [key_answers(sbx, key) for key in stashed] == [401, 401, 401]
     assert key_answers(sbx, key_file(c).read_text()) == 200  # the one placed now works
     assert "revoked its earlier child key" in flat(runs[0]), explain(runs[0])
+    # Once more with the state dir gone (another clone, a new workstation id): the API's own
+    # list names the host's key, and it dies before the next one is minted.
+    stashed.append(stash_key(c, "key3"))
+    record_path(c).unlink()
+    shutil.rmtree(sbx.state_dir)
+    runs.append(fab.on(sbx, "push-key"))
+    assert runs[-1].rc == 0, explain(runs[-1])
+    assert len(sbx.api.keys.live()) == 1 and key_answers(sbx, stashed[-1]) == 401, explain(runs[-1])
     no_traceback(deploy, *runs)
 
 

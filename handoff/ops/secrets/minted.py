@@ -3,7 +3,7 @@
 The host's live key is reused while it lives (the record beside it names its hash; the
 API says whether it is live). Otherwise every earlier key of that (host, job) is revoked
 FIRST (the ledger's live ones, the one the host's record names if it is that host's, and
-the ones the API lists under this workstation's name for it: `handoff:<ws>:<host>[:<job>]`),
+the ones the API lists named for it by any workstation: `handoff:<ws>:<host>[:<job>]`),
 and only then is one minted: a host that copied its key away and deleted the record gets a
 new key while the copy dies. A minted key whose placement failed is revoked again; a
 create whose answer was lost is found by its name and deleted.
@@ -37,6 +37,7 @@ from handoff.ops.secrets.settings import (
     KeySettings,
     api_mismatch,
     management_api,
+    names_host,
     vouch,
 )
 from handoff.run.plan import Skipped
@@ -119,7 +120,8 @@ def _revoke_earlier(session: Session, client: keyapi.Client, api: str, service: 
                     ask_api: bool = True) -> str:
     """Revoke every live child key of this (host, job) but `keep`: the ledger's (at the API
     each was minted at), `also` (the one the host's record names, vouched for), and with
-    `ask_api` the ones the management API lists under this workstation's name for them.
+    `ask_api` the ones the management API lists named for them, by any workstation (a wiped
+    state dir has a new id; the API is the truth).
     Each is deleted and its 404 confirmed; one that cannot be is an error (RemoteError): no
     new key is minted while an old one may live. What was revoked, for the step's line."""
     target = session.target
@@ -131,9 +133,13 @@ def _revoke_earlier(session: Session, client: keyapi.Client, api: str, service: 
     if also:
         todo.setdefault(also, api)
     if ask_api:
-        mine = keyapi.ChildName(state.workstation_id(), target.label, job or None)
+        def this_hosts(name: str) -> bool:  # for this (host, job), by any workstation
+            parsed = keyapi.ChildName.parse(name)
+            return (parsed is not None and parsed.host == target.label
+                    and parsed.job == (job or None) and names_host(name, target))
+
         try:
-            for key in client.listed(lambda name: keyapi.ChildName.parse(name) == mine):
+            for key in client.listed(this_hosts):
                 todo.setdefault(key.hash, api)
         except KeyAPIError as exc:
             raise RemoteError(f"{session.label}: listing the management API's keys to revoke "
