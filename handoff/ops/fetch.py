@@ -150,16 +150,8 @@ def job_folder(listing: Any, configured: str) -> str:
     return relative
 
 
-def free_bytes(path: Path) -> int:
-    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or its
-    nearest existing parent)."""
-    for folder in (path, *path.parents):
-        if folder.exists():
-            return shutil.disk_usage(folder).free
-    return 0  # pragma: no cover (the root exists)
-
-
 def _existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (a --dest not made yet)."""
     return next(folder for folder in (path, *path.parents) if folder.exists())
 
 
