@@ -120,19 +120,18 @@ class ShardLayout:
         payload's id -> shard function, payload.records.shard_of); None when every id
         does (the host ran the whole input once), `lambda _: False` when none does (the
         host was never given a shard of this job)."""
+        by_hash = self.hash_owner(host)
+        return None if by_hash is None else (lambda key: by_hash(shard_hash(key)))
+
+    def hash_owner(self, host: str) -> Callable[[int], bool] | None:
+        """`owner`, over an id's `payload.records.shard_hash` (the merge hashes an id's raw
+        bytes in place, without decoding it)."""
         held = {(launch.shards, i) for launch in self.launches
                 if (i := launch.shard(host)) is not None}
         if any(n == 1 for n, _ in held):
             return None
-        if not held:
-            return lambda _key: False
         pairs = sorted(held)
-
-        def owns(key: str) -> bool:
-            h = shard_hash(key)
-            return any(h % n == i for n, i in pairs)
-
-        return owns
+        return lambda h: any(h % n == i for n, i in pairs)
 
     def to_json(self) -> str:
         return json.dumps({"job": self.job, "launches": [asdict(launch) for launch in self.launches]},

@@ -50,6 +50,7 @@ from handoff.host.transfer import copy_range
 from handoff.ops import merge_index
 from payload import atomic
 from payload.generate.journal import IdSet, leading_id, record_key
+from payload.records import shard_hash
 
 OUTPUT, ERRORS = "output.jsonl", "output.errors.jsonl"
 MANIFEST = "merge.json"
@@ -170,27 +171,40 @@ class _Kept:
         return self.runs == [(0, self.size)]
 
 
-def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[str], bool]) -> set[int]:
-    """The lines of `path` (by number) whose id `owns` says is not the host's."""
+_STRING_ID = b'{"id":"'
+
+
+def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[int], bool]) -> set[int]:
+    """The lines of `path` (by number) whose id `owns` says is not the host's (`owns` takes
+    the id's payload.records.shard_hash). The payload's own lines (`{"id":"…"` first) are
+    hashed from their raw bytes in place; any other is read as the merge reads it."""
     out: set[int] = set()
     if not idx.starts:
         return out
+    sha256, skip = hashlib.sha256, (merge_index.BLANK, merge_index.UNREADABLE)
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), idx.length, access=mmap.ACCESS_READ) as mm:
         starts, hashes, n = idx.starts, idx.hashes, len(idx.starts)
         for i in range(n):
-            if hashes[i] in (merge_index.BLANK, merge_index.UNREADABLE):
+            if hashes[i] in skip:
                 continue
             start, end = starts[i], (starts[i + 1] if i + 1 < n else idx.length) - 1
+            if mm[start:start + 7] == _STRING_ID:
+                q = mm.find(b'"', start + 7, min(end, start + 512))
+                raw = mm[start + 7:q] if q >= 0 else b"\\"
+                if b"\\" not in raw:  # no escape: the raw bytes are the id's UTF-8
+                    if not owns(int.from_bytes(sha256(raw).digest()[:8], "big")):
+                        out.add(i)
+                    continue
             key = leading_id(mm[start:min(end, start + 4096)])
             if key is None and end - start <= merge_index.MAX_PARSED_LINE:
                 key = record_key(mm[start:end])
-            if key is not None and not owns(key):
+            if key is not None and not owns(shard_hash(key)):
                 out.add(i)
     return out
 
 
 def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None,
-          owns: Callable[[str], bool] | None = None, host: str = "") -> _Kept:
+          owns: Callable[[int], bool] | None = None, host: str = "") -> _Kept:
     """Which lines of `path` the merge keeps (their ids new); what it leaves out is counted
     in `merged`. The ids come from the file's index (handoff.ops.merge_index), extended
     over what is new since it was last indexed (by the fetch that wrote it, or the last
@@ -281,7 +295,7 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
     for c in copies:
         merged.notes += [f"{c.host}: {problem}" for problem in c.problems]
     _expectations(merged, copies, layout)
-    owners = {c.host: layout.owner(c.host) for c in copies} if layout is not None else {}
+    owners = {c.host: layout.hash_owner(c.host) for c in copies} if layout is not None else {}
     folder.mkdir(parents=True, exist_ok=True)
     manifest = folder / MANIFEST
     try:
