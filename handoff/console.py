@@ -32,16 +32,22 @@ from rich.table import Table
 
 from payload.redact import REDACTOR, RedactingStream
 
-# C0 and C1 controls (ESC, BEL, NUL, CSI 0x9b, ...) and DEL, plus the Unicode bidi
-# controls that reorder what a terminal shows (a name that reads as another).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_CONTROL_OR_NEWLINE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls (ESC, BEL, NUL, CSI 0x9b, ...) and DEL; every Unicode format
+# character (category Cf: the bidi controls that reorder what a terminal shows, zero-width
+# spaces and joiners, soft hyphens, tags: a name that reads as another, `prompts\u200b`
+# as `prompts`); and lone surrogates (which no terminal encoding can write).
+_FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+           "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+           "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+           "\U000e0020-\U000e007f\ud800-\udfff")
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_FORMAT}]")
+_CONTROL_OR_NEWLINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT}]")
 
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+            else f"\\U{code:08x}")
 
 
 def visible(value: Any, limit: int | None = None, *, newlines: bool = False) -> str:

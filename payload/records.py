@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,13 @@ def parse_shard(text: str) -> Shard:
 
 def shard_of(key: str, count: int) -> int:
     """Stable across Python versions and hosts (never the salted builtin `hash`)."""
-    digest = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") % count
+    return shard_hash(key) % count
+
+
+def shard_hash(key: str) -> int:
+    """The id's 64-bit number that `shard_of` takes modulo the shard count (handoff checks
+    one id against several layouts with one hash)."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
 
 
 def canonical_json(value: Any) -> str:
@@ -131,17 +137,63 @@ def prompt_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return msgs
 
 
+# What one input record may hold: nesting (a chat record nests 3-4 deep; 64 is absurd
+# already, and far below where json's own recursion gives up) and integer digits (an id
+# of 100 digits is beyond any real one; Python refuses to read past 4300).
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 100
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadRecord(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
 def load_object(line: str) -> dict[str, Any]:
-    """One JSONL line as a JSON object, or a BadRecord that says what is wrong with it."""
+    """One JSONL line as a JSON object, or a BadRecord that says what is wrong with it:
+    not JSON, not an object, nested deeper than MAX_DEPTH, an integer of more than
+    MAX_INT_DIGITS digits, a lone surrogate (`"\\ud800"`: no UTF-8 text can hold it)."""
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_int=_int)
     except json.JSONDecodeError as exc:
         # json's own text may end in "at" ("Unterminated string starting at"): one "at".
         msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
         raise BadRecord(f"not JSON ({msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise BadRecord(f"nested deeper than {MAX_DEPTH} levels") from None
+    except BadRecord:
+        raise
+    except ValueError as exc:  # e.g. a number Python will not read
+        raise BadRecord(f"not JSON ({str(exc)[:100]})") from None
     if not isinstance(record, dict):
         raise BadRecord("a record must be a JSON object")
+    if line.count("[") + line.count("{") > MAX_DEPTH and _depth(record) > MAX_DEPTH:
+        raise BadRecord(f"nested deeper than {MAX_DEPTH} levels")
+    if _SURROGATE.search(line):
+        try:
+            canonical_json(record).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start] if isinstance(exc.object, str) else "?"
+            raise BadRecord(f"holds a lone surrogate (\\u{ord(bad):04x}): not valid Unicode "
+                            f"text") from None
     return record
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in `value` (without recursion)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                stack.extend((inner, depth + 1) for inner in item)
+    return deepest
 
 
 def parse_prompt(line: str, line_no: int) -> Prompt:

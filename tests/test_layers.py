@@ -46,7 +46,7 @@ HANDOFF_LAYERS: list[tuple[str, set[str]]] = [
 # subpackage). A package without a row list here only has to be free of circles.
 HANDOFF_WITHIN: dict[str, list[set[str]]] = {
     "config": [{"yamlfile", "os_keyring"}, {"paths", "layout", "flags"}, {"templates"}, {"state", "roles"},
-               {"inventory"}],
+               {"inventory", "shards"}],
     "ssh": [{"config_scan"}, {"ssh_config", "known_hosts", "sftp"}, {"certificates"},
             {"hostkeys"}, {"endpoint"}, {"auth"}, {"connect"}],
     "host": [{"remote_code", "progress", "untrusted"}, {"targets"}, {"session"},

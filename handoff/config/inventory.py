@@ -22,7 +22,7 @@ from handoff.defaults import BUILTIN_VARS
 from handoff.errors import InventoryError, RoleError, UsageError, did_you_mean
 
 __all__ = ["BUILTIN_VARS", "Group", "Host", "Inventory", "check_role_name", "inventory_path",
-           "load_inventory"]
+           "load_inventory", "management_api"]
 
 _TOP_KEYS = {"defaults", "hosts", "groups"}
 _HOST_KEYS = {"address", "port", "user", "identity", "roles", "vars"}
@@ -54,6 +54,11 @@ class Inventory:
     defaults: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
     groups: dict[str, Group] = field(default_factory=dict)
+
+    @property
+    def management_api(self) -> str:
+        """Where the management key goes: see `management_api`."""
+        return management_api(self.defaults)
 
     def host(self, name: str) -> Host:
         try:
@@ -102,6 +107,19 @@ class Inventory:
         return merged
 
 
+def management_api(defaults: dict[str, Any]) -> str:
+    """The only URL the management key is ever sent to: `management_api` in the inventory's
+    defaults, else the `base_url` of its defaults, else OpenRouter's `/api/v1`. One URL for
+    the whole inventory, chosen by the inventory alone: never a host's or a group's vars,
+    never a task flag (`--base-url`), never a URL a host names (a key record, a ledger
+    field copied from a host). A host whose `base_url` is another gets no minted key."""
+    for name in ("management_api", "base_url"):
+        value = defaults.get(name)
+        if value:
+            return str(value).rstrip("/")
+    return str(BUILTIN_VARS["base_url"]).rstrip("/")
+
+
 def _err(path: Path, node: Any, key: Any, message: str) -> InventoryError:
     line = line_of(node, key)
     return InventoryError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
@@ -113,7 +131,9 @@ def _err(path: Path, node: Any, key: Any, message: str) -> InventoryError:
 # handoff.config.flags.VARS.
 _NUMBERS = ("concurrency", "max_tokens", "gpus", "max_cost", "io_timeout", "start_watch_s")
 _STRINGS = ("python", "remote_dir", "key_path", "secret_service", "secret_username", "base_url",
-            "model", "job", "input")
+            "model", "job", "input", "management_api")
+# Vars only the inventory's `defaults` may set: one for the whole inventory.
+_DEFAULTS_ONLY = ("management_api",)
 _CHOICES: dict[str, tuple[str, ...]] = {}
 # key_mode, key_limit and key_ttl_hours are checked together by
 # handoff.ops.secrets.settings.key_settings (they depend on each other; the numbers by the
@@ -166,6 +186,10 @@ def _vars(path: Path, node: Any, key: str, known: set[str] | None = None) -> dic
             raise InventoryError(f"{where}: unknown var {name!r}{did_you_mean(str(name), known)} "
                                  f"(known: {', '.join(sorted(known))}; a role's vars are the "
                                  f"`{{var}}`s its file uses)")
+        if key != "defaults" and str(name) in _DEFAULTS_ONLY:
+            raise InventoryError(f"{where}: var {name} belongs under the inventory's `defaults:` "
+                                 f"(one management API for the whole inventory: the management "
+                                 f"key never goes to a URL one host's vars name)")
         checked[name] = check_var(str(name), item, where)
     return checked
 

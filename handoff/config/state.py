@@ -13,19 +13,23 @@ through payload.atomic (temp name, fsync, rename); the ledger is append-only.
 from __future__ import annotations
 
 import json
+import math
 import os
+import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from handoff.config.paths import state_dir
 from payload import atomic
 
-__all__ = ["LedgerEntry", "ensure_state_dir", "ledger_events", "ledger_path", "live_minted",
-           "load_smoke", "load_targets", "pinned_keys_path", "placed", "record", "save_smoke",
-           "save_targets", "state_dir", "targets_saved_at", "write_pinned"]
+__all__ = ["LedgerEntry", "SmokeFigures", "ensure_state_dir", "ledger_events", "ledger_path",
+           "live_minted", "load_smoke", "load_targets", "pinned_keys_path", "placed", "record",
+           "save_smoke", "save_targets", "smoke_problem", "state_dir", "targets_saved_at",
+           "workstation_id", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
 
@@ -40,6 +44,34 @@ def ensure_state_dir() -> Path:
 def _write_private(path: Path, text: str) -> None:
     """Atomically replace `path` with `text`, 0600 from creation."""
     atomic.write_text(path, text, mode=0o600)
+
+
+# --- this workstation's id -----------------------------------------------------------------
+
+
+def workstation_id() -> str:
+    """A random id for this state dir (12 hex, made on first use): the child keys it mints
+    are named `handoff:<id>:<host>[:<job>]`, so its own are told from another clone's. A
+    cleanup never relies on it: it revokes a cleaned host's keys whatever id they carry."""
+    path = state_dir() / "workstation_id"
+    try:
+        found = path.read_text(encoding="utf-8").strip()
+        if len(found) == 12 and all(c in "0123456789abcdef" for c in found):
+            return found
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    with _lock:
+        ensure_state_dir()
+        made = secrets.token_hex(6)
+        try:  # exclusive: two commands at once agree on the first one written
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text(encoding="utf-8").strip() or made
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(made + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return made
 
 
 # --- current targets --------------------------------------------------------------------
@@ -79,7 +111,7 @@ def targets_saved_at() -> float | None:
 # Events about a key FILE on a host (its slot) and about a minted child KEY at the API.
 SLOT_EVENTS = ("placed", "removed")
 CHILD_EVENTS = ("minted", "revoked")
-_CHILD_FIELDS = ("key_hash", "api", "service", "name")
+_CHILD_FIELDS = ("key_hash", "api", "service", "name", "job")
 
 
 @dataclass(frozen=True)
@@ -100,6 +132,7 @@ class LedgerEntry:
     api: str = ""  # the management API that minted it (the host's base_url)
     service: str = ""  # the keyring service whose management key minted it
     name: str = ""  # the child key's name at the API
+    job: str = ""  # the job a child key is for ("": the host's own key, placed by deploy/push-key)
 
     @property
     def slot(self) -> tuple[str, int, str, str]:
@@ -194,26 +227,120 @@ def _smoke_key(base_url: str, model: str) -> str:
     return f"{base_url.rstrip('/')} {model}"
 
 
+def _in_range(value: Any, low: float, high: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and low <= value <= high)
+
+
+def _ranged(low: float, high: float, *, required: bool = False) -> Any:
+    """A figure's field: a finite number in low..high (required, or None when absent)."""
+    meta = {"range": (low, high)}
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
+
+
+_TOKENS = 100_000_000
+_PRICE_RANGES = {"prompt": (0.0, 1.0), "completion": (0.0, 1.0), "request": (0.0, 100.0)}
+
+
+@dataclass(frozen=True)
+class SmokeFigures:
+    """What one smoke test measured, as `fab launch`'s estimate reads it from smoke.json. A
+    host measured it (its `payload smoke` printed it), so each figure is declared with its
+    sane range and checked when saved (that host's smoke test fails otherwise) and again
+    when read (a bad entry is ignored with a warning, never a crash of a later launch)."""
+
+    latency_s: float = _ranged(0.0, 86_400.0, required=True)
+    prompt_tokens: int = _ranged(0, _TOKENS, required=True)
+    completion_tokens: int = _ranged(0, _TOKENS, required=True)
+    reasoning_tokens: int | None = _ranged(0, _TOKENS)
+    content_tokens: int | None = _ranged(0, _TOKENS)
+    cost: float | None = _ranged(0.0, 10_000.0)
+    time: float | None = _ranged(0.0, 1e11)
+    prices: dict[str, float] | None = None  # USD per prompt / completion token, per request
+    cut: bool | None = None  # the smoke answer was cut at its max_tokens
+    host: str | None = None  # which host measured it
+
+    @classmethod
+    def read(cls, raw: Any) -> SmokeFigures:
+        """The figures, checked; ValueError saying which one is not believable."""
+        if not isinstance(raw, dict):
+            raise ValueError("not a set of figures")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = raw.get(f.name)
+            if "range" in f.metadata:
+                low, high = f.metadata["range"]
+                if value is None and f.default is MISSING:
+                    raise ValueError(f"no {f.name}")
+                if value is not None and not _in_range(value, low, high):
+                    raise ValueError(f"{f.name} {str(value)[:40]} is not a number in {low:g}..{high:g}")
+            values[f.name] = value
+        prices = values["prices"]
+        if prices is not None:
+            if not isinstance(prices, dict) or not {"prompt", "completion"} <= set(prices):
+                raise ValueError("prices are not {prompt, completion, request}")
+            for name, (low, high) in _PRICE_RANGES.items():
+                if prices.get(name) is not None and not _in_range(prices[name], low, high):
+                    raise ValueError(f"price {name} {str(prices[name])[:40]} is not a number in "
+                                     f"{low:g}..{high:g}")
+        if values["cut"] is not None and not isinstance(values["cut"], bool):
+            raise ValueError("cut is not true or false")
+        if values["host"] is not None and not isinstance(values["host"], str):
+            raise ValueError("host is not a name")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def smoke_problem(measured: Any) -> str | None:
+    """Why a smoke test's figures are not believable (a number not finite or out of its
+    range, a required one missing); None when they are (SmokeFigures.read)."""
+    try:
+        SmokeFigures.read(measured)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def save_smoke(base_url: str, model: str, measured: dict[str, Any]) -> None:
     """Remember one smoke test's figures (latency, tokens, cost, the endpoint prices) for
-    this API and model: the next launch estimates cost and time from them."""
+    this API and model: the next launch estimates cost and time from them. Figures that
+    are not believable (`smoke_problem`) are a ValueError: never written."""
+    figures = SmokeFigures.read({**measured, "time": time.time()}).as_dict()
     with _lock:
         path = ensure_state_dir() / "smoke.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError, RecursionError):
             data = {}
         if not isinstance(data, dict):
             data = {}
-        data[_smoke_key(base_url, model)] = {**measured, "time": time.time()}
+        data[_smoke_key(base_url, model)] = figures
         _write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def load_smoke(base_url: str, model: str) -> dict[str, Any] | None:
-    """The last smoke test's figures for this API and model, if one was recorded."""
+def load_smoke(base_url: str, model: str,
+               warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The last smoke test's figures for this API and model, if one was recorded and its
+    figures are believable; a bad entry (written by an older version, or by hand) is
+    ignored, said to `warn`."""
+    path = state_dir() / "smoke.json"
     try:
-        data = json.loads((state_dir() / "smoke.json").read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=lambda _c: None)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        if warn is not None:
+            warn(f"{path} is not readable ({str(exc)[:100]}): ignored; `fab smoke-test` writes it again")
         return None
     found = data.get(_smoke_key(base_url, model)) if isinstance(data, dict) else None
-    return found if isinstance(found, dict) else None
+    if found is None:
+        return None
+    try:
+        return SmokeFigures.read(found).as_dict()
+    except ValueError as problem:
+        if warn is not None:
+            warn(f"{path}: the smoke test recorded for {model} at {base_url} is ignored "
+                 f"({problem}); rerun `fab smoke-test` for an estimate")
+        return None

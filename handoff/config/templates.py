@@ -19,6 +19,14 @@ from handoff.errors import RoleError
 Token = str | list[str]
 
 
+class Text(str):
+    """A value that is text, never a template: what a host said (its home, and the paths
+    made from it) may hold `{…}`, and re-rendering it would let a 30-byte answer such as
+    `{base_url:>300000000}` ask for 300 MB. Vars holding a Text are filled in as they are."""
+
+    __slots__ = ()
+
+
 def template_fields(template: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(template) if f]
 
@@ -61,7 +69,8 @@ def _lookup(name: str, variables: dict[str, Any], depth: int) -> str | None:
     if value is None:
         return None
     # A literal var's braces are the payload's placeholders ({reasoning}), not vars.
-    if isinstance(value, str) and name not in LITERAL_VARS and template_fields(value):
+    if isinstance(value, str) and not isinstance(value, Text) and name not in LITERAL_VARS \
+            and template_fields(value):
         if depth >= _MAX_DEPTH:
             raise RoleError(f"var {name!r} refers to itself through other vars ({value!r})")
         return _render(value, variables, depth + 1)
@@ -91,8 +100,8 @@ def unset_vars(template: str, variables: dict[str, Any], depth: int = 0) -> list
         value = variables.get(name)
         if value is None:
             missing.append(name)
-        elif isinstance(value, str) and name not in LITERAL_VARS and template_fields(value) \
-                and depth < _MAX_DEPTH:
+        elif isinstance(value, str) and not isinstance(value, Text) and name not in LITERAL_VARS \
+                and template_fields(value) and depth < _MAX_DEPTH:
             missing += [m for m in unset_vars(value, variables, depth + 1) if m not in missing]
     return missing
 

@@ -286,7 +286,13 @@ def gather(
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise untrusted.Untrusted(f"{session.label}: probe: the host's answer is malformed "
                                   f"({untrusted.visible(exc, 200)})") from None
-    session.home = facts.home
+    home = facts.home
+    if not home.startswith("/") or len(home) > 4096 or untrusted.has_control(home) \
+            or ".." in home.split("/"):
+        raise untrusted.Untrusted(f"{session.label}: probe: the home the host reports "
+                                  f"({untrusted.visible(repr(home), 200)}) is not a plain "
+                                  f"absolute path; refused")
+    session.home = home  # text from here on: never rendered as a template (templates.Text)
     refuse_foreign(session, facts, guarded)
     return facts
 

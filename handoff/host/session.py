@@ -221,9 +221,12 @@ class Session(ABC):
             raise RemoteError(f"{self.label}: {what} failed (exit {res.rc}): "
                               f"{untrusted.visible(tail, 2000)}")
         try:
-            # Read as the host's word, never evaluated: no NaN or infinity gets through.
-            return untrusted.loads(res.out.strip().splitlines()[-1])
-        except (ValueError, IndexError, RecursionError):
+            # Read as the host's word, never evaluated, within the reader's limits: no NaN or
+            # infinity, no bomb gets through.
+            return untrusted.loads(res.out.strip().splitlines()[-1], f"{what}: the answer")
+        except untrusted.Untrusted as exc:
+            raise untrusted.Untrusted(f"{self.label}: {exc}") from None
+        except (ValueError, IndexError):
             raise RemoteError(f"{self.label}: {what}: unexpected output "
                               f"{untrusted.visible(res.out[-200:])!r}") from None
 

@@ -37,6 +37,10 @@ class Target:
     host: Host | None
     role: Role | None
     vars: dict[str, Any] = field(default_factory=dict)
+    # The only URL the management key goes to for this host (the inventory's, from its
+    # defaults: handoff.config.inventory.management_api); "" when unknown (a host known
+    # only from the ledger, with no inventory to read).
+    management_api: str = ""
 
     @property
     def layout(self) -> RemoteLayout:
@@ -118,7 +122,7 @@ def resolve_one(
             ep = endpoint(address, port, user)
             label = spec
     role = _role_for(host, role_flag, saved_role)
-    return Target(label, spec, ep, host, role, inv.vars_for(host, role, flags))
+    return Target(label, spec, ep, host, role, inv.vars_for(host, role, flags), inv.management_api)
 
 
 def resolve(

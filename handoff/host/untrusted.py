@@ -4,8 +4,17 @@ The host is not trusted: its login user (a compromised image, another tenant of 
 box) controls every byte a remote module answers, every status, job and record file, every
 listing, log line and stderr. Everything read from a host enters through this module:
 
-- `loads`: a remote JSON answer, with non-finite numbers (`NaN`, `Infinity`, `1e400`)
-  read as None, so no infinity or NaN ever reaches arithmetic or output;
+- `loads`: the one reader of every JSON a host sends (a remote module's answer, a key
+  record, a fetched status.json or job.json), bounded by construction (`Limits`: bytes,
+  nesting depth, string length, integer digits, values in all): a JSON bomb, a 5000-digit
+  number or a 100,000-deep nesting is that host's error (`Untrusted`), never a traceback
+  or unbounded memory; non-finite numbers (`NaN`, `Infinity`, `1e400`) read as None, so
+  no infinity or NaN ever reaches arithmetic or output;
+- declared shapes: one per kind of file a host sends that handoff reads field by field
+  (`StatusFile` for status.json, `JobFile` for job.json; the key record is
+  handoff.host.keyrecord's `KeyRecord`, the probe handoff.host.facts' `Facts`, a listing
+  entry handoff.ops.fetch's `Entry`): each field with its reader, so a field added is
+  checked by construction;
 - `Capped`: a byte budget for what a host sends (a remote module's answer, its stderr, a
   log line), so a 300 MB answer costs a few MB and an error that says so, not 1 GB of RSS;
 - typed readers (`number`, `count`, `text`, `flag`, `strings`): the value when it has the
@@ -23,13 +32,15 @@ listing, log line and stderr. Everything read from a host enters through this mo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from handoff.console import has_control, visible
 from handoff.errors import RemoteError
@@ -75,14 +86,110 @@ def mb(n: int | float | None) -> str:
 
 # -- reading --------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Limits:
+    """What one JSON document from a host may hold. The defaults are far above any answer
+    handoff's own remote code gives (a `list` of a few hundred jobs is tens of KB, nests 5
+    deep) and far below what would cost the workstation: the bytes are capped before
+    parsing, and the parsed values (each a Python object of ~50-100 bytes) are counted."""
+
+    max_bytes: int = MAX_ANSWER_BYTES
+    max_depth: int = 32  # arrays and objects inside each other
+    max_string: int = 1 << 20  # characters in one string (a key included)
+    max_digits: int = 40  # digits of one number (an int of 40 digits is already > 2**128)
+    max_values: int = 1 << 20  # strings, numbers, arrays, objects in all
+
+
+ANSWER = Limits()
+# A file the workstation fetched (status.json, job.json) or a key record: small by nature.
+SMALL_FILE = Limits(max_bytes=1 << 20, max_string=64 << 10, max_values=64 << 10)
+
+
+class _Refused(Exception):
+    """Raised inside json's hooks: stops the parse at once (json lets it through)."""
+
+
 def _finite(text: str) -> float | None:
     value = float(text)
     return value if math.isfinite(value) else None
 
 
-def loads(raw: str | bytes) -> Any:
-    """JSON from a host: `NaN`, `Infinity` and numbers too large for a float read as None."""
-    return json.loads(raw, parse_constant=lambda _name: None, parse_float=_finite)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def loads(raw: str | bytes, what: str = "the host's answer", limits: Limits = ANSWER) -> Any:
+    """JSON from a host, read within `limits` (else Untrusted, saying which limit): `NaN`,
+    `Infinity` and numbers too large for a float read as None; a lone surrogate (`"\\ud800"`,
+    which no UTF-8 output can write) reads as U+FFFD."""
+    size = len(raw)  # characters or bytes: either bounds the bytes within 4x
+    if size > limits.max_bytes:
+        raise TooLarge(what, limits.max_bytes, size)
+    text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else raw
+
+    def number(digits: str) -> int:
+        if len(digits) > limits.max_digits + 1:  # a sign
+            raise _Refused(f"a number of {len(digits)} digits (at most {limits.max_digits})")
+        return int(digits)
+
+    def real(digits: str) -> float | None:
+        if len(digits) > limits.max_digits + 8:  # sign, point, exponent
+            raise _Refused(f"a number of {len(digits)} characters")
+        return _finite(digits)
+
+    try:
+        value = json.loads(text, parse_constant=lambda _name: None, parse_float=real,
+                           parse_int=number)
+    except _Refused as exc:
+        raise Untrusted(f"{what} holds {exc}; refused") from None
+    except RecursionError:
+        raise Untrusted(f"{what} is nested deeper than {limits.max_depth} levels; refused") from None
+    except ValueError as exc:
+        raise Untrusted(f"{what} is not JSON ({visible(str(exc), 120)})") from None
+    return _bounded(value, what, limits, repair=bool(_SURROGATE_ESCAPE.search(text)))
+
+
+def _bounded(value: Any, what: str, limits: Limits, repair: bool) -> Any:
+    """`value` checked without recursion: depth, string lengths, values in all; with
+    `repair` (the text held a surrogate escape), lone surrogates replaced."""
+    seen = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if seen > limits.max_values:
+            raise Untrusted(f"{what} holds more than {limits.max_values} values; refused")
+        if isinstance(item, str):
+            if len(item) > limits.max_string:
+                raise Untrusted(f"{what} holds a string of {len(item)} characters (at most "
+                                f"{limits.max_string}); refused")
+        elif isinstance(item, (dict, list)):
+            if depth > limits.max_depth:
+                raise Untrusted(f"{what} is nested deeper than {limits.max_depth} levels; refused")
+            if isinstance(item, dict):
+                for key, inner in item.items():
+                    stack.append((key, depth + 1))
+                    stack.append((inner, depth + 1))
+            else:
+                stack.extend((inner, depth + 1) for inner in item)
+    return _repaired(value) if repair else value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _whole(text: str) -> str:
+    """`text` with every lone surrogate as U+FFFD (a valid pair was joined by json)."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _repaired(value: Any) -> Any:
+    if isinstance(value, str):
+        return _whole(value)
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    if isinstance(value, dict):
+        return {_whole(k): _repaired(v) for k, v in value.items()}
+    return value
 
 
 def number(value: Any, *, minimum: float | None = None) -> float | None:
@@ -134,10 +241,19 @@ def strings(value: Any, limit: int = MAX_SAMPLES) -> list[str]:
     return [s for s in (text(v) for v in value[:limit]) if s is not None] if isinstance(value, list) else []
 
 
-# What each status.json field is (docs/records.md); a field of the wrong type reads as None
+# -- declared shapes ---------------------------------------------------------------------------
+# Each file a host sends that handoff reads field by field is declared once, as a dataclass
+# whose every field names its reader (`reads`): a field of the wrong type reads as None
 # and is named in the problems, so the row says which field a host got wrong. Fields not
-# listed here (the extractor's own, newer payloads') are kept when they are plain scalars.
+# declared (the extractor's own, newer payloads') are kept in `extra` when they are plain
+# scalars. `as_dict` is what the status rows read.
 Reader = Callable[[Any], Any]
+
+
+def reads(read: Reader) -> dict[str, Reader]:
+    """A shape's field's metadata: None unless the host sent it, read by `read` (which
+    answers None for a value that is not valid)."""
+    return {"read": read}
 
 
 def _non_negative(value: Any) -> float | None:
@@ -147,19 +263,6 @@ def _non_negative(value: Any) -> float | None:
 def _time(value: Any) -> Any:
     """`started`/`updated`: ISO 8601 text (the generator) or unix seconds (the extractor)."""
     return text(value, 64) if isinstance(value, str) else _non_negative(value)
-
-
-_STATUS: dict[str, Reader] = {
-    "state": lambda v: text(v, 64), "stop_reason": lambda v: text(v, 200), "last_error": text,
-    "done": count, "failed": count, "total": count, "bad_lines": count, "duplicates": count,
-    "max_failed": count, "exit_code": integer, "in_flight": _non_negative,
-    "window": _non_negative, "cost": _non_negative, "max_cost": _non_negative,
-    "tokens_per_s": _non_negative, "rate_rps": _non_negative, "outage_s": _non_negative,
-    "started": _time, "updated": _time, "budget_enforced": flag,
-    "bad_line_samples": lambda v: _samples(v),
-    "by_provider": lambda v: counts_by_name(v), "by_finish_reason": lambda v: counts_by_name(v),
-    "cut": count, "timeouts": count, "think_split": count,
-}
 
 
 def _samples(value: Any) -> list[dict[str, Any]] | None:
@@ -179,32 +282,6 @@ def scalar(value: Any) -> Any:
     if isinstance(value, (int, float)):
         return number(value)
     return text(value)
-
-
-def fields(raw: Any, readers: dict[str, Reader], what: str) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the fields of `raw`, each known one read by its reader, the others kept when they are
-    plain scalars; problems): a known field of the wrong type is left out and named."""
-    if raw is None:
-        return None, []
-    if not isinstance(raw, dict):
-        return None, [f"{what} is not a JSON object ({type(raw).__name__})"]
-    out: dict[str, Any] = {}
-    problems = []
-    for name, value in raw.items():
-        if not isinstance(name, str) or value is None:
-            continue
-        read = readers.get(name)
-        if read is None:
-            kept = scalar(value)
-            if kept is not None:
-                out[name] = kept
-            continue
-        checked = read(value)
-        if checked is None:
-            problems.append(f"{what}: {name} {visible(repr(value), 40)} is not valid")
-        else:
-            out[name] = checked
-    return out, problems
 
 
 def shown_name(value: Any) -> str:
@@ -234,9 +311,26 @@ def counts_by_name(value: Any) -> dict[str, int] | None:
     return out
 
 
-def status(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    """A job's status.json as a host returned it, field by field."""
-    return fields(raw, _STATUS, "status.json")
+_SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
+
+
+def shard_spec(value: Any) -> tuple[int, int] | None:
+    """`"i/n"` as (i, n) when it is a shard handoff could have launched (0 <= i < n <=
+    MAX_SHARD_HOSTS), else None: a count from a host never sizes anything by itself."""
+    m = _SHARD.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        return None
+    i, n = int(m.group(1)), int(m.group(2))
+    return (i, n) if 0 <= i < n <= MAX_SHARD_HOSTS else None
+
+
+def _shard_text(value: Any) -> str | None:
+    return value if shard_spec(value) is not None else None
+
+
+def _host_count(value: Any) -> int | None:
+    n = count(value)
+    return n if n is not None and 1 <= n <= MAX_SHARD_HOSTS else None
 
 
 def _host_names(value: Any) -> list[str] | None:
@@ -248,15 +342,111 @@ def _host_names(value: Any) -> list[str] | None:
     return None if any(n is None for n in names) else [visible(n) for n in names if n is not None]
 
 
-_META: dict[str, Reader] = {
-    "shard": lambda v: text(v, 64), "input": text, "input_sha256": lambda v: text(v, 64),
-    "hosts": count, "max_cost": _non_negative, "shard_hosts": _host_names, "prompts": count,
-}
+@dataclass(frozen=True)
+class Shape:
+    """A declared file from a host: its declared fields, and `extra` (the undeclared plain
+    scalars, kept for `--json`)."""
+
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        found = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name != "extra" and getattr(self, f.name) is not None}
+        return {**self.extra, **found}
+
+
+@dataclass(frozen=True)
+class StatusFile(Shape):
+    """A job's status.json as the payload writes it (docs/records.md)."""
+
+    state: str | None = field(default=None, metadata=reads(lambda v: text(v, 64)))
+    stop_reason: str | None = field(default=None, metadata=reads(lambda v: text(v, 200)))
+    last_error: str | None = field(default=None, metadata=reads(text))
+    done: int | None = field(default=None, metadata=reads(count))
+    failed: int | None = field(default=None, metadata=reads(count))
+    total: int | None = field(default=None, metadata=reads(count))
+    bad_lines: int | None = field(default=None, metadata=reads(count))
+    duplicates: int | None = field(default=None, metadata=reads(count))
+    max_failed: int | None = field(default=None, metadata=reads(count))
+    exit_code: int | None = field(default=None, metadata=reads(integer))
+    in_flight: float | None = field(default=None, metadata=reads(_non_negative))
+    window: float | None = field(default=None, metadata=reads(_non_negative))
+    cost: float | None = field(default=None, metadata=reads(_non_negative))
+    max_cost: float | None = field(default=None, metadata=reads(_non_negative))
+    tokens_per_s: float | None = field(default=None, metadata=reads(_non_negative))
+    rate_rps: float | None = field(default=None, metadata=reads(_non_negative))
+    outage_s: float | None = field(default=None, metadata=reads(_non_negative))
+    started: Any = field(default=None, metadata=reads(_time))
+    updated: Any = field(default=None, metadata=reads(_time))
+    budget_enforced: bool | None = field(default=None, metadata=reads(flag))
+    bad_line_samples: list[dict[str, Any]] | None = field(default=None, metadata=reads(_samples))
+    by_provider: dict[str, int] | None = field(default=None, metadata=reads(counts_by_name))
+    by_finish_reason: dict[str, int] | None = field(default=None, metadata=reads(counts_by_name))
+    cut: int | None = field(default=None, metadata=reads(count))
+    timeouts: int | None = field(default=None, metadata=reads(count))
+    think_split: int | None = field(default=None, metadata=reads(count))
+
+
+@dataclass(frozen=True)
+class JobFile(Shape):
+    """A job's job.json as launch wrote it on the host. Its shard layout (`shard`, `hosts`,
+    `shard_hosts`) is a hint: the layout is the workstation's record
+    (handoff.config.shards); a count the host gives is bounded by MAX_SHARD_HOSTS."""
+
+    job: str | None = field(default=None, metadata=reads(lambda v: text(v, MAX_NAME_CHARS)))
+    role: str | None = field(default=None, metadata=reads(lambda v: text(v, MAX_NAME_CHARS)))
+    host: str | None = field(default=None, metadata=reads(lambda v: text(v, 200)))
+    shard: str | None = field(default=None, metadata=reads(_shard_text))
+    hosts: int | None = field(default=None, metadata=reads(_host_count))
+    shard_hosts: list[str] | None = field(default=None, metadata=reads(_host_names))
+    prompts: int | None = field(default=None, metadata=reads(count))
+    input: str | None = field(default=None, metadata=reads(text))
+    input_sha256: str | None = field(default=None, metadata=reads(lambda v: text(v, 64)))
+    max_cost: float | None = field(default=None, metadata=reads(_non_negative))
+    started: float | None = field(default=None, metadata=reads(_non_negative))
+
+
+S = TypeVar("S", bound=Shape)
+
+
+def read_shape(kind: type[S], raw: Any, what: str) -> tuple[S | None, list[str]]:
+    """(`raw` as a `kind`, each declared field read by its reader; the problems): a declared
+    field of the wrong type is left out and named; others kept when plain scalars."""
+    if raw is None:
+        return None, []
+    if not isinstance(raw, dict):
+        return None, [f"{what} is not a JSON object ({type(raw).__name__})"]
+    readers = {f.name: f.metadata["read"] for f in dataclasses.fields(kind) if "read" in f.metadata}
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    problems = []
+    for name, value in raw.items():
+        if not isinstance(name, str) or value is None:
+            continue
+        read = readers.get(name)
+        if read is None:
+            kept = scalar(value)
+            if kept is not None:
+                extra[name] = kept
+            continue
+        checked = read(value)
+        if checked is None:
+            problems.append(f"{what}: {name} {visible(repr(value), 40)} is not valid")
+        else:
+            values[name] = checked
+    return kind(extra=extra, **values), problems
+
+
+def status(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """A job's status.json as a host returned it, field by field (`StatusFile`)."""
+    shape, problems = read_shape(StatusFile, raw, "status.json")
+    return (shape.as_dict() if shape is not None else None), problems
 
 
 def meta(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    """A job's job.json as a host returned it (plain fields; the ones handoff reads typed)."""
-    return fields(raw, _META, "job.json")
+    """A job's job.json as a host returned it, field by field (`JobFile`)."""
+    shape, problems = read_shape(JobFile, raw, "job.json")
+    return (shape.as_dict() if shape is not None else None), problems
 
 
 # -- names --------------------------------------------------------------------------------------

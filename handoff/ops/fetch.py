@@ -37,25 +37,36 @@ The listing is the host's word (handoff.untrusted): a job name that is not a pla
 name, a file path that is absolute or climbs out with `..` (or holds a control
 character), a path that would land outside `DEST/<host>/<job>/` or through a symlink on
 the workstation, and every entry the host reports as no regular file (a symlink, a
-device) are refused and named, as is a file bigger than the free space under DEST (with
-the numbers); the rest is fetched, and the command exits non-zero.
+device) are refused and named; so is a file that does not fit in the command's share of
+the disk (`Room`: the free space under DEST when the command starts, less a margin of
+max(5%, 1 GB), shared by every file of every host, so files offered one by one never fill
+the disk between them), and one sparse beyond reason or longer than its host's filesystem
+(`implausible`), each with the numbers; the rest is fetched, and the command exits
+non-zero. A download that moves fewer than 32 KB/s over a minute (`_StallWatch`; a host
+trickling bytes keeps every single wait short) is ended, its host named and cut off; the
+other hosts are fetched and merged all the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 import shutil
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from handoff import console, threads
+from handoff.config import shards as shard_layouts
 from handoff.config.layout import sftp_path
 from handoff.errors import HandoffError, RemoteError
 from handoff.host import remote_code, untrusted
 from handoff.host.remote_code import fetch_list
-from handoff.host.session import Session
+from handoff.host.session import RemoteFiles, Session
 from handoff.host.transfer import PrefixMismatch, download, partial
 from handoff.ops import merge as merging
 from handoff.ops import merge_index
@@ -90,6 +101,8 @@ class Entry:
     local: Path
     prefix_sha256: str | None = None
     file_id: str | None = None  # the host file's device and inode (its word: equality only)
+    allocated: int | None = None  # bytes the host says it holds on disk (its word)
+    fs_bytes: int | None = None  # the size of the host's filesystem holding it (its word)
 
 
 def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry], list[str]]:
@@ -114,7 +127,9 @@ def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry
         digest, file_id = entry.get("prefix_sha256"), entry.get("file_id")
         entries.append(Entry(rel, size, untrusted.number(entry.get("mtime"), minimum=0) or 0.0,
                              local, digest if isinstance(digest, str) else None,
-                             untrusted.file_id(file_id)))
+                             untrusted.file_id(file_id), untrusted.count(entry.get("allocated"))))
+    fs_bytes = untrusted.count(listing.get("fs_bytes")) if isinstance(listing, dict) else None
+    entries = [dataclasses.replace(e, fs_bytes=fs_bytes) for e in entries] if fs_bytes else entries
     skipped = listing.get("skipped") if isinstance(listing, dict) else None
     for other in skipped if isinstance(skipped, list) else []:
         if isinstance(other, dict):
@@ -135,13 +150,151 @@ def job_folder(listing: Any, configured: str) -> str:
     return relative
 
 
-def free_bytes(path: Path) -> int:
-    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or its
-    nearest existing parent)."""
-    for folder in (path, *path.parents):
-        if folder.exists():
-            return shutil.disk_usage(folder).free
-    return 0  # pragma: no cover (the root exists)
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (a --dest not made yet)."""
+    return next(folder for folder in (path, *path.parents) if folder.exists())
+
+
+# The disk `fab fetch` keeps free under --dest: max(5% of the filesystem, 1 GB), or
+# HANDOFF_FETCH_KEEP_FREE bytes instead of the 1 GB floor (a test's small tmpfs).
+KEEP_FREE_SHARE = 0.05
+KEEP_FREE_FLOOR = 1 << 30
+KEEP_FREE_ENV = "HANDOFF_FETCH_KEEP_FREE"
+
+
+class Room:
+    """The space one `fab fetch` may fill under DEST, for all its files, every host's
+    together: the free space when the command starts, less a margin (`keep`, default
+    max(5%, 1 GB) of the filesystem). Each file takes its bytes from what is left, or is
+    refused: files offered one by one, each fitting the free space at its turn, can never
+    fill the disk between them."""
+
+    def __init__(self, dest: Path, keep: int | None = None) -> None:
+        where = _existing(dest)
+        usage = shutil.disk_usage(where)
+        if keep is None:
+            floor = os.environ.get(KEEP_FREE_ENV)
+            keep = max(int(usage.total * KEEP_FREE_SHARE),
+                       int(floor) if floor and floor.isdigit() else KEEP_FREE_FLOOR)
+        self.dest = dest
+        self.free = usage.free
+        self.keep = keep
+        self.left = max(0, usage.free - keep)
+        self._lock = threading.Lock()
+
+    def take(self, need: int) -> bool:
+        """Reserve `need` bytes (True), or refuse them (False: nothing reserved)."""
+        with self._lock:
+            if need > self.left:
+                return False
+            self.left -= need
+            return True
+
+    def refusal(self, need: int) -> str:
+        return (f"{untrusted.mb(need)} to download, but only {untrusted.mb(self.left)} of the "
+                f"{untrusted.mb(self.free)} free under {self.dest} are left for this fetch (it "
+                f"keeps {untrusted.mb(self.keep)} free): not fetched (free some space, or fetch "
+                f"to another --dest)")
+
+
+# A file with less than 1/SPARSE of its length allocated on the host is sparse beyond
+# reason: no job writes that (a `truncate -s 1T` does), and fetching it would write its
+# whole length here. Under SPARSE_FROM bytes the check is not worth a refusal.
+SPARSE = 1000
+SPARSE_FROM = 1 << 20
+
+
+def implausible(entry: Entry) -> str | None:
+    """Why the host's file is not one a job could have written: longer than the host's
+    filesystem holding it, or sparse beyond reason (its listing's own figures; a host
+    that lies about them still has to serve every byte, within the Room)."""
+    if entry.fs_bytes is not None and entry.size > entry.fs_bytes:
+        return (f"{untrusted.mb(entry.size)} long on a filesystem of {untrusted.mb(entry.fs_bytes)}: "
+                f"no job wrote that (a sparse file); not fetched")
+    if entry.allocated is not None and entry.size > SPARSE_FROM \
+            and entry.allocated * SPARSE < entry.size:
+        return (f"{untrusted.mb(entry.size)} long but only {untrusted.mb(entry.allocated)} of it "
+                f"on the host's disk: sparse beyond reason, no job wrote that; not fetched")
+    return None
+
+
+# A download that moves fewer than MIN_RATE bytes per second over a window of STALL_S
+# seconds has stalled (a host trickling bytes keeps every single wait short): it is ended,
+# its host named, and the other hosts go on. HANDOFF_FETCH_MIN_RATE=BYTES/SECONDS sets both.
+MIN_RATE = 32 << 10
+STALL_S = 60.0
+MIN_RATE_ENV = "HANDOFF_FETCH_MIN_RATE"
+
+
+def stall_floor() -> tuple[float, float]:
+    """(bytes per second, window in seconds) below which a download has stalled."""
+    given = os.environ.get(MIN_RATE_ENV, "")
+    rate, _, window = given.partition("/")
+    try:
+        return float(rate), float(window or STALL_S)
+    except ValueError:
+        return float(MIN_RATE), STALL_S
+
+
+class Stalled(RemoteError):
+    """A download moved less than the floor over a whole window: its host was cut off."""
+
+
+class _StallWatch:
+    """Counts the bytes a host's downloads move (`files`: its RemoteFiles, counted) and,
+    on a thread, cuts the host's session when a window passes with fewer than the floor:
+    the blocked read then fails, and the host's fetch ends with `Stalled`."""
+
+    def __init__(self, s: Session, rate: float, window: float) -> None:
+        self.session = s
+        self.rate, self.window = rate, window
+        self.moved = 0
+        self.active = False  # a download is under way (a listing or a hash is not watched)
+        self.stalled: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"stall-{s.label}", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        mark, since = self.moved, time.monotonic()
+        while not self._stop.wait(min(1.0, self.window / 4)):
+            now = time.monotonic()
+            if not self.active:
+                mark, since = self.moved, now
+                continue
+            if now - since < self.window:
+                continue
+            if self.moved - mark < self.rate * self.window:
+                self.stalled = (f"{untrusted.mb(self.moved - mark)} in the last {self.window:g} s "
+                                f"(the floor is {untrusted.mb(self.rate)}/s)")
+                self.session.close()  # the blocked read fails at once
+                return
+            mark, since = self.moved, now
+
+    def chunks(self, files: Any, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
+        self.active = True
+        try:
+            for chunk in files.read_chunks(path, offset, end):
+                self.moved += len(chunk)
+                yield chunk
+        finally:
+            self.active = False
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class _Watched:
+    """A host's RemoteFiles whose reads a `_StallWatch` counts (everything else as is)."""
+
+    def __init__(self, files: Any, watch: _StallWatch) -> None:
+        self._files, self._watch = files, watch
+
+    def read_chunks(self, path: str, offset: int, end: int) -> Iterator[bytes | memoryview]:
+        return self._watch.chunks(self._files, path, offset, end)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._files, name)
 
 
 @dataclass(frozen=True)
@@ -208,8 +361,10 @@ class Proof:
         return isinstance(theirs, str) and ours is not None and theirs == ours
 
 
-def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
-    """Bring one host's job folder to `local_dir`."""
+def fetch_job(s: Session, job: str, local_dir: Path, room: Room | None = None,
+              watch: _StallWatch | None = None) -> Fetched:
+    """Bring one host's job folder to `local_dir` (within `room`, the command's share of the
+    disk; `watch` ends a download that stalls)."""
     have = local_copies(local_dir)
     # The workstation hashes its prefixes while the host hashes its own (the listing).
     hashing = threads.soon(lambda: local_hashes(local_dir, have), "hash-local")
@@ -221,10 +376,11 @@ def fetch_job(s: Session, job: str, local_dir: Path) -> Fetched:
         raise RemoteError(f"{s.label}: listing the job's files: the answer is not a JSON object")
     if listing.get("exists") is not True:
         raise unknown_job(s, job)  # lists the jobs the host has (a typo is the usual cause)
-    return fetch_listed(s, listing, local_dir, have, hashes, job)
+    return fetch_listed(s, listing, local_dir, have, hashes, job, room, watch)
 
 
-def fetch_all(s: Session, host_dir: Path) -> tuple[dict[str, Fetched], list[str]]:
+def fetch_all(s: Session, host_dir: Path, room: Room | None = None,
+              watch: _StallWatch | None = None) -> tuple[dict[str, Fetched], list[str]]:
     """Bring every job folder of one host to `host_dir/<job>/` (one listing round trip);
     also the job folders refused (a name that is not a plain folder name, a symlink)."""
     have = ({p.name: local_copies(p) for p in host_dir.iterdir() if p.is_dir() and not p.is_symlink()}
@@ -247,16 +403,20 @@ def fetch_all(s: Session, host_dir: Path) -> tuple[dict[str, Fetched], list[str]
         except untrusted.Untrusted as exc:
             refused.append(f"{exc}: not fetched")
             continue
-        fetched[job] = fetch_listed(s, one, local, have.get(job, {}), hashes.get(job, {}), job)
+        fetched[job] = fetch_listed(s, one, local, have.get(job, {}), hashes.get(job, {}), job,
+                                    room, watch)
     if not fetched and not refused:
         raise RemoteError(f"{s.label}: no job under {s.target.layout.jobs} (launched?)")
     return fetched, refused
 
 
 def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have],
-                 hashes: dict[str, str], job: str) -> Fetched:
+                 hashes: dict[str, str], job: str, room: Room | None = None,
+                 watch: _StallWatch | None = None) -> Fetched:
     """Download what a listing shows is missing or incomplete in `local_dir`; what the
-    listing names that may not be fetched is refused, named in `Fetched.refused`."""
+    listing names that may not be fetched (or that does not fit in `room`) is refused,
+    named in `Fetched.refused`."""
+    room = room or Room(local_dir)
     entries, refused = checked_entries(listing, local_dir, job)
     done = Fetched(refused=refused)
     remote_dir = job_folder(listing, s.target.layout.job(job))
@@ -273,25 +433,27 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
             resumed[entry.rel] = (f"{remote_dir}/{entry.rel}", written, start.offset)
     proof = Proof(s, resumed) if resumed else None
     for entry, start in plans:
-        rel, size, local = entry.rel, entry.size, entry.local
+        rel, size = entry.rel, entry.size
         if start is None:
             done.skipped += 1
             continue
         shown = f"{untrusted.visible(job)}/{untrusted.visible(rel)}"
         if start.restart:
             done.restarted.append(f"{shown}: {start.restart}: fetched whole")
-        need, free = size - start.offset, free_bytes(local.parent)
-        if need > free:
-            done.refused.append(f"{shown}: {untrusted.mb(need)} to download, but only "
-                                f"{untrusted.mb(free)} free under {local.parent}: not fetched "
-                                f"(free some space, or fetch to another --dest)")
+        need = size - start.offset
+        odd = implausible(entry)
+        if odd:
+            done.refused.append(f"{shown}: {odd}")
+            continue
+        if not room.take(need):
+            done.refused.append(f"{shown}: {room.refusal(need)}")
             continue
         done.resumed += start.offset > 0
         remote = f"{remote_dir}/{rel}"
         verify = functools.partial(proof.holds, rel) if proof and rel in resumed else None
         try:
             try:
-                _download(s, remote, entry, start, shown, verify)
+                _download(s, remote, entry, start, shown, verify, watch)
             except PrefixMismatch:
                 # The probe matched but the middle did not (a local copy altered, a host file
                 # rewritten with the same ends): what came is discarded, the file comes whole.
@@ -300,21 +462,26 @@ def fetch_listed(s: Session, listing: Any, local_dir: Path, have: dict[str, Have
                                       f"host's (whole-prefix sha256, checked after the rest "
                                       f"moved): fetched whole")
                 done.nbytes += size - start.offset
-                start = Start(0)
-                _download(s, remote, entry, start, shown, None)
-        except OSError as exc:
+                start = Start(0)  # rewritten over its own bytes: no more room taken
+                _download(s, remote, entry, start, shown, None, watch)
+        except (OSError, HandoffError) as exc:
+            if watch is not None and watch.stalled:
+                raise Stalled(f"{s.label}: fetching {shown} stalled: {watch.stalled}; the host "
+                              f"was cut off after {done.fetched} file(s), the other hosts go on. "
+                              f"Run fetch again for it (a slow link: {MIN_RATE_ENV}=BYTES/SECONDS "
+                              f"lowers the floor)") from None
+            if isinstance(exc, HandoffError):  # the connection dropped (the session says why)
+                raise RemoteError(f"{exc} (fetching {shown}, after {done.fetched} file(s); run "
+                                  f"fetch again to resume)") from None
             raise RemoteError(f"{s.label}: fetching {shown} failed after {done.fetched} file(s): "
                               f"{exc}; run fetch again to resume") from None
-        except HandoffError as exc:  # the connection dropped or stalled (the session says which)
-            raise RemoteError(f"{exc} (fetching {shown}, after {done.fetched} file(s); run fetch "
-                              f"again to resume)") from None
         done.fetched += 1
         done.nbytes += size - start.offset
     return done
 
 
 def _download(s: Session, remote: str, entry: Entry, start: Start, shown: str,
-              verify: Callable[[], bool] | None) -> None:
+              verify: Callable[[], bool] | None, watch: _StallWatch | None = None) -> None:
     """One file's download; a file the merge reads (merge_index.INDEXED, at the top of the
     job folder) is indexed as it lands, and the index kept when the download is cut (what
     a resume starts from) or dropped when its prefix proves not to be the host's."""
@@ -323,7 +490,8 @@ def _download(s: Session, remote: str, entry: Entry, start: Start, shown: str,
     if growing is not None and start.offset == 0:
         merge_index.drop(entry.local)  # what it indexed is being replaced
     try:
-        download(s.files, remote, entry.local, start.offset, entry.size, entry.mtime,
+        files = cast(RemoteFiles, _Watched(s.files, watch)) if watch is not None else s.files
+        download(files, remote, entry.local, start.offset, entry.size, entry.mtime,
                  in_place=start.in_place, label=s.label, name=shown, verify=verify,
                  on_written=growing)
     except PrefixMismatch:
@@ -347,16 +515,23 @@ class FetchedTo:
     refused: list[str] = field(default_factory=list)
 
 
-def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -> None:
-    """`fab fetch` on one host: `dest/<host>/<job>/` for the `--job` job or every job;
+def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path,
+          room: Room | None = None) -> None:
+    """`fab fetch` on one host: `dest/<host>/<job>/` for the `--job` job or every job,
+    within `room` (the command's share of the disk under `dest`, shared by every host);
     the report's `FetchedTo` maps each job fetched to its local folder (for the merge)."""
     host_dir = dest / s.target.safe_label
     refused: list[str] = []
-    if job_flag is not None:
-        job = job_name(s.target, job_flag)
-        results = {job: fetch_job(s, job, host_dir / job)}
-    else:
-        results, refused = fetch_all(s, host_dir)
+    room = room or Room(dest)
+    watch = _StallWatch(s, *stall_floor())
+    try:
+        if job_flag is not None:
+            job = job_name(s.target, job_flag)
+            results = {job: fetch_job(s, job, host_dir / job, room, watch)}
+        else:
+            results, refused = fetch_all(s, host_dir, room, watch)
+    finally:
+        watch.close()
     total = Fetched()
     for job, done in results.items():
         report.log(f"  [green]✓[/] {console.r(job)}: {done.fetched} file(s) fetched ({done.resumed} "
@@ -378,8 +553,10 @@ def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path) -
     to.refused = refused
 
 
-def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
-    """Each job fetched, its hosts' copies merged into `dest/<job>/` (handoff.ops.merge)."""
+def merge_jobs(reports: list[HostReport], dest: Path, room: Room | None = None) -> list[merging.Merged]:
+    """Each job fetched, its hosts' copies merged into `dest/<job>/` (handoff.ops.merge),
+    each within `room` (the fetch's share of the disk): a merge that may not fit is not
+    written, and says so."""
     copies: dict[str, list[merging.ShardCopy]] = {}
     for rep in reports:
         if rep.ok:
@@ -390,7 +567,23 @@ def merge_jobs(reports: list[HostReport], dest: Path) -> list[merging.Merged]:
     # has nothing to merge (the extractor's features stay per host, each shard whole in
     # DEST/<host>/<job>/features/), and its status totals would count ids that no
     # output.jsonl holds.
-    return [merging.merge(job, found, untrusted.inside(dest, job).parent)
-            for job, found in sorted(copies.items())
-            if any((c.folder / name).exists() for c in found
-                   for name in (merging.OUTPUT, merging.ERRORS))]
+    out = []
+    for job, found in sorted(copies.items()):
+        if not any((c.folder / name).exists() for c in found
+                   for name in (merging.OUTPUT, merging.ERRORS)):
+            continue
+        merged_dir = untrusted.inside(dest, job)
+        # A single copy kept whole is linked, not copied: only several copies take room.
+        need = sum(c.sizes()[name] for c in found for name in (merging.OUTPUT, merging.ERRORS)) \
+            if len(found) > 1 else 0
+        if room is not None and need and not room.take(need):
+            out.append(merging.Merged(job, merged_dir, [c.host for c in found],
+                                      error=f"not merged: {room.refusal(need)}"))
+            continue
+        try:  # each job judged by the layout this workstation recorded when it launched it
+            out.append(merging.merge(job, found, merged_dir.parent, shard_layouts.load(job)))
+        except OSError as exc:
+            out.append(merging.Merged(job, merged_dir, [c.host for c in found],
+                                      error=f"the merge could not be written ({exc.strerror or exc}); "
+                                            f"free some space under {dest} and fetch again"))
+    return out

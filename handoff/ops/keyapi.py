@@ -22,10 +22,10 @@ The surface is small on purpose:
 from __future__ import annotations
 
 import json
-import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -130,18 +130,57 @@ class Minted:
     info: ChildKey
 
 
-def child_name(label: str, role: str | None, job: str | None, endpoint: str,
-               now: datetime | None = None) -> str:
-    """A name a person can read in OpenRouter's key list: which host, which role/job, when;
-    plus a random tag that makes it unique, so a create whose answer was lost can still be
-    found (and deleted) by name."""
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%MZ")
-    work = "/".join(dict.fromkeys(p for p in (role, job) if p)) or "no role"
-    return f"handoff {label} {work} {endpoint} {stamp} #{secrets.token_hex(3)}"
+NAME_PREFIX = "handoff:"
+
+
+def _segment(text: str) -> str:
+    """One part of a child key's name: `:` and `%` escaped (a host label may be
+    `user@10.0.0.5:22`), so the parts split back exactly."""
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
+def _unsegment(text: str) -> str:
+    return text.replace("%3A", ":").replace("%25", "%")
+
+
+def child_name(workstation: str, host: str, job: str | None = None) -> str:
+    """The name a child key gets at the management API: `handoff:<workstation>:<host>` for
+    the host's key (deploy, push-key), `handoff:<workstation>:<host>:<job>` for a job's.
+    The API's own key list is then the truth of which keys handoff minted for a host: a
+    cleanup with an empty state dir finds them there (`ChildName.parse`), whatever the
+    workstation that minted them."""
+    parts = [workstation, host] + ([job] if job else [])
+    return NAME_PREFIX + ":".join(_segment(p) for p in parts)
+
+
+@dataclass(frozen=True)
+class ChildName:
+    """A child key's name read back: which workstation minted it, for which host and job."""
+
+    workstation: str
+    host: str
+    job: str | None = None
+    endpoint: str | None = None  # the older form's `user@address:port` (None: the new form)
+
+    @classmethod
+    def parse(cls, name: str) -> ChildName | None:
+        """`handoff:<ws>:<host>[:<job>]` read back; also the older form
+        `handoff <host> <role/job> <user@address:port> <stamp> #<tag>` (workstation "",
+        job unknown: None). None: not a name handoff gives."""
+        if name.startswith(NAME_PREFIX):
+            parts = name[len(NAME_PREFIX):].split(":")
+            if len(parts) in (2, 3) and all(parts):
+                return cls(*(_unsegment(p) for p in parts))
+            return None
+        older = name.split(" ")
+        if len(older) >= 6 and older[0] == "handoff" and older[-1].startswith("#"):
+            return cls("", older[1], None, older[3])
+        return None
 
 
 class Client:
-    """The management API at `base_url` (the host's `base_url` var), with `management_key`.
+    """The management API at `base_url` (the inventory's management API:
+    handoff.config.inventory.management_api), with `management_key`.
 
     `entry` names the keyring entry the key came from (`openrouter/management-key`): the
     messages point at it, never at the key.
@@ -210,6 +249,11 @@ class Client:
 
     def find(self, name: str) -> list[ChildKey]:
         """Every key called exactly `name` (GET /keys, all pages, disabled ones included)."""
+        return self.listed(lambda key_name: key_name == name)
+
+    def listed(self, wanted: Callable[[str], bool]) -> list[ChildKey]:
+        """Every key whose name `wanted` accepts (GET /keys, all pages, disabled ones
+        included)."""
         found: list[ChildKey] = []
         offset = 0
         for _ in range(MAX_PAGES):
@@ -220,7 +264,8 @@ class Client:
                 raise KeyAPIFailed(f"the management API at {self.base_url} answered GET /keys "
                                    f"without a list")
             found += [ChildKey.from_json(k) for k in page
-                      if isinstance(k, dict) and k.get("name") == name and k.get("hash")]
+                      if isinstance(k, dict) and isinstance(k.get("name"), str)
+                      and isinstance(k.get("hash"), str) and k["hash"] and wanted(k["name"])]
             if not page:
                 break
             offset += len(page)
@@ -257,7 +302,8 @@ class Client:
             reason = getattr(exc, "reason", None) or exc
             raise KeyAPIUnreachable(
                 f"cannot reach the management API at {self.base_url} to {what} "
-                f"({_redacted(reason)}); check the base_url var and the network, then rerun"
+                f"({_redacted(reason)}); check `management_api` (else `base_url`) in the "
+                f"inventory's defaults and the network, then rerun"
             ) from None
 
     def _error(self, status: int, body: Any, what: str, retry_after: str | None) -> KeyAPIError:
@@ -266,8 +312,11 @@ class Client:
         if status == 401:
             return ManagementKeyRefused(
                 f"{where} refused the management key stored as {self.entry} while trying to "
-                f"{what} (401: {said}). Store a valid one with `fab set-key --username "
-                f"{self.entry.rsplit('/', 1)[-1]}`, then rerun.", status=status)
+                f"{what} (401: {said}). If {self.base_url} is not the management API of the "
+                f"account that key belongs to, name the right one as `management_api` in the "
+                f"inventory's defaults (the management key goes only there); if it is, store "
+                f"a valid key with `fab set-key --username {self.entry.rsplit('/', 1)[-1]}`. "
+                f"Then rerun.", status=status)
         if status == 403:
             return NotAManagementKey(
                 f"{where} would not let the key stored as {self.entry} {what} (403: {said}): "
@@ -306,4 +355,5 @@ def _message(body: Any) -> str:
     return _redacted(text if isinstance(text, str) and text else "no message")[:300]
 
 
-__all__ = ["ChildKey", "Client", "Minted", "child_name", "expiry", "money", "parse_time", "until", "utc_iso"]
+__all__ = ["NAME_PREFIX", "ChildKey", "ChildName", "Client", "Minted", "child_name", "expiry", "money",
+           "parse_time", "until", "utc_iso"]

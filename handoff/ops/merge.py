@@ -14,9 +14,18 @@ hosts) is dropped and counted; an id that failed on one host but was answered on
 keeps the answer. A last line without its newline (a copy fetched while the job wrote it)
 is left out and counted: the next fetch brings it whole.
 
-Checked: when every shard (`job.json`'s `shard` i/n) is present and finished, the merged
-ids must number the shards' `total`s summed; anything else is an error naming both counts.
-A merge of a job still running, stopped, or missing a shard is written and called partial.
+The shards are the workstation's (handoff.config.shards: the layout `fab launch` recorded),
+never a host's `job.json`: the hosts are merged in launch order (so which copy of an id is
+kept never depends on a host's word), and every line a host returns must be of its shard
+(the payload's id -> shard function, in some launch of the job): a line whose id is not
+is refused, counted and named per host (`Merged.foreign`), and that is an error. Checked:
+when every shard of the launch is present and finished, the merged ids must number the
+input's prompts as the workstation counted them (else the shards' `total`s summed, for an
+input never read here); anything else is an error naming both counts. A merge of a job
+still running, stopped, or missing a shard is written and called partial, as is one of a
+job this workstation did not launch (no layout: its completeness cannot be told). The
+status.json and job.json of each copy are read with the bounded reader
+(handoff.host.untrusted): a bomb in one is that copy's note, never a traceback.
 Both files are replaced atomically (payload.atomic; a single copy kept whole is hard-linked
 instead: see `_write`), and `merge.json` records what they were merged from, so a fetch
 that brought nothing new leaves them as they are.
@@ -25,16 +34,23 @@ that brought nothing new leaves them as they are.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
+import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from handoff.config.shards import ShardLayout
+from handoff.host import untrusted
 from handoff.host.transfer import copy_range
 from handoff.ops import merge_index
 from payload import atomic
-from payload.generate.journal import IdSet
+from payload.generate.journal import IdSet, leading_id, record_key
+from payload.records import shard_hash
 
 OUTPUT, ERRORS = "output.jsonl", "output.errors.jsonl"
 MANIFEST = "merge.json"
@@ -47,20 +63,40 @@ class ShardCopy:
     host: str
     folder: Path
 
-    def _json(self, name: str) -> dict[str, Any]:
+    def _read(self, name: str, read: Any) -> tuple[dict[str, Any], list[str]]:
+        """A fetched status.json / job.json: the host's bytes, read bounded and by shape."""
         try:
-            data = json.loads((self.folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+            with (self.folder / name).open("rb") as fh:
+                raw = fh.read(untrusted.SMALL_FILE.max_bytes + 1)
+        except OSError:
+            return {}, []
+        try:
+            parsed, problems = read(untrusted.loads(raw, f"{self.host}'s {name}",
+                                                    untrusted.SMALL_FILE))
+        except untrusted.Untrusted as exc:
+            return {}, [str(exc)]
+        return parsed or {}, problems
+
+    @functools.cached_property
+    def _status(self) -> tuple[dict[str, Any], list[str]]:
+        return self._read("status.json", untrusted.status)
+
+    @functools.cached_property
+    def _meta(self) -> tuple[dict[str, Any], list[str]]:
+        return self._read("job.json", untrusted.meta)
 
     @property
     def status(self) -> dict[str, Any]:
-        return self._json("status.json")
+        return self._status[0]
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self._json("job.json")
+        return self._meta[0]
+
+    @property
+    def problems(self) -> list[str]:
+        """What was wrong with its status.json and job.json (shown, never fatal)."""
+        return self._status[1] + self._meta[1]
 
     def sizes(self) -> dict[str, int]:
         return {name: (self.folder / name).stat().st_size if (self.folder / name).exists() else 0
@@ -80,6 +116,10 @@ class Merged:
     expected: int | None = None  # the shards' totals summed, once all are in and finished
     partial: list[str] = field(default_factory=list)  # why the merge is not the whole job
     unchanged: bool = False  # nothing new since the last merge: files left as they were
+    # Per host: lines whose id is not of that host's shard (the workstation's layout), refused.
+    foreign: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # copies' unreadable status/job files
+    error: str | None = None  # the merge could not be written (no room), said with the fix
 
     @property
     def ids(self) -> int:
@@ -87,18 +127,27 @@ class Merged:
 
     @property
     def problem(self) -> str | None:
-        """A finished job whose merge does not hold exactly its ids: an error."""
+        """Records refused as not of their host's shard, or a finished job whose merge does
+        not hold exactly its ids: an error."""
+        found = [f"job {self.job}: {self.error}"] if self.error else []
+        if self.foreign:
+            hosts = ", ".join(f"{host} ({n})" for host, n in self.foreign.items())
+            found.append(f"job {self.job}: refused {sum(self.foreign.values())} record(s) whose "
+                         f"id is not in the returning host's shard: {hosts}; they are not in "
+                         f"the merge (a host may return only its own shard's answers)")
         if self.expected is not None and self.ids != self.expected:
-            return (f"job {self.job}: the merge holds {self.ids} ids but its shards' totals say "
-                    f"{self.expected}; check the per-host copies under {self.folder.parent}")
-        return None
+            found.append(f"job {self.job}: the merge holds {self.ids} ids but the job has "
+                         f"{self.expected}; check the per-host copies under {self.folder.parent}")
+        return "; ".join(found) or None
 
     def describe(self) -> str:
         what = (f"{self.answers} answers + {self.failures} failures = {self.ids} ids, each once, "
                 f"from {len(self.hosts)} host(s)")
         extras = [f"{n} {label}" for n, label in ((self.duplicates, "duplicate copies dropped"),
                                                   (self.torn, "lines still being written left out"),
-                                                  (self.unreadable, "unreadable lines left out")) if n]
+                                                  (self.unreadable, "unreadable lines left out"),
+                                                  (sum(self.foreign.values()),
+                                                   "lines of another host's shard REFUSED")) if n]
         if self.expected is not None and self.ids == self.expected:
             extras.append(f"complete: all {self.expected} ids of the job")
         if self.partial:
@@ -122,7 +171,40 @@ class _Kept:
         return self.runs == [(0, self.size)]
 
 
-def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None) -> _Kept:
+_STRING_ID = b'{"id":"'
+
+
+def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[int], bool]) -> set[int]:
+    """The lines of `path` (by number) whose id `owns` says is not the host's (`owns` takes
+    the id's payload.records.shard_hash). The payload's own lines (`{"id":"…"` first) are
+    hashed from their raw bytes in place; any other is read as the merge reads it."""
+    out: set[int] = set()
+    if not idx.starts:
+        return out
+    sha256, skip = hashlib.sha256, (merge_index.BLANK, merge_index.UNREADABLE)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), idx.length, access=mmap.ACCESS_READ) as mm:
+        starts, hashes, n = idx.starts, idx.hashes, len(idx.starts)
+        for i in range(n):
+            if hashes[i] in skip:
+                continue
+            start, end = starts[i], (starts[i + 1] if i + 1 < n else idx.length) - 1
+            if mm[start:start + 7] == _STRING_ID:
+                q = mm.find(b'"', start + 7, min(end, start + 512))
+                raw = mm[start + 7:q] if q >= 0 else b"\\"
+                if b"\\" not in raw:  # no escape: the raw bytes are the id's UTF-8
+                    if not owns(int.from_bytes(sha256(raw).digest()[:8], "big")):
+                        out.add(i)
+                    continue
+            key = leading_id(mm[start:min(end, start + 4096)])
+            if key is None and end - start <= merge_index.MAX_PARSED_LINE:
+                key = record_key(mm[start:end])
+            if key is not None and not owns(shard_hash(key)):
+                out.add(i)
+    return out
+
+
+def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None,
+          owns: Callable[[int], bool] | None = None, host: str = "") -> _Kept:
     """Which lines of `path` the merge keeps (their ids new); what it leaves out is counted
     in `merged`. The ids come from the file's index (handoff.ops.merge_index), extended
     over what is new since it was last indexed (by the fetch that wrote it, or the last
@@ -141,7 +223,10 @@ def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None) ->
             if fh.read(kept.size - idx.length).strip():
                 merged.torn += 1
     hashes, starts, n = idx.hashes, idx.starts, len(idx.hashes)
-    if n and not len(seen) and not (skip is not None and len(skip)) \
+    refused = _foreign(path, idx, owns) if owns is not None else set()
+    if refused:
+        merged.foreign[host] = merged.foreign.get(host, 0) + len(refused)
+    if n and not len(seen) and not (skip is not None and len(skip)) and not refused \
             and min(hashes) > merge_index.UNREADABLE and len(unique := set(hashes)) == n:
         # The usual case (the first copy, every line a new id): kept whole, no per-line work.
         seen.adopt(unique)
@@ -152,6 +237,8 @@ def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None) ->
         h = hashes[i]
         if h == merge_index.BLANK:
             pass  # a blank line: left out, not counted
+        elif i in refused:
+            pass  # another shard's id: refused, counted above
         elif h == merge_index.UNREADABLE:
             merged.unreadable += 1
         elif h in seen or (skip is not None and h in skip):
@@ -190,62 +277,87 @@ def _write(dest: Path, kept: list[_Kept]) -> None:
                     copy_range(src, out, start, end)
 
 
-def _shard_index(copy: ShardCopy) -> tuple[int, str]:
-    spec = str(copy.meta.get("shard") or "0/1")
-    try:
-        return int(spec.split("/")[0]), copy.host
-    except ValueError:
-        return 0, copy.host
+def _ordered(copies: list[ShardCopy], layout: ShardLayout | None) -> list[ShardCopy]:
+    """The copies in the workstation's order: the launch's hosts first, in launch order,
+    then any other host by name. Never by what a host says of itself."""
+    rank = {host: i for i, host in enumerate(layout.hosts)} if layout is not None else {}
+    return sorted(copies, key=lambda c: (rank.get(c.host, len(rank)), c.host))
 
 
-def merge(job: str, copies: list[ShardCopy], dest: Path) -> Merged:
-    """Merge `copies` (one per host) into `dest/<job>/`; see the module's docstring."""
-    copies = sorted(copies, key=_shard_index)
+def merge(job: str, copies: list[ShardCopy], dest: Path,
+          layout: ShardLayout | None = None) -> Merged:
+    """Merge `copies` (one per host) into `dest/<job>/`, judged by `layout` (the one this
+    workstation recorded at launch; None: launched elsewhere); see the module's docstring."""
+    copies = _ordered(copies, layout)
     folder = dest / job
     merged = Merged(job, folder, [c.host for c in copies])
     sources = {c.host: c.sizes() for c in copies}
-    _expectations(merged, copies)
+    for c in copies:
+        merged.notes += [f"{c.host}: {problem}" for problem in c.problems]
+    _expectations(merged, copies, layout)
+    owners = {c.host: layout.hash_owner(c.host) for c in copies} if layout is not None else {}
     folder.mkdir(parents=True, exist_ok=True)
     manifest = folder / MANIFEST
     try:
         before = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         before = None
+    # A merge judged by another layout (a relaunch) is done again, even with the same bytes.
+    layout_seen = hashlib.sha256(layout.to_json().encode()).hexdigest()[:16] if layout else None
     if (isinstance(before, dict) and before.get("sources") == sources
+            and before.get("layout") == layout_seen
             and (folder / OUTPUT).exists() and (folder / ERRORS).exists()):
         merged.answers, merged.failures = int(before.get("answers", 0)), int(before.get("failures", 0))
         merged.duplicates = int(before.get("duplicates", 0))
+        foreign = before.get("foreign")
+        merged.foreign = {str(k): int(v) for k, v in foreign.items()} if isinstance(foreign, dict) else {}
         merged.unchanged = True
         return merged
     answered = IdSet()
-    kept = [_scan(c.folder / OUTPUT, answered, merged) for c in copies]
+    kept = [_scan(c.folder / OUTPUT, answered, merged, owns=owners.get(c.host), host=c.host)
+            for c in copies]
     merged.answers = sum(k.lines for k in kept)
     _write(folder / OUTPUT, kept)
     failed = IdSet()
-    kept = [_scan(c.folder / ERRORS, failed, merged, skip=answered) for c in copies]
+    kept = [_scan(c.folder / ERRORS, failed, merged, skip=answered, owns=owners.get(c.host),
+                  host=c.host) for c in copies]
     merged.failures = sum(k.lines for k in kept)
     _write(folder / ERRORS, kept)
     atomic.write_json(manifest, {"job": job, "sources": sources, "answers": merged.answers,
-                                 "failures": merged.failures, "duplicates": merged.duplicates},
+                                 "failures": merged.failures, "duplicates": merged.duplicates,
+                                 "foreign": merged.foreign, "layout": layout_seen},
                       durable=False)
     return merged
 
 
-def _expectations(merged: Merged, copies: list[ShardCopy]) -> None:
-    """How many ids the whole job holds, when that is known: every shard present and
-    finished; else why the merge is partial."""
-    counts = {str(c.meta.get("shard") or "0/1").split("/")[-1] for c in copies}
-    n = int(counts.pop()) if len(counts) == 1 and next(iter(counts)).isdigit() else None
-    present = {_shard_index(c)[0] for c in copies}
-    if n is not None and len(present) < n:
-        missing = sorted(set(range(n)) - present)
-        merged.partial.append(f"shard{'s' if len(missing) > 1 else ''} "
-                              f"{', '.join(f'{i}/{n}' for i in missing)} not fetched")
-    states = {c.host: str(c.status.get("state") or "unknown") for c in copies}
+def _expectations(merged: Merged, copies: list[ShardCopy], layout: ShardLayout | None) -> None:
+    """How many ids the whole job holds, when that is known: every shard of the launch
+    present and finished; else why the merge is partial."""
+    fetched = {c.host for c in copies}
+    if layout is None:
+        merged.partial.append("not launched from this workstation (no launch record in its "
+                              "state dir): whether every shard is here cannot be told")
+    elif layout.sharded:
+        missing = [f"{h} ({layout.spec(h)})" for h in layout.hosts if h not in fetched]
+        if missing:
+            merged.partial.append(f"shard{'s' if len(missing) > 1 else ''} of "
+                                  f"{', '.join(missing)} not fetched")
+    else:
+        if not fetched & set(layout.hosts):
+            merged.partial.append(f"none of the hosts it was launched on ({', '.join(layout.hosts)}) "
+                                  f"was fetched")
+    states = {c.host: str(c.status.get("state") or "unknown") for c in copies
+              if layout is None or c.host in layout.hosts}
     unfinished = [f"{host} {state}" for host, state in states.items() if state != "finished"]
     if unfinished:
         merged.partial.append("not finished on " + ", ".join(unfinished))
-    totals = [t for t in (c.status.get("total") for c in copies) if isinstance(t, int)]
-    if not merged.partial and len(totals) == len(copies):
+    if merged.partial or layout is None:
+        return
+    if layout.prompts is not None:
+        merged.expected = layout.prompts  # what the workstation read: never a host's word
+        return
+    totals = [t for t in (c.status.get("total") for c in copies if c.host in layout.hosts)
+              if isinstance(t, int)]
+    if len(totals) == len(states):
         # --no-shard: every host did the whole input; sharded: the shards add up.
-        merged.expected = max(totals) if n == 1 and len(copies) > 1 else sum(totals)
+        merged.expected = max(totals) if not layout.sharded else sum(totals)

@@ -41,6 +41,9 @@ from payload.generate.journal import id_hash, leading_id, record_key
 BLANK, UNREADABLE = 0, 1  # hashes that are no id: a blank line (left out, not counted), an unreadable one
 INDEXED = ("output.jsonl", "output.errors.jsonl")  # the files a merge reads
 _HEAD = 512  # a long line's id is read from its first bytes (the payload writes `id` first)
+# A line whose id is not in its first bytes is parsed whole, up to this size: a longer one
+# (no payload writes one: a host's bytes) is unreadable, never a multi-GB parse.
+MAX_PARSED_LINE = 16 << 20
 _STRING_ID = b'{"id":"'
 _MAGIC = b"handoff-merge-index 1\n"
 
@@ -214,6 +217,8 @@ def line_hash(mm: mmap.mmap, pos: int, end: int) -> int:
                 return _real(int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little"))
     key = leading_id(mm[pos:min(end, pos + _HEAD)]) if end - pos > _HEAD else None
     if key is None:
+        if end - pos > MAX_PARSED_LINE:
+            return UNREADABLE
         line = mm[pos:end]
         if not line.strip():
             return BLANK

@@ -40,6 +40,7 @@ from handoff.errors import ConnectError, TargetError
 from handoff.ssh import hostkeys
 from handoff.ssh.auth import login
 from handoff.ssh.endpoint import Endpoint, Hop, route
+from handoff.ssh.ssh_config import shell_unsafe
 
 # Ciphers offered first: AES-GCM is an AEAD, so paramiko makes one C call per packet where
 # aes-ctr + hmac-sha2-256 (its default) makes two; a 1 GB fetch took ~25% less CPU
@@ -152,6 +153,12 @@ def _expand_proxy_command(command: str, ep: Endpoint) -> str:
     """ssh's tokens in a ProxyCommand: %h %p %r %n %u %d %%."""
     tokens = {"h": ep.hostname, "p": str(ep.port), "r": ep.user, "n": ep.name or ep.hostname,
               "u": getpass.getuser(), "d": os.path.expanduser("~"), "%": "%"}
+    for token, what in (("h", "host name"), ("r", "user name"), ("n", "host name")):
+        why = shell_unsafe(tokens[token]) if f"%{token}" in command else None
+        if why:
+            raise TargetError(f"ProxyCommand {command!r}: the {what} {tokens[token]!r} for "
+                              f"%{token} {why}; refused before anything runs (OpenSSH refuses "
+                              f"it too). Fix the address or user in the inventory or --host")
     out, i = [], 0
     while i < len(command):
         ch = command[i]

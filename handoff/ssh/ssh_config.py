@@ -239,9 +239,39 @@ def _warn_fallback() -> None:
                      "openssh-client for ssh's exact settings")
 
 
+# What OpenSSH (valid_hostname, valid_ruser) refuses in a host or user name it would put
+# into a ProxyCommand or Match exec (`%h`, `%r`): a shell metacharacter, a space or control
+# character, a leading '-'. Such a name would run as a command (`i-0a1b;id>/tmp/x;#`).
+_SHELL_META = frozenset("'`\"$\\;&<>|(){},")
+
+
+def shell_unsafe(value: str) -> str | None:
+    """Why `value` may not stand for a host or user name in a command ssh runs (None: it
+    may): a name from an inventory or a command line is a colleague's word too."""
+    if value.startswith("-"):
+        return "starts with '-'"
+    bad = sorted({c for c in value if c in _SHELL_META or c.isspace() or not c.isprintable()})
+    if bad:
+        return f"holds {', '.join(repr(c) for c in bad)} (a shell would run what follows)"
+    return None
+
+
+def _refuse_unsafe(name: str, user: str | None) -> None:
+    """The paramiko fallback substitutes `%h`/`%r` into ProxyCommand unquoted, as OpenSSH
+    does; OpenSSH refuses such names first, and so does this."""
+    for what, value in (("host name", name), ("user name", user)):
+        why = shell_unsafe(value) if value else None
+        if why:
+            raise TargetError(f"{what} {value!r} {why}; refused before anything runs (OpenSSH "
+                              f"refuses it too). Fix the address or user in the inventory or "
+                              f"--host")
+
+
 def _from_paramiko(name: str, port: int | None, user: str | None,
                    identity: str | None) -> HostConfig:
     import paramiko
+
+    _refuse_unsafe(name, user)
 
     parsed = paramiko.SSHConfig()
     try:

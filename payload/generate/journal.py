@@ -295,7 +295,7 @@ def _slow_record(line: bytes) -> tuple[str, dict[str, Any] | None, Fields | None
     try:
         record = json.loads(line)
         key = str(record["id"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: a JSON bomb
         return None
     usage = record.get("usage")
     return key, usage if isinstance(usage, dict) else None, record

@@ -188,7 +188,7 @@ def test_a_management_api_failure_mid_deploy_leaves_no_orphan(make_sandbox, fab)
     keys = sbx.api.keys
     # sbx-1's create succeeds at the API but its answer is lost; sbx-3 cannot take the key.
     # (Aimed by name: which host's call arrives first or second varies from run to run.)
-    keys.inject(MgmtFault("create", 502, after_effect=True, subject="handoff sbx-1 "))
+    keys.inject(MgmtFault("create", 502, after_effect=True, subject=":sbx-1"))
     broken = sbx.container("sbx-3")
     run_as(broken, "mkdir", "-p", str(key_file(broken).parent.parent))
     run_as(broken, "touch", str(key_file(broken).parent))  # a file where the folder goes

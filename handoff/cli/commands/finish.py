@@ -28,12 +28,17 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: s
         raise UsageError(f"--dest {dest}: a file, not a folder; give a folder (created when "
                          f"missing), e.g. --dest results")
     targets = targets_for(host, role)
-    one = partial(fetching.fetch, job_flag=job, dest=folder)
+    # One share of the disk for the whole command: every file of every host takes from it.
+    room = fetching.Room(folder)
+    one = partial(fetching.fetch, job_flag=job, dest=folder, room=room)
     reports = run_on_hosts(targets, one, connect=common.CONNECT, title="fetch")
     problems = []
-    for merged in fetching.merge_jobs(reports, folder):
-        console.say(f"[green]✓[/] merged {console.r(merged.job)} → "
+    for merged in fetching.merge_jobs(reports, folder, room):
+        mark = "[red]✗[/]" if merged.problem else "[green]✓[/]"
+        console.say(f"{mark} merged {console.r(merged.job)} → "
                     f"{console.r(merged.folder / 'output.jsonl')}: {console.r(merged.describe())}")
+        for note in merged.notes:
+            console.warn(note)
         if merged.problem:
             problems.append(merged.problem)
     for rep in reports:

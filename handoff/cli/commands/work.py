@@ -25,7 +25,7 @@ def smoke_test(host: str | None, role: str | None, model: str | None = None) -> 
     if len(reports) > 1:  # one host: its block already shows every line the table would
         console.say(smoke.table(reports))
     for rep in reports:  # launch's estimate reads what was measured, per API and model
-        measured = smoke.measured(rep.data_as(smoke.Smoked).fields) if rep.ok else None
+        measured = rep.data_as(smoke.Smoked).measured if rep.ok else None
         if measured is not None:
             v = rep.target.vars
             state.save_smoke(str(v.get("base_url") or ""), str(v.get("model") or ""),
@@ -47,6 +47,7 @@ def launch(
     """Start one job per dataset detached on each host, sharded i/n; the estimate first (of
     every prompt), and on a relaunch, once the hosts have answered, the estimate of what is
     left."""
+    from handoff.config import shards as shard_layouts
     from handoff.ops.jobs import estimate
     from handoff.ops.jobs import launch as launch_plan
     from handoff.ops.jobs.probe import Resumed
@@ -63,7 +64,9 @@ def launch(
     inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
     # Every local input is read once, here: checked (an all-bad file stops the launch before
     # any host is touched), measured for the estimate, hashed for the job's identity.
-    loaded = launch_plan.load_datasets(targets, inputs, job_flag) if inputs and not remote_input else None
+    sharded = shard and len(targets) > 1
+    loaded = (launch_plan.load_datasets(targets, inputs, job_flag, len(targets) if sharded else 1)
+              if inputs and not remote_input else None)
     p = launch_plan.plan(targets, local_input=inputs, remote_input=remote_input, job_flag=job_flag,
                          shard=shard, loaded=loaded)
     for ds in loaded or []:
@@ -92,10 +95,16 @@ def launch(
     # A budget limits the hosts' child keys too: the management key is read (once, on this
     # workstation) only if a host turns out to hold one.
     private.management = settings.ManagementKeys()
-    if dry_run or not loaded:
+    if dry_run:
         return run_plan(p, dry_run)
     reports = plan.execute(p, connect=common.CONNECT)
-    if all(isinstance(r.data, Resumed) for r in reports):  # every host's probe answered
+    # The shard layout is the workstation's: recorded here for each job a host started, so
+    # status, jobs and fetch never judge it by a host's job.json.
+    started = {job for r in reports if isinstance(r.data, Resumed) for job in r.data.started}
+    for j in private.jobs:
+        if j.job in started:
+            shard_layouts.record(j.job, launch_plan.launch_of(j, targets, sharded))
+    if loaded and all(isinstance(r.data, Resumed) for r in reports):  # every probe answered
         done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
                                      sharded=shard and len(targets) > 1)
         for line in estimate.left_lines(loaded, targets, done):
@@ -140,7 +149,7 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     if not as_json:
         for line in st.breakdown_notes(views):
             console.say(console.r(line))
-    for note in [*st.bad_line_notes(views), *st.table_notes(views)]:
+    for note in [*st.bad_line_notes(views), *st.table_notes(views), *st.layout_notes(views)]:
         console.warn(note)
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:

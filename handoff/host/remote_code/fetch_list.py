@@ -145,7 +145,7 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
                 skipped.append({"rel": rel, "kind": kind(st.st_mode)})
                 continue
             entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime,
-                                     "file_id": file_id(st)}
+                                     "file_id": file_id(st), "allocated": st.st_blocks * 512}
             have = local.get(rel)
             if have is not None and 0 < have <= st.st_size:
                 digest = probe_sha256(path, have)
@@ -153,8 +153,13 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
                     entry["prefix_sha256"] = digest
             files.append(entry)
     exists = os.path.isdir(job_dir) and not os.path.islink(job_dir)
+    try:  # what the filesystem holding the job can hold at all (a file longer is sparse)
+        fs = os.statvfs(job_dir)
+        fs_bytes = fs.f_blocks * fs.f_frsize
+    except OSError:
+        fs_bytes = None
     return {"job_dir": job_dir, "exists": exists, "files": files if exists else [],
-            "skipped": skipped if exists else []}
+            "skipped": skipped if exists else [], "fs_bytes": fs_bytes}
 
 
 def main(argv: list[str]) -> int:

@@ -54,7 +54,7 @@ class ManagementClients(Protocol):
 
 def limit_step(target: Target, share: float, jobs: list[str]) -> Step:
     """PATCH the host's child key limit to its share of the budget of `jobs` (launched now)."""
-    api = str(target.vars.get("base_url") or "").rstrip("/")
+    api = target.management_api or "<the inventory's management API>"
     record = key_record(str(target.vars["key_path"]))
     return Step(
         "set-key-limit",

@@ -28,7 +28,7 @@ from typing import Any
 from handoff.errors import UsageError
 from payload.generate.inputs import SAMPLE_BAD_LINES
 from payload.generate.journal import IdSet, id_hash
-from payload.records import BadRecord, decode_line, load_object, prompt_of, to_messages
+from payload.records import BadRecord, decode_line, load_object, prompt_of, shard_of, to_messages
 
 GLOB_CHARS = frozenset("*?[")
 SHOWN_BAD_LINES = 3  # bad lines quoted in the launch output (the status file keeps 20)
@@ -46,6 +46,10 @@ class InputCheck:
     prompt_chars: int = 0  # text of the prompts (distinct ids)
     answers: int = 0  # records carrying an old answer (a trailing assistant turn)
     answer_chars: int = 0
+    # Distinct prompts each shard owns (payload.records.shard_of), when the launch shards
+    # over several hosts: the workstation's own count of what each shard must hold
+    # (handoff.config.shards), never a host's word.
+    per_shard: list[int] = field(default_factory=list)
 
     @property
     def prompts(self) -> int:
@@ -75,9 +79,10 @@ def _text_len(content: Any) -> int:
     return len(str(content)) if content is not None else 0
 
 
-def check_file(path: Path) -> tuple[InputCheck, str]:
-    """Read `path` once: its InputCheck and its sha256."""
-    out = InputCheck()
+def check_file(path: Path, shards: int = 1) -> tuple[InputCheck, str]:
+    """Read `path` once: its InputCheck (with each of `shards` shards' prompts counted when
+    there are several) and its sha256."""
+    out = InputCheck(per_shard=[0] * shards if shards > 1 else [])
     digest = hashlib.sha256()
     seen = IdSet()
     with path.open("rb") as fh:
@@ -101,6 +106,8 @@ def check_file(path: Path) -> tuple[InputCheck, str]:
                 out.duplicates += 1
                 continue
             seen.add(h)
+            if shards > 1:
+                out.per_shard[shard_of(prompt.key, shards)] += 1
             out.prompt_chars += sum(_text_len(m.get("content")) for m in prompt.messages)
             turns = to_messages(record)
             if len(turns) > len(prompt.messages) and turns[-1].get("role") == "assistant":
@@ -148,8 +155,9 @@ def expand(flags: list[str]) -> list[Path]:
     return found
 
 
-def load(paths: list[Path], jobs: list[str]) -> list[Dataset]:
-    """Check each file (the payload's rules) and pair it with its job name. A file with no
+def load(paths: list[Path], jobs: list[str], shards: int = 1) -> list[Dataset]:
+    """Check each file (the payload's rules; its prompts per shard counted when the launch
+    shards over several hosts) and pair it with its job name. A file with no
     valid record fails the whole launch before any host is touched; two files under one
     job name too (two `B3.jsonl` from different folders)."""
     by_job: dict[str, Path] = {}
@@ -162,7 +170,7 @@ def load(paths: list[Path], jobs: list[str]) -> list[Dataset]:
         by_job[job] = path
     out = []
     for path, job in zip(paths, jobs, strict=True):
-        check, sha = check_file(path)
+        check, sha = check_file(path, shards)
         if check.valid == 0:
             what = "is empty" if check.lines == 0 else f"has no valid record: {check.bad_summary()}"
             raise UsageError(

@@ -69,7 +69,7 @@ class Basis:
 
     @classmethod
     def of(cls, base_url: str, model: str) -> Basis:
-        found = state.load_smoke(base_url, model)
+        found = state.load_smoke(base_url, model, warn=console.warn)
         if not found:
             return cls(model=model)
         prices = found.get("prices")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 
-from handoff.config import flags
+from handoff.config import flags, shards
 from handoff.config.templates import render_command
 from handoff.errors import UsageError
 from handoff.host.targets import Target
@@ -94,6 +94,17 @@ def budget_line(targets: list[Target], jobs: list[str]) -> str | None:
     if len(jobs) > 1:
         line += f"; ${total * len(jobs):g} in all"
     return line
+
+
+def launch_of(j: LaunchJob, targets: list[Target], sharded: bool) -> shards.Launch:
+    """The layout a launch gives job `j` over `targets` (host i runs shard i of n), recorded
+    on the workstation once a host started it (shards.record): status, jobs and fetch judge
+    from it."""
+    ds = j.dataset
+    return shards.new_launch([t.label for t in targets], sharded=sharded,
+                             input_sha256=ds.sha256 if ds is not None else None,
+                             prompts=ds.check.prompts if ds is not None else None,
+                             per_shard=ds.check.per_shard if ds is not None else None)
 
 
 def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_input: str | None,
@@ -164,5 +175,5 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
 
 
 __all__ = ["LaunchJob", "LaunchPrivate", "budget_line", "budget_text", "identity_problem",
-           "input_file", "job_budget", "jobs_of", "load_datasets", "plan", "private_of",
+           "input_file", "job_budget", "jobs_of", "launch_of", "load_datasets", "plan", "private_of",
            "sampling", "sampling_text", "ssh_command", "start_watch"]

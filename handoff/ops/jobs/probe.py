@@ -83,6 +83,8 @@ class Resumed:
     job new on the host is not listed."""
 
     recorded: dict[str, int | None] = field(default_factory=dict)
+    # The jobs this launch started here (start-job): the command records their layout.
+    started: list[str] = field(default_factory=list)
 
 
 def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:

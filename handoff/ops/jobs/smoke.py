@@ -6,11 +6,13 @@ run's cost and time from it."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from handoff import console
+from handoff.config import state
 from handoff.config.templates import render_command
 from handoff.errors import RemoteError, UsageError
 from handoff.host.facts import KEY_FILE, gather
@@ -49,6 +51,12 @@ def _number(pattern: str, text: str | None) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _whole(value: float) -> int | float:
+    """A token count as an int; one too large for any int (`1e999` is infinity) stays a
+    float, which the figures' check then refuses (state.smoke_problem)."""
+    return int(value) if math.isfinite(value) else value
+
+
 def measured(fields: dict[str, str]) -> dict[str, Any] | None:
     """The figures launch's estimate needs, from `payload smoke`'s lines: latency (s),
     prompt and completion tokens, cost (USD) and the endpoint prices (USD per token, per
@@ -58,14 +66,14 @@ def measured(fields: dict[str, str]) -> dict[str, Any] | None:
     completion = _number(r"completion N", fields.get("tokens"))
     if latency is None or prompt is None or completion is None:
         return None
-    out: dict[str, Any] = {"latency_s": latency, "prompt_tokens": int(prompt),
-                           "completion_tokens": int(completion),
+    out: dict[str, Any] = {"latency_s": latency, "prompt_tokens": _whole(prompt),
+                           "completion_tokens": _whole(completion),
                            "cost": _number(r"^\$N", fields.get("cost"))}
     # `completion C (reasoning R, content K)`: a thinking model's split, for the estimate
     reasoning = _number(r"reasoning N", fields.get("tokens"))
     content = _number(r"content N", fields.get("tokens"))
     if reasoning is not None and content is not None:
-        out["reasoning_tokens"], out["content_tokens"] = int(reasoning), int(content)
+        out["reasoning_tokens"], out["content_tokens"] = _whole(reasoning), _whole(content)
     if "finish" in fields:
         out["cut"] = "cut by" in fields["finish"]
     price_text = fields.get("prices")
@@ -112,6 +120,15 @@ def smoke(s: Session, report: HostReport) -> None:
                               f"`fab push-key {s.target.flags()}`")
         report.data_as(Smoked).fields["error"] = reason
         raise RemoteError(f"{s.label}: smoke test failed (exit {res.rc}): {reason}")
+    figures = measured(fields)
+    problem = state.smoke_problem({**figures, "host": s.label}) if figures is not None else None
+    if problem:
+        # What a host measured is its word: a figure no real answer has (`latency: 1e308`)
+        # is that host's failure, and never reaches the state dir or a later launch.
+        report.data_as(Smoked).fields["error"] = f"figures not believable: {problem}"
+        raise RemoteError(f"{s.label}: the smoke answer's figures are not believable "
+                          f"({problem}); not recorded for launch's estimate")
+    report.data_as(Smoked).measured = figures
     report.summary = f"{fields.get('served by', '?')}, {fields.get('latency', '?')}"
 
 
@@ -121,6 +138,7 @@ class Smoked:
     `tokens`, `cost`, `key`, ...) and its exit code as `rc`."""
 
     fields: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] | None = None  # the figures launch's estimate needs, checked
 
 
 def run(targets: list[Target], connect: Connector) -> list[HostReport]:

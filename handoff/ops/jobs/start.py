@@ -17,6 +17,7 @@ from handoff.defaults import BUILTIN_VARS
 from handoff.errors import RemoteError
 from handoff.host import remote_code
 from handoff.host.targets import Target
+from handoff.ops.jobs.probe import Resumed
 from handoff.ops.jobs.state import JobState, job_vars
 from handoff.ops.jobs.upload import LaunchPrivate, input_file
 from handoff.run.plan import HostContext, Skipped, Step
@@ -113,6 +114,7 @@ def _start(ctx: HostContext, step: Step) -> str:
                                                            "command": command, "meta": meta,
                                                            "watch_s": 0},
                                         "starting the job", timeout=60)
+    ctx.report.data_as(Resumed).started.append(job)
     notes = (f", shard {shard}" if shard else "") + (f", budget ${p.share}" if p.share else "")
     return f"started {job} (pid {answer.get('pid')}) in {jd}{notes}"
 

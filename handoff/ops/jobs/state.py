@@ -17,6 +17,8 @@ from typing import Any
 from handoff.config import state
 from handoff.config.layout import RemoteLayout, key_record
 from handoff.config.roles import Role
+from handoff.config.templates import Text
+from handoff.console import has_control, visible
 from handoff.errors import NotDeployed, RemoteError, UsageError, did_you_mean
 from handoff.host import keyrecord, remote_code, untrusted
 from handoff.host.facts import KEY_FILE, Facts
@@ -42,9 +44,10 @@ def job_name(target: Target, flag: str | None, input_path: str | None = None) ->
 
 def check_job_name(name: str) -> None:
     """A job is a folder under jobs/: one plain name, nothing that climbs out or hides."""
-    if not name or "/" in name or name.startswith(".") or any(ord(c) < 32 for c in name):
-        raise UsageError(f"job name {name!r} must be a plain folder name (no '/', no leading "
-                         f"'.'); pass --job NAME, or rename the input file")
+    if not name or "/" in name or name.startswith(".") or has_control(name):
+        raise UsageError(f"job name {visible(repr(name))} must be a plain folder name (no '/', "
+                         f"no leading '.', no control or invisible format character); pass "
+                         f"--job NAME, or rename the input file")
 
 
 @dataclass(frozen=True)
@@ -209,14 +212,20 @@ def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any]) ->
 
 def command_vars(target: Target, remote_dir: str, python: str, key_path: str, job: str,
                  extra: dict[str, Any]) -> dict[str, Any]:
+    """The vars a role's command renders with. The paths (made from the home the host
+    reported) and the command's own values are `Text`: filled in as they are, never
+    rendered again as templates, whatever `{…}` a host put in its home (`python` is the
+    inventory's var, or the venv's path as `effective_python` made it Text)."""
     v = dict(target.vars)
-    v.update(python=python, remote_dir=remote_dir, key_path=key_path,
-             job_dir=RemoteLayout(remote_dir).job(job))
-    v.update({k: val for k, val in extra.items() if val is not None})
+    v.update(python=python, remote_dir=Text(remote_dir), key_path=Text(key_path),
+             job_dir=Text(RemoteLayout(remote_dir).job(job)))
+    v.update({k: Text(val) if isinstance(val, str) else val for k, val in extra.items()
+              if val is not None})
     return v
 
 
 def effective_python(session: Session, facts: Facts) -> str:
     """The venv's python when the probe ran under it, else the `python` var as written."""
     venv = session.layout.venv_python
-    return shlex.quote(facts.executable) if facts.executable == venv else str(session.vars["python"])
+    # The venv's path comes from the host: text, never a template (config.templates.Text).
+    return Text(shlex.quote(facts.executable)) if facts.executable == venv else str(session.vars["python"])

@@ -72,15 +72,17 @@ def jobs_of(targets: list[Target], local: list[Dataset] | None, remote_input: st
     return [LaunchJob(job_name(first, job_flag, path), path, None)]
 
 
-def load_datasets(targets: list[Target], local_inputs: list[str], job_flag: str | None) -> list[Dataset]:
-    """The local inputs, expanded, named and checked (handoff.ops.jobs.datasets)."""
+def load_datasets(targets: list[Target], local_inputs: list[str], job_flag: str | None,
+                  shards: int = 1) -> list[Dataset]:
+    """The local inputs, expanded, named and checked (handoff.ops.jobs.datasets; each
+    shard's prompts counted when `shards` > 1)."""
     paths = datasets.expand(local_inputs)
     if job_flag and len(paths) > 1:
         raise UsageError(f"--job names one job, but the inputs are {len(paths)} files (one job "
                          f"each, named after the file's stem); drop --job, or launch one input "
                          f"at a time")
     names = [job_name(targets[0], job_flag, p.name) for p in paths]
-    return datasets.load(paths, names)
+    return datasets.load(paths, names, shards)
 
 
 def push_step(j: LaunchJob, data_dir: str) -> Step:

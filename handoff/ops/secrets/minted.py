@@ -1,7 +1,12 @@
-"""A child key minted for one host: reused while it lives (the record beside it names its
-hash; the API says whether it is live), replaced when it expired, was revoked or expires
-within the hour, and the key it replaces revoked. A minted key whose placement failed is
-revoked again; a create whose answer was lost is found by its unique name and deleted.
+"""A child key minted for one host (and, later, one job): at most one live at any time.
+
+The host's live key is reused while it lives (the record beside it names its hash; the
+API says whether it is live). Otherwise every earlier key of that (host, job) is revoked
+FIRST (the ledger's live ones, the one the host's record names if it is that host's, and
+the ones the API lists named for it by any workstation: `handoff:<ws>:<host>[:<job>]`),
+and only then is one minted: a host that copied its key away and deleted the record gets a
+new key while the copy dies. A minted key whose placement failed is revoked again; a
+create whose answer was lost is found by its name and deleted.
 """
 
 from __future__ import annotations
@@ -27,20 +32,33 @@ from handoff.host.facts import KEY_FILE, KEY_RECORD, Facts
 from handoff.host.session import Session
 from handoff.ops import keyapi
 from handoff.ops.secrets.place import in_ledger, key_location, ledger_entry, place
-from handoff.ops.secrets.settings import Credentials, KeySettings, vouch
+from handoff.ops.secrets.settings import (
+    Credentials,
+    KeySettings,
+    api_mismatch,
+    management_api,
+    names_host,
+    vouch,
+)
 from handoff.run.plan import Skipped
 
 
-def _child_fields(minted: keyapi.ChildKey, api: str, service: str) -> dict[str, str]:
-    return {"key_hash": minted.hash, "api": api, "service": service, "name": minted.name}
+def _child_fields(minted: keyapi.ChildKey, api: str, service: str, job: str | None) -> dict[str, str]:
+    return {"key_hash": minted.hash, "api": api, "service": service, "name": minted.name,
+            "job": job or ""}
 
 
-def place_minted(session: Session, facts: Facts, creds: Credentials, settings: KeySettings) -> str:
-    """The host's child key: reuse the live one its record names, else mint one, place it
-    and its record, and revoke the key it replaces. Nothing half-done: a key minted here
-    whose placement fails is revoked before the error is raised."""
+def place_minted(session: Session, facts: Facts, creds: Credentials, settings: KeySettings,
+                 job: str | None = None) -> str:
+    """The host's child key (`job` None: the host's own, placed by deploy/push-key): reuse
+    the live one its record names, else revoke every earlier one, mint one, place it and its
+    record. Nothing half-done: a key minted here whose placement fails is revoked before the
+    error is raised. A host whose base_url is not the management API gets none."""
     target = session.target
-    api = str(session.vars["base_url"]).rstrip("/")
+    mismatch = api_mismatch(target, str(session.vars.get("base_url") or ""))
+    if mismatch:
+        raise RemoteError(mismatch)
+    api = management_api(target)
     client = creds.client(api)
     path = key_location(session, facts)  # before anything is minted: an unsafe folder refuses
     record_path = key_record(path)
@@ -62,19 +80,21 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
             why = str(exc).removeprefix(f"{session.label}: ")
         else:
             if intact and info is not None and info.live(margin_s=KEY_RENEW_BEFORE_S):
-                _remember(session, path, record, info, api, creds.service)
+                _remember(session, path, record, info, api, creds.service, job)
+                others = _revoke_earlier(session, client, api, creds.service, job,
+                                         keep=record.hash, ask_api=False)
                 return Skipped(f"child key {record.hash[:12]} at {path} is live "
-                               f"({info.describe()}): reused, nothing minted")
+                               f"({info.describe()}): reused, nothing minted{others}")
             why = ("the key file does not match its record" if not intact
                    else f"its child key {record.hash[:12]} was revoked" if info is None
                    else f"its child key {record.hash[:12]} is disabled" if info.disabled
                    else f"its child key {record.hash[:12]} expires {keyapi.until(info.expires_at)}")
-    ep = target.endpoint
-    name = keyapi.child_name(target.label, target.role.name if target.role else None,
-                             str(session.vars.get("job") or "") or None,
-                             f"{ep.user}@{ep.hostname}:{ep.port}")
+    # At most one live key per (host, job): every earlier one goes before a new one exists.
+    earlier = _revoke_earlier(session, client, api, creds.service, job,
+                              also=replaced.hash if replaced is not None else None)
+    name = keyapi.child_name(state.workstation_id(), target.label, job)
     minted = _mint(client, name, settings)
-    child = _child_fields(minted.info, api, creds.service)
+    child = _child_fields(minted.info, api, creds.service, job)
     state.record(ledger_entry(session, path, fingerprint(minted.key), "minted", **child))
     try:
         placed = place(session, facts, minted.key, child=child)
@@ -91,10 +111,57 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
         raise
     note = ("; NOTE: no key_limit is set, so this key is uncapped until `fab launch "
             "--max-cost` limits it" if settings.limit is None else "")
-    if replaced is not None and replaced.hash != minted.info.hash:
-        note += "; " + _revoke_replaced(session, client, replaced, api, creds.service)
     return (f"minted child key {minted.info.hash[:12]} ({minted.info.describe()}; {why}) and "
-            f"{placed.replace('placed key', 'placed it as key', 1)}{note}")
+            f"{placed.replace('placed key', 'placed it as key', 1)}{earlier}{note}")
+
+
+def _revoke_earlier(session: Session, client: keyapi.Client, api: str, service: str,
+                    job: str | None, *, keep: str | None = None, also: str | None = None,
+                    ask_api: bool = True) -> str:
+    """Revoke every live child key of this (host, job) but `keep`: the ledger's (at the API
+    each was minted at), `also` (the one the host's record names, vouched for), and with
+    `ask_api` the ones the management API lists named for them, by any workstation (a wiped
+    state dir has a new id; the API is the truth).
+    Each is deleted and its 404 confirmed; one that cannot be is an error (RemoteError): no
+    new key is minted while an old one may live. What was revoked, for the step's line."""
+    target = session.target
+    ep = target.endpoint
+    todo: dict[str, str] = {}  # hash -> the API it lives at
+    for e in state.live_minted():
+        if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) and e.job == (job or ""):
+            todo[e.key_hash] = e.api or api
+    if also:
+        todo.setdefault(also, api)
+    if ask_api:
+        def this_hosts(name: str) -> bool:  # for this (host, job), by any workstation
+            parsed = keyapi.ChildName.parse(name)
+            return (parsed is not None and parsed.host == target.label
+                    and parsed.job == (job or None) and names_host(name, target))
+
+        try:
+            for key in client.listed(this_hosts):
+                todo.setdefault(key.hash, api)
+        except KeyAPIError as exc:
+            raise RemoteError(f"{session.label}: listing the management API's keys to revoke "
+                              f"this host's earlier ones failed ({exc}); nothing was minted") from None
+    todo.pop(keep or "", None)
+    done = []
+    key_path = session.abs(str(session.vars["key_path"]))
+    for key_hash, where in todo.items():
+        try:
+            client.at(where).revoke(key_hash)
+        except KeyAPIError as exc:
+            raise RemoteError(f"{session.label}: could not revoke its earlier child key "
+                              f"{key_hash[:12]} ({exc}); nothing was minted, so the host never "
+                              f"holds two live keys. Rerun once the management API answers, or "
+                              f"`fab cleanup-secrets --host {session.label}`") from None
+        state.record(ledger_entry(session, key_path, "", "revoked", key_hash=key_hash,
+                                  api=where, service=service, job=job or ""))
+        done.append(key_hash[:12])
+    if not done:
+        return ""
+    return (f"; revoked its earlier child key{'s' if len(done) > 1 else ''} "
+            f"{', '.join(done)} first (at most one live key per host)")
 
 
 def _mint(client: keyapi.Client, name: str, settings: KeySettings) -> keyapi.Minted:
@@ -138,29 +205,13 @@ def _undo_mint(session: Session, client: keyapi.Client, minted: keyapi.Minted, p
     return done + "; nothing is left behind"
 
 
-def _revoke_replaced(session: Session, client: keyapi.Client, old: keyrecord.KeyRecord,
-                     api: str, service: str) -> str:
-    """Revoke the child key a new one replaced (no orphan); a failure is a note, not an
-    error: the new key is in place, and the ledger keeps the old one for cleanup. `old`
-    is this host's key (vouched for); it is revoked at the workstation's own API."""
-    try:
-        deleted = client.revoke(old.hash)
-    except KeyAPIError as exc:
-        return (f"could not revoke the child key {old.hash[:12]} it replaces ({exc}); "
-                f"`fab cleanup-secrets` will")
-    state.record(ledger_entry(session, session.abs(str(session.vars["key_path"])), old.fingerprint,
-                              "revoked", key_hash=old.hash, api=api, service=service,
-                              name=old.name))
-    return (f"revoked the child key {old.hash[:12]} it replaces" if deleted else
-            f"the child key {old.hash[:12]} it replaces was already revoked")
-
-
 def _remember(session: Session, path: str, record: keyrecord.KeyRecord, info: keyapi.ChildKey,
-              api: str, service: str) -> None:
+              api: str, service: str, job: str | None) -> None:
     """A reused key the ledger does not know (another clone, a wiped state dir): record it,
     so this workstation's cleanup revokes it too. The API and service recorded are the
     workstation's own (the record's are the host's word), the name the API's."""
-    child = {"key_hash": record.hash, "api": api, "service": service, "name": info.name}
+    child = {"key_hash": record.hash, "api": api, "service": service, "name": info.name,
+             "job": job or ""}
     if not any(e.key_hash == record.hash for e in state.live_minted()):
         state.record(ledger_entry(session, path, record.fingerprint, "minted", **child))
     entry = ledger_entry(session, path, record.fingerprint, "placed", **child)

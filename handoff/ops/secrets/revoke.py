@@ -1,6 +1,8 @@
-"""cleanup-secrets, the child keys: every one the ledger lists as minted and every one a
-host's record names, `DELETE /keys/{hash}` then `GET` answering 404. An unreachable host's
-key is revoked all the same: its file may remain, dead.
+"""cleanup-secrets, the child keys: every one the ledger lists as minted, every one a
+host's record names, and every one the management API itself lists under a name handoff
+gives the cleaned hosts' keys (`handoff:<any workstation>:<host>[:<job>]`: the ledger is a
+cache, the API is the truth), `DELETE /keys/{hash}` then `GET` answering 404. An
+unreachable host's key is revoked all the same: its file may remain, dead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from handoff.errors import (
     KeyAPIError,
 )
 from handoff.host.targets import Target
+from handoff.ops import keyapi
 from handoff.ops.secrets.cleanup import CleanupScope, KeysRemoved
 from handoff.ops.secrets.settings import ManagementKeys, management_api, vouch
 from handoff.run.parallel import HostReport
@@ -59,6 +62,62 @@ def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) ->
                 record.hash, api, str(target.vars.get("secret_service") or SECRET_SERVICE),
                 target.label, path, record.name, target)
     return list(found.values())
+
+
+def listed_at_api(scope: CleanupScope, keys: ManagementKeys,
+                  known: set[str]) -> tuple[list[Revocation], list[str]]:
+    """The child keys the management API lists under a name handoff gives a cleaned host's
+    keys, by any workstation and for any job (keyapi.ChildName), that are not in `known`
+    yet: what the ledger and the hosts' records do not name (a wiped state dir, another
+    clone, a key copied away and its record deleted). Asked at the inventory's management
+    API and at every API the ledger recorded for these hosts, with the management key of
+    each one's keyring service (none stored: nothing to ask). Also what could not be asked."""
+    hosts = ({t.label for t in scope.targets.values()} | {e.host for e in scope.entries}
+             | {e.host for e in scope.minted})
+    apis: dict[str, str] = {}  # API -> keyring service of its management key
+    for t in scope.targets.values():
+        if t.management_api:
+            apis.setdefault(t.management_api.rstrip("/"),
+                            str(t.vars.get("secret_service") or SECRET_SERVICE))
+    for e in scope.minted:
+        if e.api:
+            apis.setdefault(e.api.rstrip("/"), e.service or SECRET_SERVICE)
+    found: list[Revocation] = []
+    problems: list[str] = []
+    if not hosts:
+        return found, problems
+    for api, service in apis.items():
+        try:
+            creds = keys.credentials(service)
+            if not creds.management_key:
+                continue  # no management key stored: handoff minted nothing with it here
+            listed = creds.client(api, "list child keys").listed(
+                lambda name: (parsed := keyapi.ChildName.parse(name)) is not None
+                and parsed.host in hosts)
+        except HandoffError as exc:
+            problems.append(f"the child keys at {api} could not be listed ({exc}): a key "
+                            f"minted for these hosts that neither the ledger nor a host's "
+                            f"record names may still live; rerun once it answers")
+            continue
+        for key in listed:
+            if key.hash in known:
+                continue
+            known.add(key.hash)
+            parsed = keyapi.ChildName.parse(key.name)
+            host = parsed.host if parsed is not None else "?"
+            found.append(Revocation(key.hash, api, service, host,
+                                    "(named at the management API)", key.name))
+    return found, problems
+
+
+def minting_in_use(scope: CleanupScope, reports: list[HostReport]) -> bool:
+    """Whether anything says child keys were minted for these hosts: the ledger ever minted
+    one, a host held a record, a host's key_mode is `minted`. Then a management API that
+    cannot be listed is an error; otherwise (plain keys only, say a keyring that cannot be
+    reached from this shell) only a warning."""
+    return (any(e.event == "minted" for e in state.ledger_events())
+            or any(r.data_as(KeysRemoved).records for r in reports)
+            or any(str(t.vars.get("key_mode") or "") == "minted" for t in scope.targets.values()))
 
 
 @dataclass
@@ -115,6 +174,9 @@ def revocation_plan(todo: list[Revocation]) -> Any:
                                                              f"answers 404")] for r in todo]
     rows.append(["(each host)", "-", "and any child key named in a host's key record "
                                      "(<key_path>.minted.json), the same way"])
+    rows.append(["(each host)", "-", f"and every child key GET <management API>/keys lists named "
+                                     f"{keyapi.NAME_PREFIX}<any workstation>:<host>[:<job>], the "
+                                     f"same way"])
     return console.table("then revoke the child keys", ["host", "key hash", "runs"], rows)
 
 
@@ -157,4 +219,5 @@ def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[
     return not down and not failed, lines
 
 
-__all__ = ["Revocation", "Revoked", "cleanup_summary", "revocation_plan", "revocation_table", "revocations", "revoke_all"]
+__all__ = ["Revocation", "Revoked", "cleanup_summary", "listed_at_api", "minting_in_use", "revocation_plan",
+           "revocation_table", "revocations", "revoke_all"]

@@ -198,32 +198,50 @@ class ManagementKeys:
 
 
 def management_api(target: Target) -> str:
-    """The only URL the management key goes to for `target`: the base_url of its inventory
-    vars; for a host the inventory does not name, the API the ledger recorded when its key
-    was minted (or a base_url the inventory's defaults set). Never the built-in default for
-    a host known only from the ledger, and never a URL a host names."""
-    configured = str(target.vars.get("base_url") or "").rstrip("/")
-    if target.host is not None and configured:
-        return configured
+    """The only URL the management key goes to for `target`: the inventory's management API
+    (handoff.config.inventory.management_api: `management_api` in its defaults, else its
+    defaults' `base_url`, else OpenRouter's), computed once when the target was resolved.
+    Never the host's own vars, never a flag, never a URL a host names. For a host known
+    only from the ledger (no inventory read): the API the ledger recorded when this
+    workstation minted its key; never the built-in default."""
+    if target.management_api:
+        return target.management_api.rstrip("/")
     ep = target.endpoint
     recorded = [e.api for e in state.ledger_events() if e.api and e.event == "minted"
                 and (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user)]
     if recorded:
         return recorded[-1].rstrip("/")
-    if configured and configured != str(BUILTIN_VARS["base_url"]).rstrip("/"):
-        return configured
     raise KeyAPIUnreachable(
         f"{target.label}: no management API is known for this host: the inventory does not "
         f"name it and the ledger recorded none when its key was minted, so the management key "
-        f"is not sent anywhere (never to the built-in default). Add the host to the inventory "
-        f"with its base_url, then rerun")
+        f"is not sent anywhere (never to the built-in default). Add the host to the inventory, "
+        f"then rerun")
+
+
+def api_mismatch(target: Target, base_url: str | None = None) -> str | None:
+    """Why `target` may not get a minted key: its `base_url` (the API its jobs call) is not
+    the management API, so a key minted there would be sent elsewhere and the management
+    key would have to follow it. None when they match."""
+    api = management_api(target)
+    used = str(base_url if base_url is not None else target.vars.get("base_url") or "").rstrip("/")
+    if used == api:
+        return None
+    return (f"{target.label}: its base_url {used or '(none)'} is not the management API {api}, "
+            f"so no child key is minted for it (the management key goes only to {api}). Either "
+            f"give it a plain key (`key_mode: plain` in its vars: your API key is placed), or "
+            f"make its base_url {api} (or name its API as `management_api` in the inventory's "
+            f"defaults, if that API mints its keys)")
 
 
 def names_host(name: str, target: Target) -> bool:
-    """Whether a child key's name at the API is one handoff gave a key of this host
-    (keyapi.child_name: `handoff LABEL WORK USER@HOST:PORT STAMP #TAG`)."""
+    """Whether a child key's name at the API is one handoff gave a key of this host, by any
+    workstation and for any job (`handoff:<ws>:<host>[:<job>]`, keyapi.child_name; or the
+    older `handoff <host> ...` form)."""
+    parsed = keyapi.ChildName.parse(name)
+    if parsed is None or parsed.host != target.label:
+        return False
     ep = target.endpoint
-    return name.startswith(f"handoff {target.label} ") and f" {ep.user}@{ep.hostname}:{ep.port} " in name
+    return parsed.endpoint in (None, f"{ep.user}@{ep.hostname}:{ep.port}")
 
 
 def minted_for(target: Target, key_hash: str) -> bool:
@@ -249,6 +267,6 @@ def vouch(client: keyapi.Client, target: Target, key_hash: str) -> keyapi.ChildK
         f"push-key --host {target.label}` mints the host its own key")
 
 
-__all__ = ["Credentials", "KeySettings", "ManagementKeys", "as_credentials", "key_modes", "key_settings",
-           "keyring_entry", "management_api", "minted_for", "names_host", "read_credentials",
+__all__ = ["Credentials", "KeySettings", "ManagementKeys", "api_mismatch", "as_credentials", "key_modes",
+           "key_settings", "keyring_entry", "management_api", "minted_for", "names_host", "read_credentials",
            "read_credentials_soon", "takes_key", "vouch"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from handoff.config.layout import key_record, parents
 from handoff.config.os_keyring import fingerprint
+from handoff.errors import HandoffError
 from handoff.host.targets import Target
 from handoff.host.transfer import temp_prefix
 from handoff.ops import keyapi
@@ -19,8 +20,10 @@ from handoff.ops.secrets.settings import (
     Credentials,
     KeyHandle,
     KeySettings,
+    api_mismatch,
     as_credentials,
     key_settings,
+    management_api,
 )
 from handoff.run.plan import HostContext, Step
 
@@ -43,12 +46,19 @@ def place_step(target: Target, key: Any, unavailable: str | None = None,
     write = (f"sftp mkdir {folder} (0700); create {folder}/{temp_prefix(name)}* O_EXCL mode "
              f"0600; write; fsync; rename; stat")
     if mode == "minted":
-        api = str(target.vars["base_url"]).rstrip("/")
+        try:
+            api = management_api(target)
+            mismatch = api_mismatch(target)
+        except HandoffError as exc:
+            api, mismatch = "<no management API>", str(exc)
         what = (f"mint a child key for {target.label} (limit {keyapi.money(settings.limit)}, "
                 f"expires {settings.ttl_hours:g} h after minting) and place it at {path} (0600)")
         detail = (f"GET {api}/keys/<hash> (the live key named in {key_record(path)}); unless "
-                  f"live: POST {api}/keys, then {write}; write {key_record(path)} (0600); "
-                  f"DELETE the key it replaces")
+                  f"live: DELETE every earlier key of the host (the ledger's, the record's, "
+                  f"GET {api}/keys named {keyapi.NAME_PREFIX}<ws>:{target.label}), then POST "
+                  f"{api}/keys, then {write}; write {key_record(path)} (0600)")
+        if mismatch:
+            what += f"; REFUSED: {mismatch.removeprefix(f'{target.label}: ')}"
         when = ("unless the host holds a live child key (reused; replaced when it expires "
                 "within the hour)")
     else:

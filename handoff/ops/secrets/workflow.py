@@ -37,13 +37,22 @@ def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Targe
         return 0
     reports = plan.execute(p, connect=connect) if p.hosts else []
     todo = revoke.revocations(scope, reports)
-    revoked = revoke.revoke_all(todo, settings.ManagementKeys()) if todo else []
+    keys = settings.ManagementKeys()
+    # The ledger is a cache, the API the truth: what it lists for these hosts goes too.
+    listed, unlisted = revoke.listed_at_api(scope, keys, {r.key_hash for r in todo})
+    todo += listed
+    revoked = revoke.revoke_all(todo, keys) if todo else []
     if revoked:
         console.say(revoke.revocation_table(revoked))
     ok, lines = revoke.cleanup_summary(reports, revoked)
     for line in lines:
         (console.say if ok else console.error)(line)
-    return 0 if ok else 1
+    # A key only the API names may live: an error where child keys are in use, a warning
+    # where nothing says any was minted (plain keys, a keyring this shell cannot reach).
+    fatal = bool(unlisted) and revoke.minting_in_use(scope, reports)
+    for problem in unlisted:
+        (console.error if fatal else console.warn)(problem)
+    return 0 if ok and not fatal else 1
 
 
 __all__ = ["cleanup_secrets"]

@@ -295,10 +295,10 @@ class Sandbox:
                 "identity": str(self.identity), "roles": ["generator"],
                 "vars": {"python": c.python, "base_url": self.api_url, "concurrency": 50},
             }
-        data: dict[str, Any] = {"hosts": hosts}
-        if self.key_vars or self.extra_defaults:
-            data = {"defaults": {**self.key_vars, **self.extra_defaults}, **data}
-        return data
+        # The defaults' base_url is also the management API (handoff.config.inventory.
+        # management_api): the fake's, never OpenRouter's.
+        return {"defaults": {"base_url": self.api_url, **self.key_vars, **self.extra_defaults},
+                "hosts": hosts}
 
     # -- breaking and repairing hosts ------------------------------------------------------------
     def container(self, name: str) -> Container:

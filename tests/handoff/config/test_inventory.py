@@ -157,3 +157,20 @@ def test_misspelt_keys_and_roles_get_a_suggestion(tmp_path: Path) -> None:
     path = write(tmp_path, "host:\n  a: {address: x}\n")
     with pytest.raises(InventoryError, match="unknown section 'host'; did you mean 'hosts'"):
         load_inventory(path, ROLES)
+
+
+def test_the_management_api_is_the_inventorys_defaults_alone(tmp_path: Path) -> None:
+    """Issue 31: `management_api` in defaults, else the defaults' base_url, else OpenRouter's;
+    never a host's or a group's vars (they are refused, naming the line)."""
+    both = load_inventory(write(tmp_path, "defaults: {management_api: 'http://127.0.0.1:7/api/v1/', "
+                                          "base_url: 'http://127.0.0.1:8/api/v1'}\nhosts: {}\n"), ROLES)
+    assert both.management_api == "http://127.0.0.1:7/api/v1"
+    base = load_inventory(write(tmp_path, "defaults: {base_url: 'http://127.0.0.1:8/api/v1'}\n"
+                                          "hosts: {a: {vars: {base_url: 'http://127.0.0.1:9/x'}}}\n"), ROLES)
+    assert base.management_api == "http://127.0.0.1:8/api/v1"
+    bare = load_inventory(write(tmp_path, "hosts: {a: {vars: {base_url: 'http://127.0.0.1:9/x'}}}\n"), ROLES)
+    assert bare.management_api == str(BUILTIN_VARS["base_url"]).rstrip("/")
+    path = write(tmp_path, "hosts:\n  a:\n    vars:\n      management_api: http://127.0.0.1:9/x\n")
+    with pytest.raises(InventoryError, match=rf"{path}:4: var management_api belongs under the "
+                                             rf"inventory's `defaults:`"):
+        load_inventory(path, ROLES)

@@ -236,3 +236,14 @@ def test_role_file_validation_of_commands_and_versions(tmp_path: Path) -> None:
     bad.write_text("requires:\n  modules:\n    - {module: m, version: 'about 1'}\n")
     with pytest.raises(RoleError, match=r"bad version range 'about 1'"):
         load_role(bad)
+
+
+def test_text_from_a_host_is_never_rendered_again() -> None:
+    """Issue 31, finding 11: a var holding host text (`Text`: a path made from the home a
+    host reported) is filled in as it is, whatever `{…}` it holds."""
+    from handoff.config.templates import Text, render_value
+
+    lie = "/home/u/{base_url:>300000000}/.handoff"
+    variables = {"remote_dir": Text(lie), "base_url": "http://x"}
+    assert render_value("{remote_dir}/jobs", variables) == lie + "/jobs"
+    assert render_value("{plain}", {"plain": "{base_url}", "base_url": "b"}) == "b"  # vars naming vars

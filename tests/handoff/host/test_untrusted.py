@@ -178,3 +178,57 @@ def test_mb() -> None:
 def test_loads_of_a_forged_status_never_yields_infinity() -> None:
     st, problems = u.status(u.loads(json.dumps({"total": float("inf"), "cost": float("nan")})))
     assert st == {} and problems == []
+
+
+# -- the bounded reader (issue 31) ----------------------------------------------------------------
+
+def test_format_characters_and_surrogates_are_shown_like_control_characters() -> None:
+    """`prompts\u200b` must not read as `prompts`; every Unicode format character (Cf) and a
+    lone surrogate are escaped."""
+    import unicodedata
+
+    assert u.visible("prompts\u200b") == "prompts\\u200b"
+    assert u.visible("x\ud800y") == "x\\ud800y" and u.visible("tag\U000e0041") == "tag\\U000e0041"
+    missed = [c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"
+              and not u.has_control(chr(c))]
+    assert missed == []
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 32"),
+    ("[" * 33 + "]" * 33, "nested deeper than 32"),
+    ('{"n": 1' + "0" * 5000 + "}", "a number of 5001 digits"),
+    ('{"n": 1.' + "5" * 200 + "}", "a number of 202 characters"),
+    ('{"s": "' + "x" * (2 << 20) + '"}', "a string of"),
+    ("[" + ",".join(["1"] * 300_000) + "]", None),
+    ("not json", "is not JSON"),
+])
+def test_loads_refuses_what_would_cost_the_workstation(raw: str, why: str | None) -> None:
+    if why is None:
+        assert len(u.loads(raw)) == 300_000
+        with pytest.raises(u.Untrusted, match="more than 1000 values"):
+            u.loads(raw, limits=u.Limits(max_values=1000))
+        return
+    with pytest.raises(u.Untrusted, match=why):
+        u.loads(raw)
+
+
+def test_loads_caps_bytes_and_repairs_lone_surrogates() -> None:
+    with pytest.raises(u.TooLarge):
+        u.loads("[" + "1," * 600_000 + "1]", "status.json", u.SMALL_FILE)
+    assert u.loads('{"s": "\\ud800x\\ud83d\\ude00"}') == {"s": "\ufffdx\U0001f600"}
+
+
+def test_declared_shapes_bound_the_shard_layout_a_host_gives() -> None:
+    """job.json's shard and host count: only what handoff could have launched (at most
+    MAX_SHARD_HOSTS), so no count from a host ever sizes a loop or a set."""
+    meta, problems = u.meta({"shard": "0/100000000000", "hosts": 1e15, "shard_hosts": ["a"],
+                             "started": 5.0, "job": "j", "other": "kept"})
+    assert meta == {"shard_hosts": ["a"], "started": 5.0, "job": "j", "other": "kept"}
+    assert len(problems) == 2 and "shard" in problems[0] and "hosts" in problems[1]
+    assert u.shard_spec("3/4") == (3, 4) and u.shard_spec("4/4") is None
+    assert u.shard_spec("0/" + "7" * 5000) is None and u.shard_spec(7) is None
+    status, problems = u.status({"state": "running", "done": 3, "extra_field": 1.5})
+    assert status == {"state": "running", "done": 3, "extra_field": 1.5} and problems == []
+    shape, _ = u.read_shape(u.StatusFile, {"done": "3"}, "status.json")
+    assert shape is not None and shape.done is None

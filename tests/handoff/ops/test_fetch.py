@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from handoff.cli import commands
+from handoff.ops import fetch
 from handoff.ops.fetch import fetch_job
 from handoff.ops.local_copies import append_only
 from tests.support.workstation import Workstation
@@ -222,3 +223,34 @@ def test_a_merged_copy_linked_to_the_host_copy_never_changes_under_its_name(
 
     assert commands.fetch("a", None, dest=str(dest)) == 0  # the merge catches up
     assert merged.read_bytes() == (jd / "output.jsonl").read_bytes()
+
+
+def test_one_room_for_every_file_of_a_fetch(tmp_path: Path) -> None:
+    """Issue 31, finding 8: the free space less the margin is shared by every file (of every
+    host): files that each fit the free space at their turn never fill it between them."""
+    room = fetch.Room(tmp_path)
+    assert room.keep >= 1 << 30 and room.left == max(0, room.free - room.keep)
+    small = fetch.Room(tmp_path, keep=max(0, room.free - 1000))
+    half = small.left // 2 + 1
+    assert small.take(half) and not small.take(half) and small.take(small.left)
+    assert small.left == 0 and not small.take(1)
+    assert "keeps" in small.refusal(10) and "free" in small.refusal(10)
+
+
+def test_a_file_no_job_could_have_written_is_implausible(tmp_path: Path) -> None:
+    entry = fetch.Entry("big.bin", 1 << 40, 0.0, tmp_path / "big.bin")
+    assert fetch.implausible(entry) is None  # the listing said nothing of its blocks
+    assert "sparse" in str(fetch.implausible(fetch.Entry("x", 1 << 30, 0.0, tmp_path, allocated=4096)))
+    assert "filesystem" in str(fetch.implausible(fetch.Entry("x", 1 << 40, 0.0, tmp_path,
+                                                           allocated=1 << 40, fs_bytes=1 << 39)))
+    assert fetch.implausible(fetch.Entry("x", 1 << 30, 0.0, tmp_path, allocated=(1 << 30) // 4)) is None
+    assert fetch.implausible(fetch.Entry("x", 1 << 19, 0.0, tmp_path, allocated=0)) is None  # small
+
+
+def test_the_stall_floor_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(fetch.MIN_RATE_ENV, raising=False)
+    assert fetch.stall_floor() == (fetch.MIN_RATE, fetch.STALL_S)
+    monkeypatch.setenv(fetch.MIN_RATE_ENV, "20000/3")
+    assert fetch.stall_floor() == (20000.0, 3.0)
+    monkeypatch.setenv(fetch.MIN_RATE_ENV, "fast")
+    assert fetch.stall_floor() == (fetch.MIN_RATE, fetch.STALL_S)

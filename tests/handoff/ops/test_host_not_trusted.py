@@ -82,10 +82,12 @@ def test_a_limit_is_never_more_than_the_share_above_the_usage() -> None:
 # -- the management key's URL; whose key a hash is -------------------------------------------------
 
 
-def target(label: str = "gen-1", *, in_inventory: bool = True, base_url: str = "") -> Target:
+def target(label: str = "gen-1", *, in_inventory: bool = True, base_url: str = "",
+           management_api: str = "") -> Target:
     ep = Endpoint(hostname="127.0.0.5", port=2222, user="u")
     host: Any = object() if in_inventory else None
-    return Target(label, label, ep, host, None, {"base_url": base_url, "key_path": "~/k"})
+    return Target(label, label, ep, host, None, {"base_url": base_url, "key_path": "~/k"},
+                  management_api)
 
 
 def minted_event(key_hash: str, api: str) -> state.LedgerEntry:
@@ -97,8 +99,12 @@ def minted_event(key_hash: str, api: str) -> state.LedgerEntry:
 
 def test_the_management_api_is_the_inventorys_or_the_ledgers_never_the_default(
         ws: Workstation) -> None:
-    assert settings.management_api(target(base_url="http://127.0.0.1:7/api/v1/")) == \
-        "http://127.0.0.1:7/api/v1"
+    # The inventory's (resolved with the target), never the host's own base_url.
+    assert settings.management_api(target(base_url="http://127.0.0.1:7/api/v1/",
+                                          management_api="http://127.0.0.1:6/api/v1/")) == \
+        "http://127.0.0.1:6/api/v1"
+    with pytest.raises(KeyAPIUnreachable):
+        settings.management_api(target(base_url="http://127.0.0.1:7/api/v1/"))
     gone = target(in_inventory=False, base_url="")
     with pytest.raises(KeyAPIUnreachable, match="never to the built-in default"):
         settings.management_api(gone)
@@ -125,11 +131,14 @@ def child(name: str) -> ChildKey:
 
 def test_a_hash_a_host_names_is_used_only_when_it_is_that_hosts_key(ws: Workstation) -> None:
     t = target()
-    ours = child("handoff gen-1 generator u@127.0.0.5:2222 20261201T1000Z #abcdef")
-    assert settings.vouch(OneKey(ours), t, "h2") is ours  # type: ignore[arg-type]
+    for name in ("handoff gen-1 generator u@127.0.0.5:2222 20261201T1000Z #abcdef",  # older form
+                 "handoff:0123456789ab:gen-1", "handoff:another-ws:gen-1:B3"):
+        ours = child(name)
+        assert settings.vouch(OneKey(ours), t, "h2") is ours  # type: ignore[arg-type]
     assert settings.vouch(OneKey(None), t, "h2") is None  # type: ignore[arg-type]
     for name in ("handoff gen-2 generator u@127.0.0.5:2222 x #1", "my laptop key",
-                 "handoff gen-1 generator other@127.0.0.5:2222 x #1"):
+                 "handoff gen-1 generator other@127.0.0.5:2222 x #1", "handoff:ws:gen-2",
+                 "handoff:ws:gen-10", "handoff:ws", "handoff:ws:gen-1:B3:extra"):
         with pytest.raises(RemoteError, match="did not mint for this host"):
             settings.vouch(OneKey(child(name)), t, "h2")  # type: ignore[arg-type]
     state.record(minted_event("h2", "http://127.0.0.1:8/api/v1"))
@@ -173,6 +182,7 @@ def test_a_host_file_id_is_used_only_in_its_own_shape(tmp_path: Path, file_id: A
     assert entry.file_id == (file_id if file_id == "64768:1234" else None)
 
 
-def test_free_bytes_of_a_folder_not_made_yet(tmp_path: Path) -> None:
-    assert fetch.free_bytes(tmp_path / "a" / "b") == os.statvfs(tmp_path).f_bavail * \
-        os.statvfs(tmp_path).f_frsize
+def test_the_room_of_a_folder_not_made_yet(tmp_path: Path) -> None:
+    room = fetch.Room(tmp_path / "a" / "b", keep=0)
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    assert abs(room.free - free) < 100 << 20 and room.left == room.free  # others write too

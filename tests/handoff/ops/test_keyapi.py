@@ -66,6 +66,8 @@ def test_errors_name_the_fix_and_never_the_key(keyed_api: KeyedAPI) -> None:
     with pytest.raises(ManagementKeyRefused) as refused:
         client(keyed_api, wrong).create("x", 1, None)
     assert "fab set-key --username management-key" in str(refused.value)
+    # A 401 may mean a wrong URL as well as a wrong key: it names the URL and both ways out.
+    assert keyed_api.url in str(refused.value) and "management_api" in str(refused.value)
     with pytest.raises(NotAManagementKey) as plain:
         client(keyed_api, keyed_api.api_key).create("x", 1, None)
     assert "not a management key" in str(plain.value) and "key_mode: plain" in str(plain.value)
@@ -76,7 +78,7 @@ def test_errors_name_the_fix_and_never_the_key(keyed_api: KeyedAPI) -> None:
     with pytest.raises(KeyAPIFailed, match="503"):
         client(keyed_api).delete("h")
     keyed_api.keys.inject(MgmtFault("list", 0))  # the connection cut mid-call
-    with pytest.raises(KeyAPIUnreachable, match="check the base_url var"):
+    with pytest.raises(KeyAPIUnreachable, match="check `management_api`"):
         client(keyed_api).find("x")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -98,9 +100,22 @@ def test_time_helpers() -> None:
     assert keyapi.until(now + timedelta(hours=2, minutes=5), now) == "in 2h 5m"
     assert keyapi.until(now - timedelta(minutes=7), now) == "EXPIRED 7m ago"
     assert keyapi.until(None) == "never"
-    name = keyapi.child_name("sbx-1", "generator", "generator", "u@127.0.0.2:22", now)
-    assert name.startswith("handoff sbx-1 generator u@127.0.0.2:22 20260101T1200Z #")
-    assert name != keyapi.child_name("sbx-1", "generator", "generator", "u@127.0.0.2:22", now)
+
+
+
+def test_child_key_names_say_workstation_host_and_job_and_read_back() -> None:
+    """`handoff:<ws>:<host>[:<job>]`: what the API's own list is searched by (a cleanup with
+    an empty state dir); a label with `:` (an address spec) reads back whole."""
+    assert keyapi.child_name("0a1b2c3d4e5f", "sbx-1") == "handoff:0a1b2c3d4e5f:sbx-1"
+    assert keyapi.child_name("ws", "sbx-1", "B3") == "handoff:ws:sbx-1:B3"
+    for host, job in (("sbx-1", None), ("u@10.0.0.5:2222", "B:3"), ("a%3Ab", "j")):
+        parsed = keyapi.ChildName.parse(keyapi.child_name("ws", host, job))
+        assert parsed == keyapi.ChildName("ws", host, job)
+    older = keyapi.ChildName.parse("handoff sbx-1 generator u@127.0.0.2:22 20260101T1200Z #a1b2c3")
+    assert older == keyapi.ChildName("", "sbx-1", None, "u@127.0.0.2:22")
+    for other in ("my laptop", "handoff:", "handoff:ws", "handoff:ws::j", "handoff:a:b:c:d",
+                  "handoff sbx-1 x"):
+        assert keyapi.ChildName.parse(other) is None
 
 
 def test_the_record_beside_the_key(ws: Workstation) -> None:

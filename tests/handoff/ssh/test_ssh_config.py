@@ -106,6 +106,30 @@ def test_fallback_to_paramiko_without_the_client(home: Path, monkeypatch: pytest
     assert err.count("OpenSSH client (`ssh`) is not installed") == 1
 
 
+@pytest.mark.parametrize("name", ["i-0a1b2c;touch /tmp/x;#", "a b", "$(id)", "-oProxyCommand=x",
+                                  "a`id`", "x|y", "a\nb"])
+def test_the_fallback_refuses_a_name_a_shell_would_run(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path, name: str) -> None:
+    """Issue 31, finding 5: paramiko substitutes `%h` into ProxyCommand unquoted; a name with a
+    shell metacharacter (OpenSSH refuses those too) is refused before anything runs."""
+    from handoff.errors import TargetError
+    from handoff.ssh import connect
+    from handoff.ssh.endpoint import Endpoint
+
+    ran = tmp_path / "ran"
+    write_config(home, f'Host *\n  ProxyCommand sh -c "touch {ran}; true %h"\n')
+    monkeypatch.setattr(ssh_config, "ssh_client", lambda: None)
+    with pytest.raises(TargetError, match="refused before anything runs"):
+        ssh_config.lookup(name)
+    with pytest.raises(TargetError, match="refused before anything runs"):
+        connect._expand_proxy_command("nc %h %p", Endpoint(hostname=name, port=22, user="u"))
+    with pytest.raises(TargetError, match="user name"):
+        connect._expand_proxy_command("ssh -W %h:%p %r@jump", Endpoint(hostname="ok", port=22, user=name))
+    assert not ran.exists()
+    assert connect._expand_proxy_command("nc %h %p", Endpoint(hostname="i-0a1b2c.example", port=22,
+                                                              user="u")) == "nc i-0a1b2c.example 22"
+
+
 def test_targets_resolve_many_names_in_one_batch(home: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     write_config(home, "".join(f"Host h{i}\n  HostName 127.0.1.{i}\n" for i in range(1, 9)))

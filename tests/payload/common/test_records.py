@@ -61,3 +61,21 @@ def test_a_json_error_says_at_once() -> None:
     with pytest.raises(BadRecord) as exc:
         load_object('{"id": "x')
     assert str(exc.value) == "not JSON (Unterminated string starting at column 8)", str(exc.value)
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 64"),
+    (json.dumps({"prompt": "x", "deep": json.loads("[" * 70 + "]" * 70)}), "nested deeper than 64"),
+    ('{"id": ' + "9" * 5000 + ', "prompt": "hi"}', "an integer of 5000 digits"),
+    ('{"id": "\\ud800", "prompt": "hi"}', "lone surrogate"),
+    ('{"prompt": "hi \\udfff there"}', "lone surrogate"),
+])
+def test_hostile_lines_are_bad_records(line: str, why: str) -> None:
+    """Issue 31, finding 12: a JSON bomb, a huge integer, a lone surrogate: a BadRecord (a bad
+    line with its number), never a RecursionError, ValueError or UnicodeEncodeError."""
+    with pytest.raises(BadRecord, match=why):
+        parse_prompt(line, 1)
+
+
+def test_a_valid_surrogate_pair_is_no_bad_line() -> None:
+    assert parse_prompt('{"id": "\\ud83d\\ude00", "prompt": "hi"}', 1).key == "\U0001f600"

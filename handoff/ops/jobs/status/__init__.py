@@ -20,13 +20,14 @@ The modules, lowest first (this package's names below are its surface, what the 
 use):
 
 - `views`: a host's job as a row (`JobView`, `KeyView`), and reading them (`Watcher`);
-- `shards`: where a job's shards are (`shards_of`), its "all" row (`combined`), the
-  shards not seen (`unaccounted`);
+- `shards`: where a job's shards are (`shards_of`: from the layout this workstation
+  recorded at launch, handoff.config.shards), its "all" row (`combined`), the shards not
+  seen (`unaccounted`), where a host's job.json disagrees (`layout_notes`);
 - `tables`: the status and jobs tables, fitted to the terminal, and the notes under them;
 - `wait`: `--wait`, refreshing until no job runs.
 """
 
-from handoff.ops.jobs.status.shards import Shards, combined, shards_of, unaccounted
+from handoff.ops.jobs.status.shards import Shards, combined, layout_notes, shards_of, unaccounted
 from handoff.ops.jobs.status.tables import (
     bad_line_notes,
     breakdown_notes,
@@ -54,5 +55,5 @@ from handoff.ops.jobs.status.wait import progress_lines, watch
 
 __all__ = ["BREAKDOWNS", "COUNTS", "STATUS_FIELDS", "WITH_FAILURES", "JobView", "KeyLookup",
            "KeyView", "Shards", "Watcher", "answers", "bad_line_notes", "breakdown_notes",
-           "combined", "eta", "fitted", "jobs_table", "key_view", "money", "note",
+           "combined", "eta", "fitted", "jobs_table", "key_view", "layout_notes", "money", "note",
            "progress_lines", "shards_of", "table", "table_notes", "unaccounted", "watch"]

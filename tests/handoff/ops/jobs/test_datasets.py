@@ -101,6 +101,27 @@ def test_smoke_figures_are_parsed_and_recorded(ws: Workstation) -> None:
     assert state.load_smoke("http://x/api/v1", "m/other") is None
 
 
+def test_smoke_figures_no_answer_has_are_never_recorded_or_read(ws: Workstation) -> None:
+    """Issue 31, finding 10: `latency: 1e308`, `prompt 1e999` (infinity), a negative cost:
+    refused when saved; an entry already in smoke.json (an older version wrote it) is
+    ignored when read, with a warning, never a crash of the launch that reads it."""
+    huge = smoke.measured(smoke.parse("latency: 1e308 s\ntokens: prompt 12, completion 5\n"))
+    infinite = smoke.measured(smoke.parse("latency: 0.5 s\ntokens: prompt 1e999, completion 5\n"))
+    assert huge is not None and infinite is not None  # parsed, never an OverflowError
+    for bad in (huge, infinite, {"latency_s": 0.5, "prompt_tokens": 1, "completion_tokens": 2,
+                                 "cost": -1.0}):
+        assert state.smoke_problem(bad) is not None
+        with pytest.raises(ValueError):
+            state.save_smoke("http://x/api/v1", "m/a", bad)
+    assert not (state.state_dir() / "smoke.json").exists()
+    (state.ensure_state_dir() / "smoke.json").write_text(
+        '{"http://x/api/v1 m/a": {"latency_s": 1e308, "prompt_tokens": 1, "completion_tokens": 2}}')
+    said: list[str] = []
+    assert state.load_smoke("http://x/api/v1", "m/a", warn=said.append) is None
+    assert said and "ignored" in said[0] and "latency_s" in said[0]
+    assert estimate.Basis.of("http://x/api/v1", "m/a").describe().startswith("cost and time unknown")
+
+
 def test_estimate_from_old_answers_and_the_smoke_test(ws: Workstation, tmp_path: Path) -> None:
     path = write(tmp_path / "B3.jsonl", *[
         {"id": i, "conversations": [{"from": "human", "value": "q" * 400},

@@ -71,8 +71,10 @@ def test_push_mints_one_capped_expiring_key_per_host_and_reuses_it(
         assert k.expires_at is not None
         assert timedelta(hours=24) - timedelta(seconds=5) <= k.expires_at - before <= \
             timedelta(hours=24, seconds=5)
-    by_name = {k.name.split()[1]: k for k in live}
-    assert sorted(by_name) == ["a", "b"] and "generator" in by_name["a"].name
+    # Named so the API's own list finds them: handoff:<this workstation>:<host>.
+    by_name = {k.name.rsplit(":", 1)[1]: k for k in live}
+    assert sorted(by_name) == ["a", "b"]
+    assert by_name["a"].name == f"handoff:{state.workstation_id()}:a"
     for label in ("a", "b"):
         held = keyfile(ws, label).read_text()
         assert held == by_name[label].key  # THE child key, not the account's nor the management key
@@ -107,7 +109,7 @@ def test_a_dead_or_dying_key_is_replaced_and_the_old_one_revoked(
     assert {k.hash for k in minted.keys.live()} == set(new.values())
     assert old["a"] not in minted.keys.keys and old["b"] not in minted.keys.keys  # revoked
     text = " ".join(str(line) for r in reports for line in r.lines)
-    assert "expires" in text and "was revoked" in text and "revoked the child key" in text
+    assert "expires" in text and "was revoked" in text and "revoked its earlier child key" in text
     assert {e.key_hash for e in state.live_minted()} == set(new.values())
 
 
@@ -323,6 +325,6 @@ def test_plans_say_what_minting_does(ws: Workstation, minted: KeyedAPI) -> None:
     p = deploy.build(ws.targets("a"), verify=False, script=False, key=creds(minted))
     step = p.hosts[0].steps[-1]
     assert "mint a child key for a (limit $2.0000, expires 24 h after minting)" in step.description
-    assert f"POST {minted.url}/keys" in step.detail and "DELETE the key it replaces" in step.detail
+    assert f"POST {minted.url}/keys" in step.detail and "DELETE every earlier key" in step.detail
     assert minted.management_key not in repr(p.hosts)
     assert isinstance(Skipped("x"), str)
