@@ -39,7 +39,7 @@ from payload import atomic
 from payload.generate.journal import id_hash, leading_id, record_key
 
 BLANK, UNREADABLE = 0, 1  # hashes that are no id: a blank line (left out, not counted), an unreadable one
-INDEXED = ("output.jsonl", "output.errors.jsonl")  # the files a merge reads
+INDEXED = fetch_list.WHOLE_LINES  # the files a merge reads (fetched by whole lines)
 _HEAD = 512  # a long line's id is read from its first bytes (the payload writes `id` first)
 _STRING_ID = b'{"id":"'
 _MAGIC = b"handoff-merge-index 1\n"
