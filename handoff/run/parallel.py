@@ -3,7 +3,8 @@
 One failing host never stops the others: every exception is caught per host and
 becomes that host's error line. Each host's output is buffered and printed as one
 block when the host finishes, so lines from different hosts never interleave. A
-summary table ends every multi-host run; the caller exits non-zero if any failed.
+summary table ends every multi-host run, each failed host's error under it (said there
+only, not in the host's block too); the caller exits non-zero if any failed.
 
 The hosts run on daemon threads while the main thread only waits: Ctrl-C reaches it at
 once, every SSH connection in flight is closed (handoff.ssh.connect.abort_all) and the command
@@ -62,14 +63,17 @@ HostFn = Callable[[Target, HostReport], None]
 _print_lock = threading.Lock()
 
 
-def _print_group(report: HostReport) -> None:
-    if not report.lines and report.ok:
+def _print_group(report: HostReport, *, error: bool = True) -> None:
+    """A host's block: its heading and lines, and its error unless the summary below says it
+    (`error` False: every error is printed once)."""
+    if not report.lines and (report.ok or not error):
         return
     ep = report.target.endpoint
     items = [console.heading(f"[bold]{console.r(report.target.label)}[/] [dim]{console.r(ep)}[/]"),
              *report.lines]
     if report.error:
-        items.append(f"[bold red]✗ {console.r(report.error)}[/]")
+        items.append(f"[bold red]✗ {console.r(report.error)}[/]" if error
+                     else "[bold red]✗ failed[/] (why: under the summary below)")
     with _print_lock:
         if all(isinstance(item, str) for item in items):
             # One print for the whole group (the same lines): each print is a layout pass
@@ -104,8 +108,10 @@ def run_parallel(
             report.fail(f"{type(exc).__name__}: {exc}{where}")
         report.seconds = time.monotonic() - start
         if grouped and not stopping.is_set():
-            _print_group(report)
+            _print_group(report, error=not tabled)
         return report
+
+    tabled = summary and len(reports) > 1  # the summary's lines then say each error
 
     _run_all(reports, one, max(1, min(workers, len(reports))), stopping)
     # One host: its group already ended with its result (or its error); a table would only

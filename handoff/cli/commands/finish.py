@@ -16,14 +16,17 @@ from handoff.run.parallel import run_on_hosts
 
 
 @guarded
-def fetch(host: str | None, role: str | None, *, job: str | None = None, dest: str = "results") -> int:
+def fetch(host: str | None, role: str | None, *, job: str | None = None,
+          dest: str | None = None) -> int:
     """Pull each host's job folders (every job, or `--job`) to DEST/<host>/<job>/ (resumes
-    partial files), then merge each job's shards into DEST/<job>/ (every id once, checked)."""
+    partial files), then merge each job's shards into DEST/<job>/ (every id once, checked).
+    Without `dest`: `results/` in the project folder, wherever the command runs."""
     from functools import partial
 
+    from handoff.config import paths
     from handoff.ops import fetch as fetching
 
-    folder = Path(dest).expanduser()
+    folder = Path(dest).expanduser() if dest is not None else paths.results_dir()
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--dest {dest}: a file, not a folder; give a folder (created when "
                          f"missing), e.g. --dest results")
@@ -71,6 +74,6 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | 
             everywhere = list(load_inventory().hosts)
         except InventoryError as exc:
             console.warn(f"{exc}; checking only the hosts the ledger and the last deploy name")
-        everywhere += state.load_targets()[0]
+        everywhere += state.load_targets()
     return workflow.cleanup_secrets(wanted, lambda spec: targets_for(spec, None, quiet=True),
                                     everywhere, connect=common.CONNECT, dry_run=dry_run)

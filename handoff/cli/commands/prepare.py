@@ -63,7 +63,11 @@ def deploy(
         # Only a deploy that succeeded on every host becomes what later bare commands act on;
         # a failed one (a dead or mistyped host) leaves the remembered targets as they were.
         if code == 0:
-            state.save_targets([t.spec for t in targets], role)
+            # Per role: the extractor's host deployed alone leaves the generators remembered.
+            by_role: dict[str, list[str]] = {}
+            for t in targets:
+                by_role.setdefault(t.role.name if t.role else "", []).append(t.spec)
+            state.save_targets(by_role)
         else:
             console.note("the remembered hosts are unchanged (deploy failed on "
                          f"{', '.join(r.target.label for r in reports if not r.ok)})")

@@ -272,3 +272,18 @@ def test_a_grown_multi_host_merge_appends_only_the_new_lines(
     scanned.clear()
     assert commands.fetch("a,b", None, dest=str(dest)) == 0
     assert scanned == [5, 4] and merged.read_bytes().count(b"\n") == 8
+
+
+def test_fetch_from_a_subfolder_writes_its_default_dest_in_the_project_folder(
+        ws: Workstation, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a subfolder `fab fetch` wrote ./results there (not git-ignored) while the
+    inventory and the state dir resolve from the project folder (issue 32 #11)."""
+    from handoff.config import paths
+
+    make_job(ws, "a")
+    below = paths.project_dir() / "notebooks" / "week1"
+    below.mkdir(parents=True)
+    monkeypatch.chdir(below)
+    assert commands.fetch("a", None) == 0
+    assert (paths.project_dir() / "results" / "a" / "generator" / "output.jsonl").is_file()
+    assert not (below / "results").exists()

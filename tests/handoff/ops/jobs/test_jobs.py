@@ -322,6 +322,24 @@ def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
     assert commands.status("s", None) == 0
 
 
+def test_a_finished_job_relaunched_says_so_and_starts_no_process(
+        ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
+    """A finished job relaunched "resumed" and started a process that found nothing to do
+    (issue 32 #11): now no process starts, the launch says the job finished, exit 0."""
+    deployed(ws, "s")
+    flags = {"mode": "finish", "start_watch_s": WATCH_S}
+    given = remote_input(ws, "s")
+    assert commands.launch("s", None, local_input=None, remote_input=given, flags=flags) == 0
+    pid_file = ws.remote_dir("s") / "jobs" / "sleeper" / "pid"
+    pid, started = pid_file.read_text(), pid_file.stat().st_mtime_ns
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=None, remote_input=given, flags=flags) == 0
+    out = " ".join(capfd.readouterr().out.split())
+    assert "job sleeper: finished already (3 done, 0 failed): nothing to start" in out, out
+    assert "not started again" in out and "started sleeper" not in out, out
+    assert pid_file.read_text() == pid and pid_file.stat().st_mtime_ns == started
+
+
 def test_launch_needs_a_release_and_the_key(ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
     assert commands.launch("s", None, local_input=None, remote_input="/in.jsonl", flags={}) == 1
     assert "no release on the host; run `fab deploy --host s` first" in capfd.readouterr().out.replace("\n", " ")
