@@ -140,9 +140,9 @@ class Program(Fab):
 
     def print_version(self) -> None:
         """`handoff X` first (what a bug report needs), then Fabric's own lines."""
-        from handoff import __version__
+        import handoff
 
-        print(f"handoff {__version__}")
+        print(f"handoff {handoff.__version__}")
         super().print_version()
 
     def print_help(self) -> None:

@@ -29,11 +29,20 @@ The modules, by command group (the names below are this package's surface):
 - `finish`: fetch, cleanup-secrets.
 """
 
-from handoff.cli.commands.common import Interrupted, ask, exit_code, guarded, run_plan, targets_for
+from handoff.cli.commands.common import (
+    Interrupted,
+    ask,
+    exit_code,
+    guarded,
+    only_reading,
+    run_plan,
+    targets_for,
+)
 from handoff.cli.commands.finish import cleanup_secrets, fetch
 from handoff.cli.commands.prepare import deploy, push_key, push_script, set_key, trust_host, verify
 from handoff.cli.commands.work import forget, jobs, launch, logs, smoke_test, status, stop
 
 __all__ = ["Interrupted", "ask", "cleanup_secrets", "deploy", "exit_code", "fetch", "forget",
-           "guarded", "jobs", "launch", "logs", "push_key", "push_script", "run_plan", "set_key",
-           "smoke_test", "status", "stop", "targets_for", "trust_host", "verify"]
+           "guarded", "jobs", "launch", "logs", "only_reading", "push_key", "push_script",
+           "run_plan", "set_key", "smoke_test", "status", "stop", "targets_for", "trust_host",
+           "verify"]

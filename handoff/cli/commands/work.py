@@ -9,9 +9,18 @@ from typing import Any
 
 from handoff import console
 from handoff.cli.commands import common
-from handoff.cli.commands.common import Interrupted, ask, exit_code, guarded, run_plan, targets_for
+from handoff.cli.commands.common import (
+    Interrupted,
+    ask,
+    exit_code,
+    guarded,
+    only_reading,
+    run_plan,
+    targets_for,
+)
 from handoff.config import flags as _flag
 from handoff.errors import UsageError
+from handoff.run.parallel import HostsInterrupted
 from payload import units
 
 
@@ -21,7 +30,19 @@ def smoke_test(host: str | None, role: str | None, model: str | None = None) -> 
     from handoff.config import state
     from handoff.ops.jobs import smoke
 
-    reports = smoke.run(targets_for(host, role, {"model": model}), common.CONNECT)
+    targets = targets_for(host, role, {"model": model})
+    try:
+        reports = smoke.run(targets, common.CONNECT)
+    except HostsInterrupted as exc:
+        lines = [f"  {r.target.label}: " + ("answered (above)" if r.target.label in exc.ended and r.ok
+                                            else "failed (above)" if r.target.label in exc.ended
+                                            else "cut: its one request may have been sent (it "
+                                                 "costs one request, nothing else)")
+                 for r in exc.reports]
+        raise Interrupted("\n".join(["interrupted (Ctrl-C) during smoke-test, which changes "
+                                      "nothing on the hosts; on each host:", *lines,
+                                      "nothing was recorded for launch's estimate: `fab "
+                                      "smoke-test` again measures"])) from None
     if len(reports) > 1:  # one host: its block already shows every line the table would
         console.say(smoke.table(reports))
     for rep in reports:  # launch's estimate reads what was measured, per API and model
@@ -119,7 +140,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
                          key_lookup=settings.ManagementKeys().lookup)
     live = wait and console.console().is_terminal and not as_json
     try:
-        views = watcher.collect()
+        with only_reading("status"):
+            views = watcher.collect()
         if wait:
             try:
                 # Off a terminal (piped, logged) one line per job per refresh, so the
@@ -160,7 +182,8 @@ def jobs(host: str | None, role: str | None) -> int:
 
     watcher = st.Watcher(targets_for(host, role), None, common.CONNECT)
     try:
-        views = watcher.collect()
+        with only_reading("jobs"):
+            views = watcher.collect()
     finally:
         watcher.close()
     console.say(st.jobs_table(views))
@@ -206,7 +229,8 @@ def logs(host: str | None, role: str | None, *, job: str | None = None, follow: 
     targets = targets_for(host, role)
     if follow:
         return job_logs.follow(targets, job, count, common.CONNECT)
-    return exit_code(job_logs.tail(targets, job, count, common.CONNECT))
+    with only_reading("logs"):
+        return exit_code(job_logs.tail(targets, job, count, common.CONNECT))
 
 
 @guarded
