@@ -159,6 +159,10 @@ _STATUS: dict[str, Reader] = {
     "bad_line_samples": lambda v: _samples(v),
     "by_provider": lambda v: counts_by_name(v), "by_finish_reason": lambda v: counts_by_name(v),
     "cut": count, "timeouts": count, "think_split": count,
+    # the error mix (generator) and what an extractor reports (fab status shows them)
+    "errors_by_kind": lambda v: counts_by_name(v), "retries": count,
+    "tokens_written": count, "bytes_written": count, "estimate_bytes": count,
+    "retokenized_mismatch": count, "skipped_mismatch": count,
 }
 
 

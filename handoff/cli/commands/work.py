@@ -96,7 +96,12 @@ def launch(
             console.warn(f"{line}; {ds.check.bad_summary()}: skipped, never sent")
         else:
             console.say(line)
-    if loaded:
+    # An extractor reads features, it asks no API: its own estimate, no budget (issue 32 #9).
+    extractor = targets[0].role is not None and targets[0].role.kind == "extractor"
+    if loaded and extractor:
+        console.say(estimate.extractor_table(loaded, len(targets), note=(
+            "a relaunch extracts only the samples not written yet")))
+    elif loaded:
         rows, basis = estimate.rows_for(loaded, targets)
         # Before any host answers, every prompt counts: a relaunch asks only what is left.
         note = ("on a relaunch only the prompts not done yet are asked: "
@@ -107,7 +112,7 @@ def launch(
         for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
             console.warn(warning)
     private = launch_plan.private_of(p)
-    budget_line = launch_plan.budget_line(targets, [j.job for j in private.jobs])
+    budget_line = None if extractor else launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
         console.say(budget_line)
     # A budget limits the hosts' child keys too: the management key is read (once, on this
@@ -116,7 +121,7 @@ def launch(
     if dry_run or not loaded:
         return run_plan(p, dry_run)
     reports = plan.execute(p, connect=common.CONNECT)
-    if all(isinstance(r.data, Resumed) for r in reports):  # every host's probe answered
+    if not extractor and all(isinstance(r.data, Resumed) for r in reports):  # every probe answered
         done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
                                      sharded=shard and len(targets) > 1)
         for line in estimate.left_lines(loaded, targets, done):
@@ -158,7 +163,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
         for v in views:
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
-        console.say(st.table(views))
+        for part in st.status_parts(views):
+            console.say(part)
     if not as_json:
         for line in st.breakdown_notes(views):
             console.say(console.r(line))
@@ -167,6 +173,9 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {console.r(', '.join(bad))}")
+    if not as_json and views and all(v.job is None and v.ok for v in views):
+        console.say(f"no jobs on {console.r(', '.join(v.host for v in views))}: `fab launch "
+                    f"--input FILE` starts one")
     # A shard not seen (its host unreachable, or not asked) is never a success.
     missing = st.unaccounted(views)
     for line in missing:

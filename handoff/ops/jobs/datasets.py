@@ -46,6 +46,10 @@ class InputCheck:
     prompt_chars: int = 0  # text of the prompts (distinct ids)
     answers: int = 0  # records carrying an old answer (a trailing assistant turn)
     answer_chars: int = 0
+    # Generated answers the records carry (`response`, `reasoning`: the generator's output,
+    # an extractor's input), for the extractor's estimate.
+    responses: int = 0
+    response_chars: int = 0
 
     @property
     def prompts(self) -> int:
@@ -106,6 +110,9 @@ def check_file(path: Path) -> tuple[InputCheck, str]:
             if len(turns) > len(prompt.messages) and turns[-1].get("role") == "assistant":
                 out.answers += 1
                 out.answer_chars += _text_len(turns[-1].get("content"))
+            if isinstance(record.get("response"), str):
+                out.responses += 1
+                out.response_chars += len(record["response"]) + _text_len(record.get("reasoning"))
     return out, digest.hexdigest()
 
 

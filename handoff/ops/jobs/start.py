@@ -107,7 +107,7 @@ def _start(ctx: HostContext, step: Step) -> str:
                              f"role {role.name} launch")
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
-    meta = {"job": job, "role": role.name, "shard": shard, "hosts": p.hosts,
+    meta = {"job": job, "role": role.name, "kind": role.kind, "shard": shard, "hosts": p.hosts,
             "shard_hosts": list(p.shard_hosts), "prompts": p.prompts,
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,

@@ -22,7 +22,8 @@ use):
 - `views`: a host's job as a row (`JobView`, `KeyView`), and reading them (`Watcher`);
 - `shards`: where a job's shards are (`shards_of`), its "all" row (`combined`), the
   shards not seen (`unaccounted`);
-- `tables`: the status and jobs tables, fitted to the terminal, and the notes under them;
+- `tables`: the status tables (one per role; what does not fit a terminal goes to lines
+  under them) and the jobs table, and the notes under them;
 - `wait`: `--wait`, refreshing until no job runs.
 """
 
@@ -30,9 +31,9 @@ from handoff.ops.jobs.status.shards import Shards, combined, shards_of, unaccoun
 from handoff.ops.jobs.status.tables import (
     bad_line_notes,
     breakdown_notes,
-    fitted,
     jobs_table,
     note,
+    status_parts,
     table,
     table_notes,
 )
@@ -54,5 +55,5 @@ from handoff.ops.jobs.status.wait import progress_lines, watch
 
 __all__ = ["BREAKDOWNS", "COUNTS", "STATUS_FIELDS", "WITH_FAILURES", "JobView", "KeyLookup",
            "KeyView", "Shards", "Watcher", "answers", "bad_line_notes", "breakdown_notes",
-           "combined", "eta", "fitted", "jobs_table", "key_view", "money", "note",
-           "progress_lines", "shards_of", "table", "table_notes", "unaccounted", "watch"]
+           "combined", "eta", "jobs_table", "key_view", "money", "note", "progress_lines",
+           "shards_of", "status_parts", "table", "table_notes", "unaccounted", "watch"]
