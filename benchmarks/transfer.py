@@ -133,8 +133,10 @@ class Bench:
         self.local = self.dest / self.c.name / "generator" / "output.jsonl"
         self.merged = self.dest / "generator" / "output.jsonl"
         self.copy = work / "copy.bin"
+        # PYTHONPATH passes through: `PYTHONPATH=<another tree>` measures that tree's fab.
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-                    "TERM": "dumb", "NO_COLOR": "1", **sbx.env()}
+                    "TERM": "dumb", "NO_COLOR": "1", **sbx.env(),
+                    **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
         self.ssh = ["-F", str(sbx.ssh_config), "-o", "BatchMode=yes"]
         self.download_s: dict[str, list[float]] = {}  # fab's own download times, by case
 
