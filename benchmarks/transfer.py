@@ -139,6 +139,7 @@ class Bench:
                     **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
         self.ssh = ["-F", str(sbx.ssh_config), "-o", "BatchMode=yes"]
         self.download_s: dict[str, list[float]] = {}  # fab's own download times, by case
+        self.grown_cut = "mid"  # where the grown case's first fetch found the file: mid-line, or "line"
 
     # -- the commands ------------------------------------------------------------------------
     def sub(self, argv: list[str], **kwargs: object) -> bytes:
@@ -274,6 +275,10 @@ class Bench:
         appends (same inode, same bytes first)."""
         self.clear()
         half = self.size // 2
+        if self.grown_cut == "line":  # the first fetch found the job between two records
+            with self.remote.open("rb") as fh:
+                fh.seek(half)
+                half += len(fh.readline())
         os.truncate(self.remote, half)
         self.fab_fetch("grown: the first fetch")
         with self.upload_src.open("rb") as src, self.remote.open("ab") as out:
@@ -410,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explore", action="store_true",
                         help="also ssh cat, sftp -b, rsync, paramiko's stock SFTP")
     parser.add_argument("--write", action="store_true", help="record in BENCHMARKS.md ## Transfers")
+    parser.add_argument("--grown-cut", choices=("mid", "line"), default="mid",
+                        help="where the grown case's first fetch finds the host's file: in the "
+                             "middle of a line (a job writing its next record; default) or at "
+                             "a line's end")
     parser.add_argument("--only", default="", metavar="GROUPS",
                         help="comma-separated groups to run (fetch, resume, grown, upload, "
                              "upload resume); default all (the report needs all)")
@@ -421,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         with Sandbox(work / "sandbox", hosts=1, api=False, keyring="file") as sbx:
             bench = Bench(sbx, work, size)
+            bench.grown_cut = args.grown_cut
             cases = bench.cases(args.explore)
             if args.only:
                 wanted = {g.strip() for g in args.only.split(",")}
