@@ -46,8 +46,11 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
 
             progress.stop_all()  # cursor back, and the message below on a line of its own
             connect.abort_all()
+            # Every command's work on hosts says what a Ctrl-C there means (Interrupted); this
+            # one came outside it (reading inputs, printing): nothing more was started.
             message = exc.message if isinstance(exc, Interrupted) else (
-                "interrupted (Ctrl-C) before any host was acted on: nothing changed")
+                "interrupted (Ctrl-C) outside the hosts' work: what the lines above say was done "
+                "is done, and nothing else was started on any host")
             console.error(message)
             return 130
 
