@@ -253,10 +253,10 @@ def forget(c: Context, host: str | None = None, role: str | None = None, job: st
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE, "job": JOB,
     "dest": "local folder: DEST/<host>/<job>/ per host, DEST/<job>/output.jsonl merged "
-            "(default results)",
+            "(default: results/ in the project folder, from any folder below it)",
 })
 def fetch(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
-          dest: str = "results") -> None:
+          dest: str | None = None) -> None:
     """Pull every job's outputs back; merge each job's shards."""
     from handoff.cli import commands
 

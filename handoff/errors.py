@@ -202,3 +202,16 @@ class KeyAPIUnreachable(KeyAPIError):
 
 class KeyAPIFailed(KeyAPIError):
     """Any other failure: a 4xx we did not expect, a 5xx, an answer not in the spec's shape."""
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------------
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with a message saying what it means: per host what was done, not done, or not
+    known (and how to find out), and what to run next. Never "rerun the command" where a
+    rerun would answer "already running": the command that knows what it did says."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

@@ -42,13 +42,25 @@ from fabric import Executor as FabricExecutor
 from fabric.main import Fab
 from invoke import Argument, Call, Exit, ParseError, Task
 
-# Fabric's core flags that would configure connections handoff does not make through Fabric.
+# Fabric's and invoke's core flags that handoff's tasks refuse: they would configure
+# connections handoff does not make through Fabric, or shell commands run through invoke,
+# which no task runs (`-R/--dry` would have looked like a dry run and changed the hosts all
+# the same). Refused with what to do instead, and left out of `fab --help`.
 _IGNORED_CORE = {
     "identity": ("-i/--identity", "set `identity` in the inventory, or IdentityFile in ~/.ssh/config"),
     "ssh-config": ("-S/--ssh-config", "handoff reads ~/.ssh/config as ssh does (`ssh -G`)"),
     "connect-timeout": ("-t/--connect-timeout", "set ConnectTimeout in ~/.ssh/config"),
     "prompt-for-login-password": ("--prompt-for-login-password", "handoff logs in with keys only"),
     "prompt-for-passphrase": ("--prompt-for-passphrase", "load the key into ssh-agent (`ssh-add KEY`)"),
+    "prompt-for-sudo-password": ("--prompt-for-sudo-password", "no task runs sudo"),
+    "dry": ("-R/--dry", "the tasks that change hosts take --dry-run (e.g. fab launch --dry-run)"),
+    "echo": ("-e/--echo", "no task runs local shell commands through invoke; --dry-run shows "
+                          "what a task would run on the hosts"),
+    "pty": ("-p/--pty", "no task runs shell commands through invoke"),
+    "hide": ("--hide", "no task runs shell commands through invoke"),
+    "warn-only": ("-w/--warn-only", "no task runs shell commands through invoke"),
+    "command-timeout": ("-T/--command-timeout", "set ConnectTimeout in ~/.ssh/config, or the "
+                                                "io_timeout var for a stalled host"),
 }
 
 
@@ -125,6 +137,26 @@ class Program(Fab):
             names=("project",),
             help=f"the handoff project folder (the one with fabfile.py); default: this folder "
                  f"or the nearest above it, else ${PROJECT_ENV}")]
+
+    def print_version(self) -> None:
+        """`handoff X` first (what a bug report needs), then Fabric's own lines."""
+        import handoff
+
+        print(f"handoff {handoff.__version__}")
+        super().print_version()
+
+    def print_help(self) -> None:
+        """Fabric's help without the core flags handoff refuses (`_IGNORED_CORE`)."""
+        refused = {f for flag, _ in _IGNORED_CORE.values() for f in flag.split("/")}
+        tuples = [(name, text) for name, text in self.initial_context.help_tuples()
+                  if not refused & {part.split("=")[0].split("[")[0] for part in name.split(", ")}]
+        print(f"Usage: {self.binary} [--core-opts] task1 [--task1-opts] ... taskN [--taskN-opts]")
+        print("")
+        print("Core options (handoff's tasks: fab -l; a task's flags: fab --help TASK):")
+        print("")
+        self.print_columns(tuples)
+        if self.namespace is not None:
+            self.list_tasks()
 
     def load_collection(self) -> None:
         given = self.args["project"].value or os.environ.get(PROJECT_ENV)

@@ -6,7 +6,8 @@ The project directory is the folder holding the fabfile `fab` loaded (fabfile.py
 - `inventory/hosts.yml`: the inventory (`$HANDOFF_INVENTORY` overrides it);
 - `roles/*.yml`: local roles, which override the default roles shipped with the package
   (`handoff/data/roles/`) file by file and may add new ones;
-- `.handoff/`: the local state dir (`$HANDOFF_STATE_DIR` overrides it).
+- `.handoff/`: the local state dir (`$HANDOFF_STATE_DIR` overrides it);
+- `results/`: where `fab fetch` writes by default (`--dest` chooses another folder).
 
 So an installed handoff (pip install, no checkout) works from any project folder, and a
 checkout behaves the same as before: its root is the project directory.
@@ -43,6 +44,12 @@ def state_dir() -> Path:
     env = os.environ.get("HANDOFF_STATE_DIR")
     path = Path(env).expanduser() if env else project_dir() / ".handoff"
     return path.resolve()
+
+
+def results_dir() -> Path:
+    """`fab fetch`'s default destination: `results/` in the project folder (git-ignored), from
+    whichever folder below it the command runs, as the inventory and the state dir are."""
+    return project_dir() / "results"
 
 
 def roles_dirs() -> list[Path]:

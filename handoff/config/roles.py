@@ -184,6 +184,12 @@ class Role:
     smoke: tuple[Token, ...] = ()
     preflight: Preflight | None = None
 
+    @property
+    def kind(self) -> str:
+        """What its jobs are, for how they are shown and estimated: `extractor` when its
+        launch runs `payload extract`, else `generator` (the API's client, or a test's job)."""
+        return "extractor" if "extract" in [t for t in self.launch if isinstance(t, str)] else "generator"
+
 
 def _fail(path: Path, node: Any, key: Any, message: str) -> RoleError:
     line = line_of(node, key)

@@ -28,7 +28,7 @@ from payload import atomic
 
 __all__ = ["LedgerEntry", "SmokeFigures", "ensure_state_dir", "ledger_events", "ledger_path",
            "live_minted", "load_smoke", "load_targets", "pinned_keys_path", "placed", "record",
-           "save_smoke", "save_targets", "smoke_problem", "state_dir", "targets_saved_at",
+           "remembered", "save_smoke", "save_targets", "smoke_problem", "state_dir",
            "workstation_id", "write_pinned"]
 
 _lock = threading.Lock()  # tasks write the ledger from several host threads
@@ -77,32 +77,52 @@ def workstation_id() -> str:
 # --- current targets --------------------------------------------------------------------
 
 
-def save_targets(specs: list[str], role: str | None) -> None:
+def save_targets(by_role: dict[str, list[str]]) -> None:
+    """Remember a successful deploy's hosts per role (`{"generator": [...], ...}`): each role
+    named here gets these hosts, replacing the ones it had; the other roles keep theirs, so a
+    deploy of the extractor's host does not hide the generator fleet from a later bare
+    command."""
     with _lock:
+        roles = _remembered_roles()
+        now = time.time()
+        for role, specs in by_role.items():
+            roles[role] = {"hosts": list(specs), "time": now}
         path = ensure_state_dir() / "targets.json"
-        data = {"hosts": specs, "role": role, "time": time.time()}
-        _write_private(path, json.dumps(data, indent=2) + "\n")
+        _write_private(path, json.dumps({"roles": roles}, indent=2) + "\n")
 
 
-def load_targets() -> tuple[list[str], str | None]:
-    path = state_dir() / "targets.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        return [], None
-    hosts = [str(h) for h in data.get("hosts", [])]
-    role = data.get("role")
-    return hosts, role if isinstance(role, str) else None
-
-
-def targets_saved_at() -> float | None:
-    """When the remembered targets were saved (the last successful deploy), if known."""
+def _remembered_roles() -> dict[str, dict[str, Any]]:
+    """targets.json as {role: {"hosts", "time"}}; the older one-list form ({"hosts", "role",
+    "time"}) is read as one entry, under its role or "" (each host's own)."""
     try:
         data = json.loads((state_dir() / "targets.json").read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
-        return None
-    saved = data.get("time") if isinstance(data, dict) else None
-    return float(saved) if isinstance(saved, (int, float)) else None
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    if "roles" not in data:
+        role = data.get("role")
+        data = {"roles": {role if isinstance(role, str) else "": data}}
+    roles = data.get("roles")
+    out: dict[str, dict[str, Any]] = {}
+    for role, entry in (roles.items() if isinstance(roles, dict) else []):
+        if isinstance(role, str) and isinstance(entry, dict) and isinstance(entry.get("hosts"), list):
+            saved = entry.get("time")
+            out[role] = {"hosts": [str(h) for h in entry["hosts"]],
+                         "time": float(saved) if isinstance(saved, (int, float)) else None}
+    return out
+
+
+def remembered() -> dict[str, tuple[list[str], float | None]]:
+    """The remembered targets: per role ("" for an entry of an older handoff that named none),
+    its hosts and when they were saved; roles in name order."""
+    return {role: (entry["hosts"], entry["time"])
+            for role, entry in sorted(_remembered_roles().items())}
+
+
+def load_targets() -> list[str]:
+    """Every remembered host, whatever its role (cleanup-secrets checks them all)."""
+    return list(dict.fromkeys(h for hosts, _ in remembered().values() for h in hosts))
 
 
 # --- the ledger -------------------------------------------------------------------------

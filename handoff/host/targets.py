@@ -25,7 +25,7 @@ from handoff.config.inventory import Host, Inventory
 from handoff.config.layout import RemoteLayout
 from handoff.config.roles import Role, get_role, known_roles
 from handoff.defaults import DEFAULT_ROLE
-from handoff.errors import TargetError
+from handoff.errors import TargetError, did_you_mean
 from handoff.ssh.endpoint import Endpoint, endpoint, is_alias, parse_spec
 
 
@@ -110,9 +110,11 @@ def resolve_one(
         bare_name = "@" not in spec and ":" not in spec and "." not in spec
         if host is None and bare_name and not is_alias(spec):
             known = ", ".join(inv.hosts) or "none"
+            # A name one or two letters off an inventory host (gen1): the fix is that name.
+            close = did_you_mean(spec, inv.hosts)
             raise TargetError(
-                f"unknown host {spec!r}: not in {inv.path} (known hosts: {known}) and "
-                f"not a Host in ~/.ssh/config; use an address like user@10.0.0.5:22"
+                f"unknown host {spec!r}: not in {inv.path} (known hosts: {known}) and not a "
+                f"Host in ~/.ssh/config" + (close or "; use an address like user@10.0.0.5:22")
             )
         if host is not None:
             # The inventory knows this address: same host, same name, same vars.
@@ -132,19 +134,23 @@ def resolve(
     flags: dict[str, Any] | None = None,
 ) -> Targets:
     """The task's targets, in order, without duplicates, and why these."""
-    saved_role = None
+    # (name, the role it was remembered with: None for a name given now)
+    specs: list[tuple[str, str | None]]
     if host_flag:
-        specs = [s for s in host_flag.split(",") if s.strip()]
+        specs = [(s, None) for s in host_flag.split(",") if s.strip()]
         if not specs:
             raise TargetError("--host/-H is empty: name at least one host")
         source, why = "flag", "named with --host/-H"
     else:
-        specs, saved_role = state.load_targets()
-        source, why = "remembered", _remembered_why()
-        if role_flag and specs and saved_role not in (None, role_flag):
-            specs = []  # the last deploy was for another role: use the inventory's hosts
+        saved = state.remembered()
+        if role_flag:  # that role's last deploy (or an older handoff's, which named none)
+            saved = {r: e for r, e in saved.items() if r in (role_flag, "")}
+        specs = []
+        for role, (hosts, _) in saved.items():
+            specs += [(name, role or None) for name in hosts if name not in {n for n, _ in specs}]
+        source, why = "remembered", _remembered_why(saved)
         if not specs:
-            specs = [h.name for h in inv.hosts_for_role(role_flag)]
+            specs = [(h.name, None) for h in inv.hosts_for_role(role_flag)]
             role_note = f" with role {role_flag}" if role_flag else ""
             source, why = "inventory", f"the hosts{role_note} in {inv.path}; pass --host to choose"
     if not specs:
@@ -152,13 +158,16 @@ def resolve(
         raise TargetError(
             f"no targets: pass --host HOST, or add hosts {what}to {inv.path}"
         )
+
+    def one(spec: tuple[str, str | None]) -> Target:
+        # A remembered host acts as the role it was deployed as (as --role would).
+        return resolve_one(spec[0], inv, role_flag or spec[1], flags, spec[1])
+
     # Each name may cost a fork of `ssh -G`: resolve them side by side.
     if len(specs) > 1:
-        resolved = threads.each(specs, lambda spec: resolve_one(spec, inv, role_flag, flags,
-                                                                saved_role),
-                                workers=8, name="resolve")
+        resolved = threads.each(specs, one, workers=8, name="resolve")
     else:
-        resolved = [resolve_one(specs[0], inv, role_flag, flags, saved_role)]
+        resolved = [one(specs[0])]
     targets: list[Target] = []
     seen: set[tuple[str, int, str]] = set()
     for t in resolved:
@@ -169,7 +178,14 @@ def resolve(
     return Targets(targets, source, why)
 
 
-def _remembered_why() -> str:
-    saved = state.targets_saved_at()
-    when = time.strftime(" on %Y-%m-%d %H:%M", time.localtime(saved)) if saved else ""
-    return f"remembered from the last successful deploy{when}; pass --host to choose others"
+def _remembered_why(saved: dict[str, tuple[list[str], float | None]]) -> str:
+    """`remembered from the last successful deploy on DATE` (one role), or per role: `...
+    deploys (extractor on DATE, generator on DATE)`."""
+    def when(at: float | None) -> str:
+        return time.strftime(" on %Y-%m-%d %H:%M", time.localtime(at)) if at else ""
+
+    if len(saved) == 1:
+        [(_, at)] = saved.values()
+        return f"remembered from the last successful deploy{when(at)}; pass --host to choose others"
+    each = ", ".join(f"{role or 'each host as its own role'}{when(at)}" for role, (_, at) in saved.items())
+    return f"remembered from the last successful deploy of each role ({each}); pass --host to choose others"

@@ -14,7 +14,8 @@ download leaves what it got for the next one to resume (handoff.ops.fetch checks
 is a prefix of the host's file: a 2 MiB probe first, the whole prefix's sha256 beside the
 transfer before the rename). That is why downloads do not use payload.atomic, whose
 temp files are private to one write and removed on failure. An append-only file that
-grew since it was fetched is appended to in place.
+grew since it was fetched is appended to in place; a JSONL file the merge reads gets
+only whole lines (`WholeLines`).
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ class PrefixMismatch(Exception):
 def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: int,
              mtime: float, *, in_place: bool = False, label: str = "",
              name: str | None = None, verify: Callable[[], bool] | None = None,
-             on_written: Callable[[Path], None] | None = None) -> None:
+             on_written: Callable[[Path], None] | None = None, whole_lines: bool = False) -> None:
     """Bring `remote` (`size` bytes) to `local`, the bytes before `offset` being already
     there and their probe matching the host's (handoff.ops.fetch).
 
@@ -257,15 +258,13 @@ def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: in
     the end and then renamed to `local`: a reader never sees half a file under the final
     name, and a cut download leaves a partial file the next one resumes. The local file
     gets the remote mtime (so a later fetch can tell it is complete). `label` and `name`
-    (default: the file name) are what the progress display shows."""
+    (default: the file name) are what the progress display shows.
+
+    `whole_lines` (a JSONL file the merge reads): the bytes after the file's last newline,
+    a line the job is still writing, are not written (`WholeLines`): the copy ends with a
+    whole line, which the next fetch continues, so a copy the merge links as the merged
+    dataset (handoff.ops.merge) only ever grows by whole lines."""
     local.parent.mkdir(parents=True, exist_ok=True)
-    if in_place and local.exists() and local.stat().st_nlink > 1:
-        # `local` is also a merged dataset (handoff.ops.merge links a single host's copy kept
-        # whole): grow a private copy of it, so the merged file never holds lines it has
-        # not checked.
-        with local.open("rb") as src, partial(local).open("wb") as seeded:
-            copy_range(src, seeded, 0, offset)
-        in_place = False
     target = local if in_place else partial(local)
     with progress.meter(label, name or remote.rsplit("/", 1)[-1], size - offset, "fetch") as meter:
         # O_NOFOLLOW: a symlink planted at the name is never written through.
@@ -283,9 +282,10 @@ def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: in
             out.truncate(offset)  # what was proven, nothing after it
             out.seek(offset)
             mark = offset + WATCH_EVERY
+            write = WholeLines(out).write if whole_lines else out.write
             try:
                 for chunk in files.read_chunks(remote, offset, size):
-                    out.write(chunk)
+                    write(chunk)
                     meter.advance(len(chunk))
                     if on_written is not None and out.tell() >= mark:
                         out.flush()
@@ -305,6 +305,46 @@ def download(files: RemoteFiles, remote: str, local: Path, offset: int, size: in
             os.utime(fd, (mtime, mtime))
             if target != local:
                 os.replace(target, local)  # still locked: no other fetch touches it midway
+
+
+class WholeLines:
+    """Writes only whole lines: what follows the last newline seen is held back, written
+    with the next chunk that ends a line, and never when none does (a line still being
+    written on the host). A held-back line longer than HOLD_MAX is written anyway: a host
+    that never ends its line costs no unbounded memory (the merge then copies instead of
+    linking: handoff.ops.merge)."""
+
+    HOLD_MAX = 64 << 20
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.held = bytearray()
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        end = _line_end(chunk)
+        if end == 0 and len(self.held) + len(chunk) <= self.HOLD_MAX:
+            self.held += chunk
+            return
+        if not end:
+            end = len(chunk)
+        if self.held:
+            self.out.write(self.held)
+            self.held.clear()
+        self.out.write(chunk[:end] if end < len(chunk) else chunk)
+        self.held += chunk[end:]
+
+
+def _line_end(chunk: bytes | memoryview) -> int:
+    """Where the last line of `chunk` ends (after its last newline), 0 if none does; a
+    memoryview is searched in its last 64 KiB first (a line is rarely longer), not copied
+    whole."""
+    if isinstance(chunk, bytes):
+        return chunk.rfind(b"\n") + 1
+    tail = max(0, len(chunk) - (64 << 10))
+    found = bytes(chunk[tail:]).rfind(b"\n")
+    if found < 0 and tail:
+        found, tail = bytes(chunk[:tail]).rfind(b"\n"), 0
+    return tail + found + 1 if found >= 0 else 0
 
 
 def copy_range(src: IO[bytes], out: IO[bytes], start: int, end: int) -> None:

@@ -385,6 +385,14 @@ class StatusFile(Shape):
     cut: int | None = field(default=None, metadata=reads(count))
     timeouts: int | None = field(default=None, metadata=reads(count))
     think_split: int | None = field(default=None, metadata=reads(count))
+    # the error mix (generator) and what an extractor reports: fab status shows them
+    errors_by_kind: dict[str, int] | None = field(default=None, metadata=reads(counts_by_name))
+    retries: int | None = field(default=None, metadata=reads(count))
+    tokens_written: int | None = field(default=None, metadata=reads(count))
+    bytes_written: int | None = field(default=None, metadata=reads(count))
+    estimate_bytes: int | None = field(default=None, metadata=reads(count))
+    retokenized_mismatch: int | None = field(default=None, metadata=reads(count))
+    skipped_mismatch: int | None = field(default=None, metadata=reads(count))
 
 
 @dataclass(frozen=True)
@@ -395,6 +403,7 @@ class JobFile(Shape):
 
     job: str | None = field(default=None, metadata=reads(lambda v: text(v, MAX_NAME_CHARS)))
     role: str | None = field(default=None, metadata=reads(lambda v: text(v, MAX_NAME_CHARS)))
+    kind: str | None = field(default=None, metadata=reads(lambda v: text(v, MAX_NAME_CHARS)))
     host: str | None = field(default=None, metadata=reads(lambda v: text(v, 200)))
     shard: str | None = field(default=None, metadata=reads(_shard_text))
     hosts: int | None = field(default=None, metadata=reads(_host_count))

@@ -103,6 +103,7 @@ class Entry:
     file_id: str | None = None  # the host file's device and inode (its word: equality only)
     allocated: int | None = None  # bytes the host says it holds on disk (its word)
     fs_bytes: int | None = None  # the size of the host's filesystem holding it (its word)
+    lines_end: int | None = None  # where its last whole line ends (a file copied by whole lines)
 
 
 def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry], list[str]]:
@@ -125,9 +126,12 @@ def checked_entries(listing: Any, local_dir: Path, job: str) -> tuple[list[Entry
             refused.append(f"{shown_job}/{untrusted.visible(rel)}: no valid size in the listing")
             continue
         digest, file_id = entry.get("prefix_sha256"), entry.get("file_id")
+        lines_end = untrusted.count(entry.get("lines_end"))
         entries.append(Entry(rel, size, untrusted.number(entry.get("mtime"), minimum=0) or 0.0,
                              local, digest if isinstance(digest, str) else None,
-                             untrusted.file_id(file_id), untrusted.count(entry.get("allocated"))))
+                             untrusted.file_id(file_id), untrusted.count(entry.get("allocated")),
+                             lines_end=(lines_end if rel in merge_index.INDEXED and lines_end is not None
+                                        and lines_end <= size else None)))
     fs_bytes = untrusted.count(listing.get("fs_bytes")) if isinstance(listing, dict) else None
     entries = [dataclasses.replace(e, fs_bytes=fs_bytes) for e in entries] if fs_bytes else entries
     skipped = listing.get("skipped") if isinstance(listing, dict) else None
@@ -313,6 +317,8 @@ def plan_file(entry: Entry, local: Path, have: Have, local_hash: str | None) -> 
     rel, size, mtime = entry.rel, entry.size, entry.mtime
     which = have.prefix(rel)
     proven = which is not None and local_hash is not None and entry.prefix_sha256 == local_hash
+    if have.final is not None and have.final == entry.lines_end and proven:
+        return None  # every whole line is here: the last one is still being written there
     if have.final is not None and have.final == size and (
         size == 0
         or (append_only(rel) and proven)
@@ -493,7 +499,7 @@ def _download(s: Session, remote: str, entry: Entry, start: Start, shown: str,
         files = cast(RemoteFiles, _Watched(s.files, watch)) if watch is not None else s.files
         download(files, remote, entry.local, start.offset, entry.size, entry.mtime,
                  in_place=start.in_place, label=s.label, name=shown, verify=verify,
-                 on_written=growing)
+                 on_written=growing, whole_lines=growing is not None)
     except PrefixMismatch:
         merge_index.drop(entry.local)
         raise

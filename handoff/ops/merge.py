@@ -28,11 +28,16 @@ status.json and job.json of each copy are read with the bounded reader
 (handoff.host.untrusted): a bomb in one is that copy's note, never a traceback.
 Both files are replaced atomically (payload.atomic; a single copy kept whole is hard-linked
 instead: see `_write`), and `merge.json` records what they were merged from, so a fetch
-that brought nothing new leaves them as they are.
+that brought nothing new leaves them as they are. A merged `output.jsonl` that is its own
+file grows instead (`_grow`): while `merge.json` still describes it and its copies (how far
+each was merged, the probe of those bytes, the merged file's stamp), a merge appends only
+the lines the copies gained, reading only those; a linked copy grows with its host's copy
+(fetch appends whole lines only: handoff.host.transfer.WholeLines).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import hashlib
@@ -42,10 +47,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from handoff.config.shards import ShardLayout
 from handoff.host import untrusted
+from handoff.host.remote_code import fetch_list
 from handoff.host.transfer import copy_range
 from handoff.ops import merge_index
 from payload import atomic
@@ -159,12 +165,14 @@ class Merged:
 
 @dataclass
 class _Kept:
-    """What a merge keeps of one source file: byte ranges, each a run of whole lines."""
+    """What a merge keeps of one source file: byte ranges, each a run of whole lines, and
+    how far the file was read (`indexed`: its whole lines' end)."""
 
     path: Path
     size: int = 0
     runs: list[tuple[int, int]] = field(default_factory=list)
     lines: int = 0
+    indexed: int = 0
 
     @property
     def whole(self) -> bool:
@@ -174,9 +182,10 @@ class _Kept:
 _STRING_ID = b'{"id":"'
 
 
-def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[int], bool]) -> set[int]:
+def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[int], bool],
+             first: int = 0) -> set[int]:
     """The lines of `path` (by number) whose id `owns` says is not the host's (`owns` takes
-    the id's payload.records.shard_hash). The payload's own lines (`{"id":"…"` first) are
+    the id's payload.records.shard_hash), from line `first` on. The payload's own lines (`{"id":"…"` first) are
     hashed from their raw bytes in place; any other is read as the merge reads it."""
     out: set[int] = set()
     if not idx.starts:
@@ -184,7 +193,7 @@ def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[int], bool]) ->
     sha256, skip = hashlib.sha256, (merge_index.BLANK, merge_index.UNREADABLE)
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), idx.length, access=mmap.ACCESS_READ) as mm:
         starts, hashes, n = idx.starts, idx.hashes, len(idx.starts)
-        for i in range(n):
+        for i in range(first, n):
             if hashes[i] in skip:
                 continue
             start, end = starts[i], (starts[i + 1] if i + 1 < n else idx.length) - 1
@@ -204,11 +213,13 @@ def _foreign(path: Path, idx: merge_index.Index, owns: Callable[[int], bool]) ->
 
 
 def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None,
+          idx: merge_index.Index | None = None, first: int = 0,
           owns: Callable[[int], bool] | None = None, host: str = "") -> _Kept:
     """Which lines of `path` the merge keeps (their ids new); what it leaves out is counted
     in `merged`. The ids come from the file's index (handoff.ops.merge_index), extended
     over what is new since it was last indexed (by the fetch that wrote it, or the last
-    merge): a resumed fetch's merge reads only the bytes that came."""
+    merge): a resumed fetch's merge reads only the bytes that came. `first`: the line to
+    start from (a merge that only appends: the lines before it were merged already)."""
     kept = _Kept(path)
     try:
         kept.size = path.stat().st_size
@@ -216,24 +227,25 @@ def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None,
         return kept
     if kept.size == 0:
         return kept
-    idx = merge_index.current(path)
+    idx = idx or merge_index.current(path)
+    kept.indexed = idx.length
     if idx.length < kept.size:  # still being written when fetched: the next fetch brings it whole
         with path.open("rb") as fh:
             fh.seek(idx.length)
             if fh.read(kept.size - idx.length).strip():
                 merged.torn += 1
     hashes, starts, n = idx.hashes, idx.starts, len(idx.hashes)
-    refused = _foreign(path, idx, owns) if owns is not None else set()
+    refused = _foreign(path, idx, owns, first) if owns is not None else set()
     if refused:
         merged.foreign[host] = merged.foreign.get(host, 0) + len(refused)
-    if n and not len(seen) and not (skip is not None and len(skip)) and not refused \
+    if n and not first and not len(seen) and not (skip is not None and len(skip)) and not refused \
             and min(hashes) > merge_index.UNREADABLE and len(unique := set(hashes)) == n:
         # The usual case (the first copy, every line a new id): kept whole, no per-line work.
         seen.adopt(unique)
         kept.lines, kept.runs = n, [(0, idx.length)]
         return kept
-    run = 0  # lines [run, the current one) are kept
-    for i in range(n):
+    run = starts[first] if first < n else idx.length  # lines [run, the current one) are kept
+    for i in range(first, n):
         h = hashes[i]
         if h == merge_index.BLANK:
             pass  # a blank line: left out, not counted
@@ -257,11 +269,15 @@ def _scan(path: Path, seen: IdSet, merged: Merged, skip: IdSet | None = None,
 
 def _write(dest: Path, kept: list[_Kept]) -> None:
     """`dest` replaced atomically by the kept lines. A single source kept whole (one host's
-    finished job: the usual case) is hard-linked, not copied: 1 GB costs nothing more. The
-    fetch that later appends to that host's copy grows a private copy first
-    (transfer.download), so the merged file never changes under its name."""
+    job: the usual case) is hard-linked, not copied: 1 GB costs nothing more. The fetch
+    that later appends to that host's copy appends whole lines only (transfer.WholeLines),
+    which the merged file then holds too until this merge checks them: kept whole, the link
+    stays; a line left out, this merge writes the merged file on its own."""
     sources = [k for k in kept if k.runs]
     if len(sources) == 1 and sources[0].whole:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(sources[0].path, dest):
+                return  # linked already (and rename() of one file onto itself does nothing)
         tmp = atomic.temp_name(dest)
         try:
             os.link(sources[0].path, tmp)
@@ -314,10 +330,18 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
         merged.unchanged = True
         return merged
     answered = IdSet()
-    kept = [_scan(c.folder / OUTPUT, answered, merged, owns=owners.get(c.host), host=c.host)
-            for c in copies]
-    merged.answers = sum(k.lines for k in kept)
-    _write(folder / OUTPUT, kept)
+    # Only lines new since the last merge are read, when it was judged by the same layout.
+    last = (before.get("output") if isinstance(before, dict) and before.get("layout") == layout_seen
+            else None)
+    grown = _grow(folder / OUTPUT, copies, last, answered, merged, owners)
+    if grown is None:
+        merged.foreign = {}
+        kept = [_scan(c.folder / OUTPUT, answered, merged, owns=owners.get(c.host), host=c.host)
+                for c in copies]
+        merged.answers = sum(k.lines for k in kept)
+        _write(folder / OUTPUT, kept)
+        grown = kept
+    output = _record(folder / OUTPUT, copies, grown, merged)
     failed = IdSet()
     kept = [_scan(c.folder / ERRORS, failed, merged, skip=answered, owns=owners.get(c.host),
                   host=c.host) for c in copies]
@@ -325,9 +349,90 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
     _write(folder / ERRORS, kept)
     atomic.write_json(manifest, {"job": job, "sources": sources, "answers": merged.answers,
                                  "failures": merged.failures, "duplicates": merged.duplicates,
-                                 "foreign": merged.foreign, "layout": layout_seen},
+                                 "foreign": merged.foreign, "layout": layout_seen,
+                                 "output": output},
                       durable=False)
     return merged
+
+
+def _record(path: Path, copies: list[ShardCopy], kept: list[_Kept], merged: Merged) -> dict[str, Any]:
+    """What a later merge needs to append only the lines new since this one (`_grow`): the
+    merged output.jsonl as written (its stamp), per source how far it was read (its whole
+    lines' end) and the probe of those bytes, and the output side's counts so far."""
+    return {"hosts": [c.host for c in copies], "merged": merge_index.stamp(str(path)),
+            "lengths": {c.host: k.indexed for c, k in zip(copies, kept, strict=True)},
+            "probes": {c.host: fetch_list.probe_sha256(str(k.path), k.indexed) if k.indexed
+                       else None for c, k in zip(copies, kept, strict=True)},
+            "answers": merged.answers, "duplicates": merged.duplicates,
+            "unreadable": merged.unreadable, "foreign": dict(merged.foreign)}
+
+
+def _whole(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _grow(path: Path, copies: list[ShardCopy], record: Any, seen: IdSet, merged: Merged,
+          owners: dict[str, Callable[[int], bool] | None]) -> list[_Kept] | None:
+    """Append to the merged `path` only the lines its sources gained since the last merge,
+    when that merge's `record` (`_record`) still describes them: the same hosts in the same
+    order, the merged file untouched since it was written and its own file (no source's
+    link), each source's merged bytes unchanged (their probe). The ids merged already come
+    from the sources' indexes (into `seen`); the new lines are scanned and kept as a whole
+    merge would keep them. None, with nothing changed: the record does not hold, and the
+    caller merges everything again."""
+    if not isinstance(record, dict) or record.get("hosts") != [c.host for c in copies]:
+        return None
+    lengths, probes = record.get("lengths"), record.get("probes")
+    answers, duplicates, unreadable = (record.get(k) for k in ("answers", "duplicates", "unreadable"))
+    foreign = record.get("foreign", {})
+    if not isinstance(lengths, dict) or not isinstance(probes, dict) or not (
+            _whole(answers) and _whole(duplicates) and _whole(unreadable)) or not (
+            isinstance(foreign, dict) and all(_whole(v) for v in foreign.values())):
+        return None
+    try:
+        written = merge_index.stamp(str(path))
+    except OSError:
+        return None
+    if written != record.get("merged"):
+        return None
+    plans: list[tuple[Path, merge_index.Index | None, int]] = []
+    for c in copies:
+        source, length = c.folder / OUTPUT, lengths.get(c.host)
+        if not _whole(length):
+            return None
+        try:
+            st = source.stat()
+        except FileNotFoundError:
+            if length:
+                return None
+            plans.append((source, None, 0))
+            continue
+        if [st.st_dev, st.st_ino] == written[2:]:
+            return None  # the merged file is this source's link: appending would change it
+        if length and fetch_list.probe_sha256(str(source), length) != probes.get(c.host):
+            return None
+        idx = merge_index.current(source)
+        first = bisect.bisect_left(idx.starts, length)
+        if (idx.starts[first] if first < len(idx.starts) else idx.length) != length:
+            return None  # not where a line starts: not what the last merge read
+        plans.append((source, idx, first))
+    seen.adopt({h for _, idx, first in plans if idx is not None for h in idx.hashes[:first]}
+               - {merge_index.BLANK, merge_index.UNREADABLE})
+    merged.answers, merged.duplicates, merged.unreadable = answers, duplicates, unreadable
+    merged.foreign = {str(k): v for k, v in foreign.items()}
+    kept = [_scan(source, seen, merged, idx=idx, first=first, owns=owners.get(c.host), host=c.host)
+            if idx is not None else _Kept(source)
+            for c, (source, idx, first) in zip(copies, plans, strict=True)]
+    with path.open("r+b") as out:
+        out.seek(written[0])
+        out.truncate()  # nothing after what the record describes (it held, by its stamp)
+        for k in kept:
+            if k.runs:
+                with k.path.open("rb") as src:
+                    for start, end in k.runs:
+                        copy_range(src, out, start, end)
+    merged.answers += sum(k.lines for k in kept)
+    return kept
 
 
 def _expectations(merged: Merged, copies: list[ShardCopy], layout: ShardLayout | None) -> None:

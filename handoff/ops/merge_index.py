@@ -39,7 +39,7 @@ from payload import atomic
 from payload.generate.journal import id_hash, leading_id, record_key
 
 BLANK, UNREADABLE = 0, 1  # hashes that are no id: a blank line (left out, not counted), an unreadable one
-INDEXED = ("output.jsonl", "output.errors.jsonl")  # the files a merge reads
+INDEXED = fetch_list.WHOLE_LINES  # the files a merge reads (fetched by whole lines)
 _HEAD = 512  # a long line's id is read from its first bytes (the payload writes `id` first)
 # A line whose id is not in its first bytes is parsed whole, up to this size: a longer one
 # (no payload writes one: a host's bytes) is unreadable, never a multi-GB parse.

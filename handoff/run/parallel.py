@@ -3,7 +3,8 @@
 One failing host never stops the others: every exception is caught per host and
 becomes that host's error line. Each host's output is buffered and printed as one
 block when the host finishes, so lines from different hosts never interleave. A
-summary table ends every multi-host run; the caller exits non-zero if any failed.
+summary table ends every multi-host run, each failed host's error under it (said there
+only, not in the host's block too); the caller exits non-zero if any failed.
 
 The hosts run on daemon threads while the main thread only waits: Ctrl-C reaches it at
 once, every SSH connection in flight is closed (handoff.ssh.connect.abort_all) and the command
@@ -20,13 +21,32 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from handoff import console, threads
-from handoff.errors import HandoffError
+from handoff.errors import HandoffError, Interrupted
 from handoff.host.session import Connector, Session
 from handoff.host.targets import Target
 from handoff.ssh import connect
 
 MAX_WORKERS = 32
 T = TypeVar("T")
+
+
+class HostsInterrupted(Interrupted):
+    """Ctrl-C during a run over hosts: each host's report as far as it got, and `ended`, the
+    hosts whose work had ended (done or failed) before it. Its message says per host which
+    ended and which were cut mid-way; a command that knows what "mid-way" means for its work
+    (a launch's start, a fetch's part file) catches it and says that instead."""
+
+    def __init__(self, title: str, reports: list[HostReport], ended: set[str]) -> None:
+        self.reports = reports
+        self.ended = ended
+        lines = [f"interrupted (Ctrl-C) during {title}; on each host:"]
+        for rep in reports:
+            label = rep.target.label
+            lines.append(f"  {label}: " + (("ended: " + ("ok" if rep.ok else f"failed: {rep.reason}"))
+                                           if label in ended else
+                                           "cut mid-way: what it was doing may or may not have "
+                                           "happened"))
+        super().__init__("\n".join(lines))
 
 
 @dataclass
@@ -56,20 +76,30 @@ class HostReport:
         self.ok = False
         self.error = message
 
+    @property
+    def reason(self) -> str:
+        """The error without the host's name in front (messages name their host first)."""
+        error = self.error or "failed"
+        label = self.target.label
+        return error[len(label) + 2:] if error.startswith(f"{label}: ") else error
+
 
 HostFn = Callable[[Target, HostReport], None]
 
 _print_lock = threading.Lock()
 
 
-def _print_group(report: HostReport) -> None:
-    if not report.lines and report.ok:
+def _print_group(report: HostReport, *, error: bool = True) -> None:
+    """A host's block: its heading and lines, and its error unless the summary below says it
+    (`error` False: every error is printed once)."""
+    if not report.lines and (report.ok or not error):
         return
     ep = report.target.endpoint
     items = [console.heading(f"[bold]{console.r(report.target.label)}[/] [dim]{console.r(ep)}[/]"),
              *report.lines]
     if report.error:
-        items.append(f"[bold red]✗ {console.r(report.error)}[/]")
+        items.append(f"[bold red]✗ {console.r(report.error)}[/]" if error
+                     else "[bold red]✗ failed[/] (why: under the summary below)")
     with _print_lock:
         if all(isinstance(item, str) for item in items):
             # One print for the whole group (the same lines): each print is a layout pass
@@ -104,10 +134,12 @@ def run_parallel(
             report.fail(f"{type(exc).__name__}: {exc}{where}")
         report.seconds = time.monotonic() - start
         if grouped and not stopping.is_set():
-            _print_group(report)
+            _print_group(report, error=not tabled)
         return report
 
-    _run_all(reports, one, max(1, min(workers, len(reports))), stopping)
+    tabled = summary and len(reports) > 1  # the summary's lines then say each error
+
+    _run_all(reports, one, max(1, min(workers, len(reports))), stopping, title)
     # One host: its group already ended with its result (or its error); a table would only
     # say it again.
     if summary and len(reports) > 1:
@@ -116,20 +148,27 @@ def run_parallel(
 
 
 def _run_all(reports: list[HostReport], one: Callable[[HostReport], HostReport],
-             workers: int, stopping: threading.Event) -> None:
+             workers: int, stopping: threading.Event, title: str) -> None:
     """`one(report)` for every report on at most `workers` daemon threads (handoff.threads):
     the main thread waits in short steps so that Ctrl-C interrupts it at once. On Ctrl-C the
-    hosts not done are marked interrupted and every connection is closed before
-    KeyboardInterrupt goes on."""
+    hosts not done are marked interrupted and every connection is closed, then
+    HostsInterrupted says which hosts had ended."""
+
+    ended: set[str] = set()
 
     def interrupted(done: set[int]) -> None:
         stopping.set()
         for i, report in enumerate(reports):
             if i not in done:
                 report.fail("interrupted")
+            else:
+                ended.add(report.target.label)
         connect.abort_all()
 
-    threads.each(reports, one, workers=workers, name="host", on_interrupt=interrupted)
+    try:
+        threads.each(reports, one, workers=workers, name="host", on_interrupt=interrupted)
+    except KeyboardInterrupt:
+        raise HostsInterrupted(title, reports, ended) from None
 
 
 def run_on_hosts(

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from handoff import console
-from handoff.errors import HandoffError
+from handoff.errors import HandoffError, Interrupted
 from handoff.host.facts import Facts
 from handoff.host.session import Connector, Session
 from handoff.host.ssh_session import SSHSession
 from handoff.host.targets import Target
-from handoff.run.parallel import HostReport, run_parallel
+from handoff.run.parallel import MAX_WORKERS, HostReport, HostsInterrupted, run_parallel
 
 
 class Skipped(str):
@@ -66,6 +66,9 @@ class Step:
     params: object = field(default=None, compare=False)
     run: Handler = field(default=_unset, compare=False, repr=False)
     changes: bool = True  # may change the host: waits for the plan's pending private values
+    # How to find out whether it happened, when Ctrl-C cut it mid-way ("`fab status --host
+    # H --job J` tells"); default: a rerun's checks find out.
+    check: str = ""
 
     def args(self, kind: type[T]) -> T:
         """The step's params, typed."""
@@ -90,6 +93,10 @@ class Plan:
     pending: dict[str, str] = field(default_factory=dict)
     # No host changes anything unless every host passed its read-only steps (see Gate).
     all_or_nothing: bool = False
+    # What to do after a Ctrl-C, given how far each host got (`interrupted`); default: a
+    # rerun is safe (every step checks first and skips what is done).
+    next_after_interrupt: Callable[[dict[str, HostProgress]], str] | None = field(
+        default=None, repr=False)
 
     def for_host(self, label: str) -> list[Step]:
         for hp in self.hosts:
@@ -126,6 +133,47 @@ class Gate:
                 if failed:
                     self._failed.append(label)
                 self._cond.notify_all()
+
+
+@dataclass
+class HostProgress:
+    """How far one host's plan got, for what a Ctrl-C means there (`interrupted`)."""
+
+    connected: bool = False
+    acted: list[tuple[Step, str]] = field(default_factory=list)  # changing steps done, with outcomes
+    current: Step | None = None  # the step running now (or, failed, the one that raised)
+    ended: bool = False  # its plan had ended (done, or failed) before the Ctrl-C
+    failed: bool = False
+    error: str | None = None  # why it failed (the summary that would say it is not printed)
+
+    def started(self, action: str) -> bool:
+        """Did a step of this kind act here, or may it have (cut mid-way)?"""
+        return any(step.action == action for step, _ in self.acted) or (
+            self.current is not None and self.current.action == action)
+
+
+def interrupted(plan: Plan, progress: dict[str, HostProgress]) -> str:
+    """What a Ctrl-C during `plan` means, per host: what was done, what was in progress (not
+    known whether it happened, and how to find out), or that nothing changed; then what to
+    do next (the plan's own `next_after_interrupt`, else: a rerun is safe)."""
+    lines = [f"interrupted (Ctrl-C) during {plan.title}; on each host:"]
+    for hp in plan.hosts:
+        label = hp.target.label
+        pr = progress.get(label) or HostProgress()
+        parts = [f"done: {'; '.join(outcome for _, outcome in pr.acted)}"] if pr.acted else []
+        step = None if pr.ended else pr.current  # an ended host's last step ran to its end
+        if step is not None and step.changes:
+            parts.append(f"cut while it ran `{step.description}`: not known whether that "
+                         f"happened; {step.check or 'a rerun checks first and finds out'}")
+        if pr.ended and pr.failed:
+            parts.append(("then " if pr.acted else "nothing changed: ")
+                         + f"it failed before the Ctrl-C: {pr.error or 'see above'}")
+        if not parts:
+            parts.append("nothing changed" + ("" if pr.connected else " (not connected yet)"))
+        lines.append(f"  {label}: " + "; ".join(parts))
+    advice = plan.next_after_interrupt(progress) if plan.next_after_interrupt else (
+        "rerunning the command is safe: each step checks what is already done and skips it")
+    return "\n".join([*lines, advice])
 
 
 @dataclass
@@ -196,13 +244,19 @@ def render(plan: Plan) -> None:
         ))
 
 
-def run_steps(ctx: HostContext, steps: list[Step]) -> None:
-    """One host's steps in order; the report logs each outcome and ends with a summary."""
+def run_steps(ctx: HostContext, steps: list[Step], progress: HostProgress | None = None) -> None:
+    """One host's steps in order; the report logs each outcome and ends with a summary.
+    `progress` follows them (what a Ctrl-C means here)."""
     changed = []
+    progress = progress or HostProgress()
     for step in steps:
         if step.changes:
             ctx.ready()
+        progress.current = step
         outcome = step.run(ctx, step)
+        if step.changes and not isinstance(outcome, Skipped):
+            progress.acted.append((step, outcome))
+        progress.current = None
         ctx.results[step.action] = outcome
         mark = "[dim]=[/]" if isinstance(outcome, Skipped) else "[green]✓[/]"
         ctx.report.log(f"  {mark} {console.r(outcome)}")
@@ -217,19 +271,30 @@ def execute(plan: Plan, *, connect: Connector = SSHSession,
     """Run `plan` on its hosts in parallel, each through a session from `connect`."""
     steps_by_label = {hp.target.label: hp.steps for hp in plan.hosts}
     gate = Gate(list(steps_by_label)) if plan.all_or_nothing else None
+    progress = {label: HostProgress() for label in steps_by_label}
 
     def run_host(target: Target, report: HostReport) -> None:
         failed = True
+        mine = progress[target.label]
         try:
             with connect(target) as session:
-                run_steps(HostContext(session, report, plan, gate=gate), steps_by_label[target.label])
+                mine.connected = True
+                run_steps(HostContext(session, report, plan, gate=gate), steps_by_label[target.label],
+                          mine)
             failed = False
         finally:
+            mine.failed = failed
             if gate is not None:
                 gate.leave(target.label, failed)
 
     targets = [hp.target for hp in plan.hosts]
     # Behind a gate every host must be able to arrive at once: one thread per host.
-    if gate is not None and targets:
-        return run_parallel(targets, run_host, title=title or plan.title, workers=len(targets))
-    return run_parallel(targets, run_host, title=title or plan.title)
+    workers = len(targets) if gate is not None and targets else MAX_WORKERS
+    try:
+        return run_parallel(targets, run_host, title=title or plan.title, workers=workers)
+    except HostsInterrupted as exc:
+        for rep in exc.reports:
+            if rep.target.label in exc.ended:  # ended before the Ctrl-C: nothing of it was cut
+                progress[rep.target.label].ended = True
+                progress[rep.target.label].error = rep.reason
+        raise Interrupted(interrupted(plan, progress)) from None

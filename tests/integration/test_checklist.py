@@ -61,7 +61,10 @@ def test_whole_checklist_on_three_hosts(sandbox, fab, tmp_path: Path) -> None:
 
     r = fab("smoke-test")  # no --host: the targets of the last deploy
     assert r.rc == 0, explain(r)
-    assert "served by" in r.out and "left" in r.out  # provider and key credit per host
+    assert "provider (model)" in r.out and "left" in r.out  # provider and key credit per host
+    # Each host's figures once (issue 32 #11): in the table; its block holds only the rest.
+    assert "served by:" not in r.out and "latency:" not in r.out, explain(r)
+    assert r.out.count("answer:") == 3 and r.out.count("prices:") == 3, explain(r)
 
     r = fab("launch", "--input", str(PROMPTS))
     assert r.rc == 0, explain(r)

@@ -12,6 +12,7 @@ command's instant failure with its log.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -69,6 +70,31 @@ def test_preflight_waits_for_payload_and_input_then_launch_shards(sandbox, fab, 
     r = fab.on(sandbox, "launch", "--host", names, "--input", str(gen), env=env)
     assert r.rc != 0, explain(r)
     assert "exited right after start" in r.out + r.err and "torch" in r.out + r.err, explain(r)
+    # An extractor's own estimate (issue 32 #9): samples and tokens, nothing of an API.
+    said = " ".join(r.out.split())
+    assert "over 2 host(s), extractor (features of the target model; no API, no dollars)" in said
+    assert "requests in flight" not in said and "prices" not in said and "budget" not in said
+    assert "│ extractor │ 4 " in r.out and "hidden size" in said, explain(r)
+    # Its status: tokens/s, GB written, mismatches; no dollars, no key columns. (Each host's
+    # status file as an extractor that got going writes it: a sharded job none of whose
+    # shards wrote one is issue 32 #2's crash of the `all` row, fixed apart.)
+    for c in hosts:
+        status_file = remote_dir(c) / "jobs" / "extractor" / "status.json"
+        status_file.write_text(json.dumps({
+            "state": "aborted", "done": 1, "failed": 0, "total": 2, "tokens_per_s": 812.0,
+            "rate_rps": 0.5, "cost": 0.0, "bytes_written": 1_250_000_000, "tokens_written": 64,
+            "retokenized_mismatch": 1}))
+        os.chmod(status_file, 0o644)  # root's file, readable by the container's user
+    st = fab.on(sandbox, "status", "--host", names, "--job", "extractor", env=env)
+    head = next((line for line in st.out.splitlines() if "done/fail/total" in line), "")
+    assert "tok/s" in head and "GB written" in head and "mismatches" in head, explain(st)
+    assert "$" not in st.out and "key" not in head, explain(st)
+    row = next(line for line in st.out.splitlines() if line.startswith(f"│ {hosts[0].name} "))
+    assert "│ 1/0/2 " in row and "│ 812 " in row and "│ 1.25 " in row and "│ 1 " in row, explain(st)
+    records = [json.loads(line) for line in fab.on(sandbox, "status", "--host", names, "--job",
+                                                    "extractor", "--json", env=env).out.splitlines()]
+    assert [rec["role"] for rec in records] == ["extractor", "extractor"], records
+    assert {"bytes_written", "retokenized_mismatch", "tokens_written"} <= set(records[0])
     for i, c in enumerate(hosts):
         jd = remote_dir(c) / "jobs" / "extractor"
         meta = json.loads((jd / "job.json").read_text())

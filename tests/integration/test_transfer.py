@@ -62,7 +62,8 @@ def test_a_cut_fetch_resumes_moving_only_the_rest(make_sandbox, fab, tmp_path: P
 
     r = fab.on(sbx, "fetch", "--dest", str(dest))
     assert r.rc == 0 and "1 file(s) fetched (1 resumed" in r.out, explain(r)
-    assert local.read_bytes() == data and not part.exists()
+    # Whole lines only: the last line, cut (a job writing it), waits for a later fetch.
+    assert local.read_bytes() == whole_lines(data) and not part.exists()
     # The server read only the rest for the resumed fetch (its last open of the file).
     assert bytes_read(sbx.sftp_log(c.name), "output.jsonl")[-1] == len(data) - have
     # Progress, as plain lines (not a terminal): the start, and the end with size and rate.
@@ -197,7 +198,7 @@ def test_a_resumed_fetch_moves_only_the_rest_and_merges_it(make_sandbox, fab, tm
     assert "not resumed" not in r.out, explain(r)
     assert bytes_read(sbx.sftp_log(c.name), "output.jsonl") == [len(data) - HALF]  # nothing else
     local = dest / c.name / "generator" / "output.jsonl"
-    assert local.read_bytes() == data and not part.exists()
+    assert local.read_bytes() == whole_lines(data) and not part.exists()
     merged = dest / "generator" / "output.jsonl"
     assert merged.read_bytes() == whole_lines(data)  # the last line is cut: left out
     lines = data.count(b"\n")
@@ -216,7 +217,7 @@ def test_a_prefix_that_differs_at_its_end_is_fetched_whole(make_sandbox, fab, tm
     text = " ".join(r.out.split())
     assert r.rc == 0 and "not resumed" in text and "probe sha256" in text, explain(r)
     assert bytes_read(sbx.sftp_log(c.name), "output.jsonl") == [len(data)]
-    assert (dest / c.name / "generator" / "output.jsonl").read_bytes() == data
+    assert (dest / c.name / "generator" / "output.jsonl").read_bytes() == whole_lines(data)
     assert (dest / "generator" / "output.jsonl").read_bytes() == whole_lines(data)
 
 
@@ -235,7 +236,7 @@ def test_a_prefix_that_differs_in_its_middle_is_caught_before_the_rename(
     text = " ".join(r.out.split())
     assert r.rc == 0 and "not resumed" in text and "whole-prefix sha256" in text, explain(r)
     assert bytes_read(sbx.sftp_log(c.name), "output.jsonl") == [len(data) - HALF, len(data)]
-    assert (dest / c.name / "generator" / "output.jsonl").read_bytes() == data
+    assert (dest / c.name / "generator" / "output.jsonl").read_bytes() == whole_lines(data)
     assert (dest / "generator" / "output.jsonl").read_bytes() == whole_lines(data)
 
 
@@ -302,3 +303,34 @@ def test_an_upload_part_that_is_not_the_files_prefix_is_uploaded_whole(
                                    remote_probe=lambda path, n: _probe_sha256(s, path, n))
         assert resumed == 0 and len(notes) == 1 and said in notes[0], notes
         assert final.read_bytes() == data and not part.exists()
+
+
+def test_a_grown_host_file_moves_only_its_new_bytes_and_merges_only_its_new_lines(
+        make_sandbox, fab, tmp_path: Path) -> None:
+    """Fetching a running job again (issue 32 #10): the SFTP server reads only what the file
+    grew by (from the copy's last whole line on), no prefix is hashed whole (the copy is the
+    one this workstation wrote from that host file), the host's copy grows in place and the
+    merged file, its link, with it; a fetch with nothing new moves nothing."""
+    sbx = make_sandbox(hosts=1, api=False, keyring="file", sftp_log=True)
+    c = sbx.containers[0]
+    data = make_output(c, 2 * HALF + 12345)
+    host_file = remote_dir(c) / "jobs" / "generator" / "output.jsonl"
+    os.truncate(host_file, HALF)  # the job had written half, its last line cut
+    dest = tmp_path / "results"
+    local, merged = dest / c.name / "generator" / "output.jsonl", dest / "generator" / "output.jsonl"
+    r = fab.on(sbx, "fetch", "--dest", str(dest))
+    assert r.rc == 0 and local.read_bytes() == whole_lines(data[:HALF]), explain(r)
+    inode, have = local.stat().st_ino, local.stat().st_size
+
+    with host_file.open("ab") as fh:  # the job goes on, appending to the same file
+        fh.write(data[HALF:])
+    r = fab.on(sbx, "fetch", "--dest", str(dest))
+    assert r.rc == 0 and "1 file(s) fetched (1 resumed" in r.out, explain(r)
+    reads = bytes_read(sbx.sftp_log(c.name), "output.jsonl")
+    assert reads[-1] == len(data) - have, reads  # the new bytes only
+    assert local.stat().st_ino == inode and local.read_bytes() == whole_lines(data)
+    assert os.path.samefile(local, merged)  # the merged file grew with it: no copy
+    assert "not resumed" not in r.out, explain(r)
+
+    r = fab.on(sbx, "fetch", "--dest", str(dest))
+    assert r.rc == 0 and "0 file(s) fetched" in r.out, explain(r)  # the last line is still cut

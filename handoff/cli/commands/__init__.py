@@ -31,12 +31,21 @@ The modules, by command group (the names below are this package's surface):
 - `report`: report (the pages from the fetched files, `--watch` live from the hosts).
 """
 
-from handoff.cli.commands.common import Interrupted, ask, exit_code, guarded, run_plan, targets_for
+from handoff.cli.commands.common import (
+    Interrupted,
+    ask,
+    exit_code,
+    guarded,
+    only_reading,
+    run_plan,
+    targets_for,
+)
 from handoff.cli.commands.finish import cleanup_secrets, fetch
 from handoff.cli.commands.prepare import deploy, push_key, push_script, set_key, trust_host, verify
 from handoff.cli.commands.report import report
 from handoff.cli.commands.work import forget, jobs, launch, logs, smoke_test, status, stop
 
 __all__ = ["Interrupted", "ask", "cleanup_secrets", "deploy", "exit_code", "fetch", "forget",
-           "guarded", "jobs", "launch", "logs", "push_key", "push_script", "report", "run_plan", "set_key",
-           "smoke_test", "status", "stop", "targets_for", "trust_host", "verify"]
+           "guarded", "jobs", "launch", "logs", "only_reading", "push_key", "push_script",
+           "report", "run_plan", "set_key", "smoke_test", "status", "stop", "targets_for",
+           "trust_host", "verify"]

@@ -10,31 +10,24 @@ roles, hosts), 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from handoff import console
 from handoff.config.inventory import load_inventory
-from handoff.errors import HandoffError
+from handoff.errors import HandoffError, Interrupted
 from handoff.host.session import Connector
 from handoff.host.ssh_session import SSHSession
 from handoff.host.targets import Targets, resolve
 from handoff.run import plan
-from handoff.run.parallel import HostReport
+from handoff.run.parallel import HostReport, HostsInterrupted
 from handoff.ssh import connect
 
 # How commands reach a host, read at each call (`common.CONNECT`): tests point it at
 # handoff.testing.local.LocalSession.
 CONNECT: Connector = SSHSession
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C with a message saying what it means for the hosts (e.g. the job runs on)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
@@ -53,15 +46,34 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
 
             progress.stop_all()  # cursor back, and the message below on a line of its own
             connect.abort_all()
+            # Every command's work on hosts says what a Ctrl-C there means (Interrupted); this
+            # one came outside it (reading inputs, printing): nothing more was started.
             message = exc.message if isinstance(exc, Interrupted) else (
-                "interrupted: what a host was doing may be half done; rerun the command (each "
-                "step is safe to repeat)")
+                "interrupted (Ctrl-C) outside the hosts' work: what the lines above say was done "
+                "is done, and nothing else was started on any host")
             console.error(message)
             return 130
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper
+
+
+@contextlib.contextmanager
+def only_reading(command: str, hosts: str = "") -> Iterator[None]:
+    """A Ctrl-C during a command that only reads the hosts (status, logs, jobs) says so: per
+    host nothing changed, nothing to redo (an Interrupted raised inside, e.g. `status
+    --wait`'s own, goes on as it is)."""
+    try:
+        yield
+    except HostsInterrupted as exc:
+        raise Interrupted(f"interrupted (Ctrl-C): `fab {command}` only reads the hosts; nothing "
+                          f"was changed on {', '.join(r.target.label for r in exc.reports)}") from None
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted (Ctrl-C): `fab {command}` only reads the hosts; nothing "
+                          f"was changed{' on ' + hosts if hosts else ''}") from None
 
 
 def targets_for(host: str | None, role: str | None, values: dict[str, Any] | None = None,

@@ -11,7 +11,7 @@ from handoff import console
 from handoff.cli.commands import common
 from handoff.cli.commands.common import exit_code, guarded, run_plan, targets_for
 from handoff.defaults import API_KEY_USERNAME, SECRET_SERVICE
-from handoff.errors import HandoffError, SecretError, UsageError
+from handoff.errors import HandoffError, Interrupted, SecretError, UsageError
 from handoff.run import plan
 
 
@@ -63,7 +63,11 @@ def deploy(
         # Only a deploy that succeeded on every host becomes what later bare commands act on;
         # a failed one (a dead or mistyped host) leaves the remembered targets as they were.
         if code == 0:
-            state.save_targets([t.spec for t in targets], role)
+            # Per role: the extractor's host deployed alone leaves the generators remembered.
+            by_role: dict[str, list[str]] = {}
+            for t in targets:
+                by_role.setdefault(t.role.name if t.role else "", []).append(t.spec)
+            state.save_targets(by_role)
         else:
             console.note("the remembered hosts are unchanged (deploy failed on "
                          f"{', '.join(r.target.label for r in reports if not r.ok)})")
@@ -93,20 +97,31 @@ def set_key(service: str = SECRET_SERVICE, username: str = API_KEY_USERNAME) -> 
 
     from handoff.config import os_keyring
 
-    if sys.stdin.isatty():
-        try:
-            key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
-        except EOFError:  # Ctrl-D at the prompt: nothing typed, never a traceback
-            print(file=sys.stderr)
-            key = ""
-    else:
-        key = sys.stdin.readline()
+    try:
+        if sys.stdin.isatty():
+            try:
+                key = getpass.getpass(f"API key for {service}/{username} (hidden): ")
+            except EOFError:  # Ctrl-D at the prompt: nothing typed, never a traceback
+                print(file=sys.stderr)
+                key = ""
+        else:
+            key = sys.stdin.readline()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted (Ctrl-C) before a key was given: nothing was stored; "
+                          f"the keyring's {service}/{username} is as it was (no host is "
+                          f"touched by set-key)") from None
     key = key.strip()
     if not key:
         raise UsageError("empty key; nothing stored")
     if not key.startswith("sk-"):
         console.warn("that does not look like an OpenRouter key (sk-or-…); storing it anyway")
-    where = os_keyring.store_key(key, service, username)
+    try:
+        where = os_keyring.store_key(key, service, username)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted (Ctrl-C) while storing the key: not known whether the "
+                          f"keyring's {service}/{username} holds the new key or the old one; "
+                          f"run `fab set-key` again (it replaces the entry); no host is touched "
+                          f"by set-key") from None
     console.say(f"stored key {os_keyring.fingerprint(key)} in {console.r(where)} as "
                 f"{console.r(service)}/{console.r(username)}")
     return 0
@@ -120,11 +135,20 @@ def trust_host(host: str | None = None, role: str | None = None, yes: bool = Fal
     from handoff.ops import trust
 
     failed = 0
-    for t in targets_for(host, role):
+    targets = targets_for(host, role)
+    done: list[str] = []
+    for i, t in enumerate(targets):
         try:
             trusted = trust.trust(t, yes, replace, known_hosts)
         except HandoffError as exc:
             console.error(str(exc))
             trusted = False
+        except KeyboardInterrupt:
+            rest = [x.label for x in targets[i:]]
+            raise Interrupted(
+                f"interrupted (Ctrl-C): nothing pinned for {', '.join(rest)}"
+                + (f"; {', '.join(done)} done as said above" if done else "")
+                + f"; `fab trust-host --host {','.join(rest)}` asks again") from None
+        done.append(t.label)
         failed += not trusted
     return 1 if failed else 0

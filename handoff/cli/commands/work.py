@@ -9,9 +9,18 @@ from typing import Any
 
 from handoff import console
 from handoff.cli.commands import common
-from handoff.cli.commands.common import Interrupted, ask, exit_code, guarded, run_plan, targets_for
+from handoff.cli.commands.common import (
+    Interrupted,
+    ask,
+    exit_code,
+    guarded,
+    only_reading,
+    run_plan,
+    targets_for,
+)
 from handoff.config import flags as _flag
 from handoff.errors import UsageError
+from handoff.run.parallel import HostsInterrupted
 from payload import units
 
 
@@ -21,7 +30,19 @@ def smoke_test(host: str | None, role: str | None, model: str | None = None) -> 
     from handoff.config import state
     from handoff.ops.jobs import smoke
 
-    reports = smoke.run(targets_for(host, role, {"model": model}), common.CONNECT)
+    targets = targets_for(host, role, {"model": model})
+    try:
+        reports = smoke.run(targets, common.CONNECT)
+    except HostsInterrupted as exc:
+        lines = [f"  {r.target.label}: " + ("answered (above)" if r.target.label in exc.ended and r.ok
+                                            else "failed (above)" if r.target.label in exc.ended
+                                            else "cut: its one request may have been sent (it "
+                                                 "costs one request, nothing else)")
+                 for r in exc.reports]
+        raise Interrupted("\n".join(["interrupted (Ctrl-C) during smoke-test, which changes "
+                                      "nothing on the hosts; on each host:", *lines,
+                                      "nothing was recorded for launch's estimate: `fab "
+                                      "smoke-test` again measures"])) from None
     if len(reports) > 1:  # one host: its block already shows every line the table would
         console.say(smoke.table(reports))
     for rep in reports:  # launch's estimate reads what was measured, per API and model
@@ -78,7 +99,12 @@ def launch(
             console.warn(f"{line}; {ds.check.bad_summary()}: skipped, never sent")
         else:
             console.say(line)
-    if loaded:
+    # An extractor reads features, it asks no API: its own estimate, no budget (issue 32 #9).
+    extractor = targets[0].role is not None and targets[0].role.kind == "extractor"
+    if loaded and extractor:
+        console.say(estimate.extractor_table(loaded, len(targets), note=(
+            "a relaunch extracts only the samples not written yet")))
+    elif loaded:
         rows, basis = estimate.rows_for(loaded, targets)
         # Before any host answers, every prompt counts: a relaunch asks only what is left.
         note = ("on a relaunch only the prompts not done yet are asked: "
@@ -89,7 +115,7 @@ def launch(
         for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
             console.warn(warning)
     private = launch_plan.private_of(p)
-    budget_line = launch_plan.budget_line(targets, [j.job for j in private.jobs])
+    budget_line = None if extractor else launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
         console.say(budget_line)
     # A budget limits the hosts' child keys too: the management key is read (once, on this
@@ -104,7 +130,7 @@ def launch(
     for j in private.jobs:
         if j.job in started:
             shard_layouts.record(j.job, launch_plan.launch_of(j, targets, sharded))
-    if loaded and all(isinstance(r.data, Resumed) for r in reports):  # every probe answered
+    if loaded and not extractor and all(isinstance(r.data, Resumed) for r in reports):  # every probe answered
         done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
                                      sharded=shard and len(targets) > 1)
         for line in estimate.left_lines(loaded, targets, done):
@@ -128,7 +154,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
                          key_lookup=settings.ManagementKeys().lookup)
     live = wait and console.console().is_terminal and not as_json
     try:
-        views = watcher.collect()
+        with only_reading("status"):
+            views = watcher.collect()
         if wait:
             try:
                 # Off a terminal (piped, logged) one line per job per refresh, so the
@@ -145,7 +172,8 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
         for v in views:
             print(json.dumps(v.record(), sort_keys=True))
     elif not live:  # the live display leaves its last frame on screen: no second table
-        console.say(st.table(views))
+        for part in st.status_parts(views):
+            console.say(part)
     if not as_json:
         for line in st.breakdown_notes(views):
             console.say(console.r(line))
@@ -154,6 +182,9 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
     bad = [f"{v.host}/{v.job}" if v.job else v.host for v in views if not v.ok]
     if bad and not as_json:
         console.say(f"not running or finished: {console.r(', '.join(bad))}")
+    if not as_json and views and all(v.job is None and v.ok for v in views):
+        console.say(f"no jobs on {console.r(', '.join(v.host for v in views))}: `fab launch "
+                    f"--input FILE` starts one")
     # A shard not seen (its host unreachable, or not asked) is never a success.
     missing = st.unaccounted(views)
     for line in missing:
@@ -169,7 +200,8 @@ def jobs(host: str | None, role: str | None) -> int:
 
     watcher = st.Watcher(targets_for(host, role), None, common.CONNECT)
     try:
-        views = watcher.collect()
+        with only_reading("jobs"):
+            views = watcher.collect()
     finally:
         watcher.close()
     console.say(st.jobs_table(views))
@@ -215,7 +247,8 @@ def logs(host: str | None, role: str | None, *, job: str | None = None, follow: 
     targets = targets_for(host, role)
     if follow:
         return job_logs.follow(targets, job, count, common.CONNECT)
-    return exit_code(job_logs.tail(targets, job, count, common.CONNECT))
+    with only_reading("logs"):
+        return exit_code(job_logs.tail(targets, job, count, common.CONNECT))
 
 
 @guarded

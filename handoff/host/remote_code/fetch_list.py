@@ -3,7 +3,9 @@
 Lists every regular file under `job_dir` (sorted, relative paths) except the pid and
 temp files being written. Nothing is followed: a symlink (to a file or a folder), a
 device, a fifo or a socket is never listed as a file but reported in `skipped` with its
-kind, so a link to the key file is never read (the workstation names what it skipped). For each file the workstation already holds part of (`local`:
+kind, so a link to the key file is never read (the workstation names what it skipped). For `output.jsonl` and `output.errors.jsonl`, which the workstation copies by whole
+lines, `lines_end` says where the last whole line ends. For each file the workstation
+already holds part of (`local`:
 relative path -> local size N), it returns `prefix_sha256`, the sha256 of the *probe* of
 the host file's first N bytes (`probe_sha256`: the whole N bytes when N <= 2 MiB, else
 their first and last MiB): cheap on both sides whatever N, and it catches a file that was
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 TMP_MARK = ".tmp"  # payload.atomic's temp names (`.NAME.tmp-…`) and upload temps
+# The files the merge reads (handoff.ops.merge_index.INDEXED): fetched by whole lines, so
+# the listing says where each one's last whole line ends (`lines_end`).
+WHOLE_LINES = ("output.jsonl", "output.errors.jsonl")
+LINES_END_SEARCH = 64 << 20  # how far back from the end a newline is looked for
 PROBE = 1 << 20  # bytes hashed at each end of a prefix (handoff.ops.fetch.probe_ranges: the same)
 
 
@@ -81,6 +87,22 @@ def hashes(a: dict[str, Any]) -> dict[str, Any]:
         except (OSError, ValueError):
             out[path] = None
     return {"sha256": out}
+
+
+def lines_end(path: str, size: int) -> int:
+    """Where the last whole line of a file of `size` bytes ends (after its last newline): 0
+    when it holds none; `size` when none is found in its last LINES_END_SEARCH bytes (such a
+    line is fetched as it is: handoff.host.transfer.WholeLines)."""
+    end = size
+    with open(path, "rb") as fh:
+        while end > 0 and size - end < LINES_END_SEARCH:
+            start = max(0, end - (64 << 10))
+            fh.seek(start)
+            found = fh.read(end - start).rfind(b"\n")
+            if found >= 0:
+                return start + found + 1
+            end = start
+    return 0 if end == 0 else size
 
 
 def file_id(st: os.stat_result) -> str:
@@ -146,6 +168,11 @@ def listing(a: dict[str, Any]) -> dict[str, Any]:
                 continue
             entry: dict[str, Any] = {"rel": rel, "size": st.st_size, "mtime": st.st_mtime,
                                      "file_id": file_id(st), "allocated": st.st_blocks * 512}
+            if rel in WHOLE_LINES:
+                try:
+                    entry["lines_end"] = lines_end(path, st.st_size)
+                except OSError:
+                    pass
             have = local.get(rel)
             if have is not None and 0 < have <= st.st_size:
                 digest = probe_sha256(path, have)

@@ -30,6 +30,15 @@ one round trip including the check that follows it.
   `metrics.jsonl` gained since (`fab report --watch`: one round trip a refresh), at most
   METRICS_BYTES for all jobs together: a first read (or one that fell behind) takes the
   file's end.
+
+With `latency` (`fab status`), `state` and `list` add each job's `latency`: a histogram of
+its answers' `latency_s` (`{"bins": {i: n}, "n": answers}`, bin i holding the latencies
+nearest LATENCY_RATIO**i seconds, so 1% off at most), read from `output.jsonl`
+incrementally: `.latency.tmp-cache` in the job folder keeps the histogram and how far the
+file was read (its device:inode and the offset after its last whole line), so a status reads
+only the lines written since the last one (the first one of a 1 GB output: ~0.5 s). A
+record's `latency_s` is its top-level one, which the payload writes just before `attempts`
+(`--turns all`: the turns' own come earlier in the line, the record's sum last).
 """
 
 from __future__ import annotations
@@ -48,6 +57,10 @@ if TYPE_CHECKING:
 START_WATCH_S = 1.0  # how long a fresh start is watched for an instant crash
 LOG_TAIL_LINES = 15
 METRICS_BYTES = 2 << 20  # metrics.jsonl text per answer, all jobs together
+LATENCY_RATIO = 1.02  # a histogram bin's width: latencies within 1% of its value
+LATENCY_RANGE = (1e-3, 1e5)  # seconds; outside: counted in the first or last bin
+LATENCY_CACHE = ".latency.tmp-cache"  # a temp name: fetch never lists it
+_LATENCY = b'"latency_s":'
 
 
 def expand(path: str) -> str:
@@ -108,8 +121,79 @@ def host_keys(a: dict[str, Any]) -> dict[str, Any]:
             "records": {p: load_json(expand(p)) for p in a.get("records", [])}}
 
 
+def latency_bin(seconds: float) -> int:
+    import math
+
+    low, high = LATENCY_RANGE
+    return round(math.log(min(max(seconds, low), high)) / math.log(LATENCY_RATIO))
+
+
+def latency(job_dir: str) -> dict[str, Any] | None:
+    """The histogram of the answers' latency_s in the job's output.jsonl, brought up to date
+    from where the cache left off (see the module's docstring); None without an output."""
+    import mmap
+    import re
+
+    path = os.path.join(job_dir, "output.jsonl")
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    file = f"{st.st_dev}:{st.st_ino}"
+    cached = load_json(os.path.join(job_dir, LATENCY_CACHE))
+    bins: dict[str, int] = {}
+    offset = n = 0
+    if (isinstance(cached, dict) and cached.get("file") == file and isinstance(cached.get("bins"), dict)
+            and isinstance(cached.get("offset"), int) and 0 <= cached["offset"] <= st.st_size):
+        bins, offset, n = cached["bins"], cached["offset"], int(cached.get("n") or 0)
+    if st.st_size > offset:
+        pattern = re.compile(rb'"latency_s":\s*(-?[0-9][0-9.eE+-]*)\s*,\s*"attempts":')
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), st.st_size, access=mmap.ACCESS_READ) as mm:
+            pos, find, rfind, match = offset, mm.find, mm.rfind, pattern.match
+            while True:
+                end = find(b"\n", pos)
+                if end < 0:
+                    break  # a line still being written: read when it is whole
+                i = rfind(_LATENCY, pos, end)
+                while i >= 0:
+                    m = match(mm, i)
+                    if m is not None:
+                        try:
+                            key = str(latency_bin(float(m.group(1))))
+                        except ValueError:
+                            break
+                        bins[key] = bins.get(key, 0) + 1
+                        n += 1
+                        break
+                    i = rfind(_LATENCY, pos, i)
+                pos = end + 1
+        if pos != offset:
+            offset = pos
+            tmp = os.path.join(job_dir, f"{LATENCY_CACHE}-{os.getpid()}")
+            try:
+                old = os.umask(0o077)
+                try:
+                    with open(tmp, "w") as out:
+                        out.write(json.dumps({"file": file, "offset": offset, "n": n, "bins": bins}))
+                finally:
+                    os.umask(old)
+                os.replace(tmp, os.path.join(job_dir, LATENCY_CACHE))
+            except OSError:  # a full disk: the next status reads these lines again
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+    return {"bins": bins, "n": n}
+
+
+def with_latency(current: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
+    if a.get("latency"):
+        current["latency"] = latency(current["job_dir"])
+    return current
+
+
 def state(a: dict[str, Any]) -> dict[str, Any]:
-    return {**job_state(expand(a["job_dir"])), **host_keys(a)}
+    return {**with_latency(job_state(expand(a["job_dir"])), a), **host_keys(a)}
 
 
 def job_names(jobs_dir: str) -> list[str]:
@@ -145,7 +229,7 @@ def metrics_since(job_dir: str, start: int | None, budget: int) -> dict[str, Any
 def list_jobs(a: dict[str, Any]) -> dict[str, Any]:
     jobs_dir = expand(a["jobs_dir"])
     names = job_names(jobs_dir)
-    jobs = {name: job_state(os.path.join(jobs_dir, name)) for name in names}
+    jobs = {name: with_latency(job_state(os.path.join(jobs_dir, name)), a) for name in names}
     offsets = a.get("metrics")
     if isinstance(offsets, dict):
         budget = METRICS_BYTES // max(1, len(names))

@@ -50,6 +50,10 @@ class InputCheck:
     # over several hosts: the workstation's own count of what each shard must hold
     # (handoff.config.shards), never a host's word.
     per_shard: list[int] = field(default_factory=list)
+    # Generated answers the records carry (`response`, `reasoning`: the generator's output,
+    # an extractor's input), for the extractor's estimate.
+    responses: int = 0
+    response_chars: int = 0
 
     @property
     def prompts(self) -> int:
@@ -113,6 +117,9 @@ def check_file(path: Path, shards: int = 1) -> tuple[InputCheck, str]:
             if len(turns) > len(prompt.messages) and turns[-1].get("role") == "assistant":
                 out.answers += 1
                 out.answer_chars += _text_len(turns[-1].get("content"))
+            if isinstance(record.get("response"), str):
+                out.responses += 1
+                out.response_chars += len(record["response"]) + _text_len(record.get("reasoning"))
     return out, digest.hexdigest()
 
 

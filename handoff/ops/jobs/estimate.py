@@ -247,6 +247,31 @@ def left_lines(datasets: list[Dataset], targets: list[Target],
     return lines
 
 
+def extractor_table(datasets: list[Dataset], hosts: int, note: str = "") -> Any:
+    """An extractor's estimate: what it reads, not what it asks (no API, no dollars): per
+    dataset its samples and their tokens (prompt and generated answer, ~4 characters each),
+    each host's share of them, and how the features' size follows from them."""
+    rows = []
+    for ds in datasets:
+        c = ds.check
+        tokens = (c.prompt_chars + c.response_chars) / CHARS_PER_TOKEN
+        rows.append([console.r(ds.job), str(c.prompts), str(c.bad) if c.bad else "-",
+                     str(c.responses) if c.responses < c.prompts else "all",
+                     _tokens(tokens), _tokens(tokens / max(1, hosts))])
+    t = console.table(f"estimate: {len(datasets)} dataset(s) over {hosts} host(s), extractor "
+                      f"(features of the target model; no API, no dollars)",
+                      ["job", "samples", "bad lines", "with an answer", "tokens", "per host"], rows)
+    caption = (f"tokens at ~{CHARS_PER_TOKEN:g} characters each (the model's tokenizer decides); "
+               f"the features are those tokens x the target's hidden size x 4 states (3 aux "
+               f"layers and the last) at the feature dtype's bytes (bf16: 2): the payload's "
+               f"preflight on each host reads the model's config and refuses a disk that "
+               f"cannot hold them (`fab verify --role extractor` runs it alone)")
+    if note:
+        caption += "; " + note
+    t.caption = console.r(caption)
+    return t
+
+
 def table(rows: list[Row], basis: Basis, hosts: int, concurrency: int, note: str = "") -> Any:
     """The estimate table; `note` ends its caption (what a relaunch changes)."""
     def money(x: float | None) -> str:

@@ -37,6 +37,7 @@ the launch's surface (`__all__`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from handoff.config import flags, shards
@@ -65,7 +66,7 @@ from handoff.ops.jobs.upload import (
     private_of,
     push_step,
 )
-from handoff.run.plan import HostPlan, Plan, Step
+from handoff.run.plan import HostPlan, HostProgress, Plan, Step
 
 
 def budget_text(share: float) -> str:
@@ -163,7 +164,7 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                 StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"],
                          tuple(t.label for t in targets),
                          j.dataset.check.prompts if j.dataset is not None else None),
-                run=_start))
+                run=_start, check=f"`fab status {target.flags(j.job)}` tells whether it runs"))
         steps.append(Step(
             "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
                           f"second later (or finished: nothing left to do)",
@@ -171,9 +172,39 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
             f"job's state and, for one that exited, its log's tail", "after the starts",
             CheckJobs([j.job for j in jobs], start_watch(target)), run=_check, changes=False))
         result.hosts.append(HostPlan(target, steps))
+    result.next_after_interrupt = functools.partial(after_interrupt, [j.job for j in jobs])
     return result
 
 
-__all__ = ["LaunchJob", "LaunchPrivate", "budget_line", "budget_text", "identity_problem",
-           "input_file", "job_budget", "jobs_of", "launch_of", "load_datasets", "plan", "private_of",
+def after_interrupt(jobs: list[str], progress: dict[str, HostProgress]) -> str:
+    """What to do after a Ctrl-C cut a launch. Before any start: rerun it. Once a job started
+    (or may have) somewhere: never "rerun the launch", which would answer "already running"
+    there and, all or nothing, start nothing anywhere; status shows where it runs, and a stop
+    then a launch starts it everywhere (each host resumes where it was)."""
+    started = [label for label, pr in progress.items() if pr.started("start-job")]
+    if not started:
+        return ("no job was started on any host: the launch can be rerun as it is (an input "
+                "already pushed is skipped, a cut upload resumes)")
+    names = ", ".join(jobs)
+    flag = f" --job {jobs[0]}" if len(jobs) == 1 else ""
+    every = len(started) == len(progress) and all(
+        pr.current is None or pr.current.action != "start-job" for pr in progress.values())
+    if every:
+        return (f"{'each of ' if len(jobs) > 1 else ''}job{'s' if len(jobs) > 1 else ''} "
+                f"{names} runs on every host: nothing to redo; do not rerun the launch (it would "
+                f"answer 'already running'); `fab status{flag}` watches it")
+    rest = [label for label in progress if label not in started]
+    line = (f"job{'s' if len(jobs) > 1 else ''} {names} started (or may have) on "
+            f"{', '.join(started)}: do not rerun this launch as it is (where a job runs it "
+            f"answers 'already running', and then starts nothing anywhere); `fab "
+            f"status{flag}` shows where it runs")
+    line += (f"; to start it where it does not run{' (' + ', '.join(rest) + ')' if rest else ''}, "
+             f"stop it where it runs (`fab stop{flag}`: it stays resumable), then launch again: "
+             f"every host resumes where it was")
+    return line
+
+
+__all__ = ["LaunchJob", "LaunchPrivate", "after_interrupt", "budget_line", "budget_text",
+           "identity_problem", "input_file", "job_budget", "jobs_of", "launch_of", "load_datasets",
+           "plan", "private_of",
            "sampling", "sampling_text", "ssh_command", "start_watch"]

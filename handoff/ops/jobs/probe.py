@@ -57,18 +57,25 @@ def _probe(ctx: HostContext, step: Step) -> str:
             problems.append(problem)
     if problems:
         raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
-    # "job B3: new" rather than the state's own word for a job never launched ("none").
-    states = ", ".join(f"job {j.job}: " + ("new" if host_jobs.get(j.job).state == "none" else
-                                          f"was {host_jobs.get(j.job).state}, resumes") for j in jobs)
+    shard = step.args(ProbeJobs).shard
+    found = resumed(host_jobs, [j.job for j in jobs], shard)
+
+    def said(job: str) -> str:
+        # "job B3: new" rather than the state's own word for a job never launched ("none").
+        current = host_jobs.get(job)
+        if job in found.finished:
+            return f"job {job}: {found.finished[job]}: nothing to start"
+        return f"job {job}: " + ("new" if current.state == "none" else f"was {current.state}, resumes")
+
+    states = ", ".join(said(j.job) for j in jobs)
     # A job resumed over another set of hosts gets another share of the ids: say so (ids
     # another host already did may be asked again here; the merge keeps each id once).
-    shard = step.args(ProbeJobs).shard
     moved = []
     for j in jobs:
         meta = host_jobs.get(j.job).meta
         if meta is not None and meta.get("shard") != shard:
             moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now {shard or 'all'}")
-    ctx.report.data = resumed(host_jobs, [j.job for j in jobs], shard)
+    ctx.report.data = found
     note = f" (resharded: {'; '.join(moved)})" if moved else ""
     return Skipped(f"release {'and key ' if role and role.secret else ''}in place, "
                    f"{units.size(facts.disk_free)} free; {states}{note}")
@@ -85,6 +92,9 @@ class Resumed:
     recorded: dict[str, int | None] = field(default_factory=dict)
     # The jobs this launch started here (start-job): the command records their layout.
     started: list[str] = field(default_factory=list)
+    # Jobs that finished here with this very shard and input: every id is recorded, so
+    # starting one again would only find nothing to do. What it finished with, said.
+    finished: dict[str, str] = field(default_factory=dict)
 
 
 def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:
@@ -99,7 +109,13 @@ def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:
             found.recorded[job] = None
             continue
         st = current.status or {}
-        found.recorded[job] = (count(st.get("done")) or 0) + (count(st.get("failed")) or 0)
+        done, failed = count(st.get("done")) or 0, count(st.get("failed")) or 0
+        found.recorded[job] = done + failed
+        if current.state == "finished":
+            found.finished[job] = (f"finished already ({done} done, {failed} failed"
+                                   + (", more than --max-failed allows: they are in "
+                                      "output.errors.jsonl" if current.with_failures else "")
+                                   + ")")
     return found
 
 

@@ -6,6 +6,7 @@ run's cost and time from it."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from handoff.ops.jobs.state import job_vars, require_deployed
 from handoff.run.parallel import HostReport, run_on_hosts
 
 FIELDS = ("model", "served by", "latency", "tokens", "cost", "prices", "key", "smoke", "finish")
+# What the table of several hosts shows: their blocks leave these lines out (said once).
+IN_TABLE = ("model", "served by", "latency", "tokens", "cost", "key", "smoke")
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 
 
@@ -95,8 +98,9 @@ def tokens_cell(text: str | None) -> str:
     return f"prompt {prompt:.0f}, reasoning {reasoning:.0f}, content {content:.0f}"
 
 
-def smoke(s: Session, report: HostReport) -> None:
-    """Run the role's smoke command on one host; its fields go to the report's `Smoked`."""
+def smoke(s: Session, report: HostReport, *, in_table: bool = False) -> None:
+    """Run the role's smoke command on one host; its fields go to the report's `Smoked`.
+    `in_table`: a table of every host follows, so the host's block leaves out what it shows."""
     role = s.target.role
     if role is None or not role.smoke:
         raise UsageError(f"{s.label}: role {role.name if role else None!r} has no smoke command")
@@ -108,6 +112,8 @@ def smoke(s: Session, report: HostReport) -> None:
     tail = (res.err.strip().splitlines() or res.out.strip().splitlines() or ["no output"])[-1]
     for line in (res.out + res.err).strip().splitlines():
         if res.rc == 0 or line != tail:  # the failure is said once, with its fix, below
+            if in_table and res.rc == 0 and line.partition(":")[0].strip() in IN_TABLE:
+                continue
             report.log(f"  {console.r(line)}")
     if res.rc != 0:
         reason = tail.removeprefix("smoke: FAILED: ")
@@ -142,7 +148,10 @@ class Smoked:
 
 
 def run(targets: list[Target], connect: Connector) -> list[HostReport]:
-    return run_on_hosts(targets, smoke, connect=connect, title="smoke-test", summary=False)
+    """Every host's smoke test; with several, their figures go to one table (`table`) and
+    each host's block holds only the rest (finish reason, answer, reasoning, prices)."""
+    one = functools.partial(smoke, in_table=len(targets) > 1)
+    return run_on_hosts(targets, one, connect=connect, title="smoke-test", summary=False)
 
 
 def table(reports: list[HostReport]) -> Any:

@@ -92,6 +92,12 @@ def _start(ctx: HostContext, step: Step) -> str:
     assert role is not None  # plan() refused targets without a launch command
     p = step.args(StartJob)
     job, shard = p.job, p.shard
+    finished = ctx.report.data_as(Resumed).finished.get(job)
+    if finished is not None:
+        # Every id of this shard is recorded: a process would start, find nothing to do and
+        # end. None is started (`fab fetch` brings the outputs; `--job NAME` runs it anew).
+        return Skipped(f"job {job} {finished}: not started again (fab fetch brings its "
+                       f"outputs; another --job runs the input anew)")
     jobs = ctx.private_as(LaunchPrivate).jobs
     j = next(j for j in jobs if j.job == job)
     input_path = s.abs(j.input_path)
@@ -101,7 +107,7 @@ def _start(ctx: HostContext, step: Step) -> str:
                              f"role {role.name} launch")
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
-    meta = {"job": job, "role": role.name, "shard": shard, "hosts": p.hosts,
+    meta = {"job": job, "role": role.name, "kind": role.kind, "shard": shard, "hosts": p.hosts,
             "shard_hosts": list(p.shard_hosts), "prompts": p.prompts,
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
@@ -123,7 +129,11 @@ def _check(ctx: HostContext, step: Step) -> str:
     """Each job started a second ago: still running, finished (nothing to do), or dead."""
     s = ctx.session
     p = step.args(CheckJobs)
-    names = list(p.jobs)
+    finished = ctx.report.data_as(Resumed).finished
+    names = [name for name in p.jobs if name not in finished]
+    if not names:  # nothing was started: nothing to watch
+        ctx.report.summary = "; ".join(f"{name} {why}" for name, why in finished.items())
+        return Skipped("no job started: " + ctx.report.summary)
     answer: dict[str, Any] = s.run_code(remote_code.JOBS, {"op": "check", "jobs_dir": s.layout.jobs,
                                                            "jobs": names,
                                                            "watch_s": p.watch_s},
@@ -142,5 +152,6 @@ def _check(ctx: HostContext, step: Step) -> str:
                         f"{' / '.join(tail) or f'nothing in {current.job_dir}/log'}")
     if dead:
         raise RemoteError(f"{s.label}: " + "; ".join(dead))
+    parts += [f"{name} {why}, not started" for name, why in finished.items()]
     ctx.report.summary = "job " + "; ".join(parts)
     return Skipped(", ".join(parts))

@@ -22,6 +22,7 @@ from handoff.console import has_control, visible
 from handoff.errors import NotDeployed, RemoteError, UsageError, did_you_mean
 from handoff.host import keyrecord, remote_code, untrusted
 from handoff.host.facts import KEY_FILE, Facts
+from handoff.host.remote_code import jobs as job_code
 from handoff.host.session import Session
 from handoff.host.targets import Target
 
@@ -62,6 +63,9 @@ class JobState:
     keys: dict[str, bool] = field(default_factory=dict)  # key file -> still present
     records: dict[str, Any] = field(default_factory=dict)  # minted key record path -> JSON
     problems: list[str] = field(default_factory=list)  # what the host answered wrong
+    # The answers' latency_s as a histogram (bin -> answers: remote_code.jobs.latency), when
+    # asked (`fab status`) and the job has an output.
+    latency: dict[int, int] | None = None
 
     @classmethod
     def from_json(cls, raw: Any) -> JobState:
@@ -72,12 +76,13 @@ class JobState:
         status, status_problems = untrusted.status(raw.get("status"))
         meta, meta_problems = untrusted.meta(raw.get("meta"))
         keys, records = raw.get("keys"), raw.get("records")
+        latency, latency_problems = _latency(raw.get("latency"))
         return cls(untrusted.text(raw.get("job_dir")) or "", status, meta,
                    untrusted.count(raw.get("pid")) or None, raw.get("alive") is True,
                    {str(k): v is True for k, v in keys.items()} if isinstance(keys, dict) else {},
                    {str(k): v for k, v in records.items() if isinstance(v, dict)}
                    if isinstance(records, dict) else {},
-                   status_problems + meta_problems)
+                   status_problems + meta_problems + latency_problems, latency)
 
     @property
     def name(self) -> str:
@@ -127,6 +132,49 @@ class JobState:
         return None
 
 
+# The histogram's bins a host may name: its range (remote_code.jobs.LATENCY_RANGE) in bins.
+LATENCY_BINS = range(job_code.latency_bin(job_code.LATENCY_RANGE[0]),
+                     job_code.latency_bin(job_code.LATENCY_RANGE[1]) + 1)
+
+
+def _latency(raw: Any) -> tuple[dict[int, int] | None, list[str]]:
+    """The host's latency histogram, checked: bins in range, counts whole numbers >= 0; else
+    none, and the problem named (the host's word, like the status file)."""
+    if raw is None:
+        return None, []
+    bins = raw.get("bins") if isinstance(raw, dict) else None
+    bad = (None, ["the latency histogram is not valid"])
+    if not isinstance(bins, dict) or len(bins) > len(LATENCY_BINS):
+        return bad
+    out: dict[int, int] = {}
+    for key, value in bins.items():
+        n = untrusted.count(value)
+        i = int(key) if isinstance(key, str) and len(key) < 8 and key.lstrip("-").isdigit() else None
+        if n is None or i is None or i not in LATENCY_BINS:
+            return bad
+        out[i] = n
+    return out, []
+
+
+def latency_quantiles(bins: dict[int, int] | None,
+                      shares: tuple[float, ...] = (0.5, 0.95)) -> list[float] | None:
+    """The latencies (s) under which those shares of the answers fall, from a histogram (to
+    its bins' 1%); None without answers."""
+    total = sum((bins or {}).values())
+    if not bins or not total:
+        return None
+    ordered = sorted(bins.items())
+    out = []
+    for share in shares:
+        seen = 0
+        for i, n in ordered:
+            seen += n
+            if seen >= share * total:
+                out.append(job_code.LATENCY_RATIO ** i)
+                break
+    return out
+
+
 def placed_keys(target: Target) -> list[str]:
     """The key files to look for on this host: its own key_path (what the host holds, even
     if the ledger was lost) and any other the ledger says was placed there."""
@@ -141,11 +189,12 @@ def _key_args(target: Target) -> dict[str, Any]:
     return {"keys": placed_keys(target), "records": records}
 
 
-def read(session: Session, job: str) -> JobState:
+def read(session: Session, job: str, *, latency: bool = False) -> JobState:
     """The job's state on the host (one round trip), with the key files' presence read on
-    the host itself and the record of a minted key."""
+    the host itself and the record of a minted key (`latency`: and its answers' latency)."""
     target = session.target
-    args = {"op": "state", "job_dir": target.layout.job(job), **_key_args(target)}
+    args = {"op": "state", "job_dir": target.layout.job(job), **_key_args(target),
+            **({"latency": True} if latency else {})}
     return JobState.from_json(session.run_code(remote_code.JOBS, args, "reading the job state"))
 
 
@@ -162,11 +211,14 @@ class HostJobs:
                                                records=self.keys.records)
 
 
-def read_all(session: Session) -> HostJobs:
-    """Every job under the host's jobs/ folder (one round trip), each with the host's keys."""
+def read_all(session: Session, *, latency: bool = False) -> HostJobs:
+    """Every job under the host's jobs/ folder (one round trip), each with the host's keys
+    (`latency`: and its answers' latency)."""
     target = session.target
     raw = session.run_code(remote_code.JOBS, {"op": "list", "jobs_dir": target.layout.jobs,
-                                              **_key_args(target)}, "listing the jobs")
+                                              **_key_args(target),
+                                              **({"latency": True} if latency else {})},
+                           "listing the jobs")
     if not isinstance(raw, dict):
         raise untrusted.Untrusted(f"{session.label}: listing the jobs: the answer is not a JSON "
                                   f"object")

@@ -171,3 +171,23 @@ def test_the_project_is_found_from_a_parent_folder_or_given(tmp_path: Path) -> N
     assert "deploy" in fab("-l", cwd=tmp_path, HANDOFF_PROJECT=str(REPO)).stdout
     wrong = fab("--project", str(tmp_path), "-l", cwd=tmp_path)
     assert wrong.returncode == 2 and "no fabfile.py there" in wrong.stderr
+
+
+def test_version_names_handoff_first_and_help_leaves_out_refused_flags() -> None:
+    """`fab --version` showed only Fabric/Paramiko/Invoke, and `fab --help` listed flags handoff
+    refuses (issue 32 #11); `-R/--dry` looked like a dry run and changed the hosts all the same."""
+    from handoff import __version__
+
+    def fab(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(FAB), *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    version = fab("--version")
+    assert version.returncode == 0 and version.stdout.splitlines()[0] == f"handoff {__version__}"
+    assert "Fabric " in version.stdout
+    helped = fab("--help").stdout
+    for refused in ("--identity", "--prompt-for-", "--ssh-config", "--connect-timeout", "--dry,",
+                    "--dry ", "--echo", "--pty", "--hide", "--warn-only", "--command-timeout"):
+        assert refused not in helped, (refused, helped)
+    assert "--hosts" in helped and "--project" in helped and "--version" in helped
+    dry = fab("-R", "stop")
+    assert dry.returncode == 2 and "--dry-run" in dry.stderr and "Traceback" not in dry.stderr

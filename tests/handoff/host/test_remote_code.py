@@ -255,3 +255,44 @@ def test_encode_args_takes_plain_data_only() -> None:
     for bad in ({"p": Path("/x")}, {"s": {1}}, {"f": float("inf")}, {1: "int key"}):
         with pytest.raises(RuntimeError, match="plain data"):
             remote_code.encode_args(bad)  # type: ignore[arg-type]
+
+
+def test_the_jobs_module_reads_answers_latency_incrementally(tmp_path: Path) -> None:
+    """`fab status`'s latency (issue 32 #8): a histogram of the records' top-level
+    `latency_s` (with --turns all, the record's sum, not its turns'), read once per line:
+    a cache in the job folder says how far, a line still being written waits, and a file
+    replaced since is read again from its start."""
+    import json
+    import os
+
+    from handoff.host.remote_code import jobs
+    from handoff.ops.jobs.state import latency_quantiles
+
+    def record(i: int, seconds: float) -> str:
+        return json.dumps({"id": i, "turns": [{"latency_s": 999.0, "attempts": 1}],
+                           "response": 'say "latency_s":5,"attempts":1', "latency_s": seconds,
+                           "attempts": 1, "messages": []}, separators=(",", ":")) + "\n"
+
+    out = tmp_path / "output.jsonl"
+    out.write_text("".join(record(i, 10.0 if i < 90 else 40.0) for i in range(100)) + '{"id": 100')
+    first = jobs.latency(str(tmp_path))
+    assert first is not None and first["n"] == 100
+    bins = {int(k): n for k, n in first["bins"].items()}
+    p50, p95 = latency_quantiles(bins) or [0.0, 0.0]
+    assert abs(p50 - 10) / 10 < 0.01 and abs(p95 - 40) / 40 < 0.01
+    cache = json.loads((tmp_path / jobs.LATENCY_CACHE).read_text())
+    assert cache["offset"] == out.read_bytes().rindex(b"\n") + 1  # the cut line waits
+    assert oct((tmp_path / jobs.LATENCY_CACHE).stat().st_mode & 0o777) == "0o600"
+
+    with out.open("a") as fh:  # the cut line ends; one more comes
+        fh.write(',"latency_s":40.0,"attempts":1}\n' + record(101, 40.0))
+    # Only the new lines are read: the cache's count is carried on (set here to 1000).
+    (tmp_path / jobs.LATENCY_CACHE).write_text(json.dumps({**cache, "n": 1000}))
+    assert jobs.latency(str(tmp_path))["n"] == 1002  # type: ignore[index]
+    assert json.loads((tmp_path / jobs.LATENCY_CACHE).read_text())["offset"] == out.stat().st_size
+
+    out.with_name("new").write_text(record(0, 1.0))
+    os.replace(out.with_name("new"), out)  # another file: read from its start
+    again = jobs.latency(str(tmp_path))
+    assert again is not None and again["n"] == 1
+    assert jobs.latency(str(tmp_path / "none")) is None

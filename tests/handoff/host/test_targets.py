@@ -78,6 +78,11 @@ def test_unknown_bare_name_lists_known(env: Path) -> None:
         resolve("gen-3", load_inventory())
 
 
+def test_a_host_name_a_letter_off_gets_did_you_mean(env: Path) -> None:
+    with pytest.raises(TargetError, match=r"unknown host 'gen1'.*; did you mean 'gen-1'\?$"):
+        resolve("gen1", load_inventory())
+
+
 def test_role_flag_selects_inventory_hosts(env: Path) -> None:
     ts = resolve(None, load_inventory(), "extractor")
     assert [t.label for t in ts] == ["gpu-1"] and ts[0].vars["gpus"] == 2
@@ -86,7 +91,30 @@ def test_role_flag_selects_inventory_hosts(env: Path) -> None:
 def test_saved_targets_win_over_inventory(env: Path) -> None:
     inv = load_inventory()
     assert [t.label for t in resolve(None, inv)] == ["gen-1", "gen-2", "gpu-1"]
-    state.save_targets(["gen-2"], None)
+    state.save_targets({"generator": ["gen-2"]})
     assert [t.label for t in resolve(None, inv)] == ["gen-2"]
     assert (state.state_dir().stat().st_mode & 0o777) == 0o700
     assert ((state.state_dir() / "targets.json").stat().st_mode & 0o777) == 0o600
+
+
+def test_a_deploy_of_one_role_keeps_the_other_roles_remembered(env: Path) -> None:
+    """`deploy --host gpu-1` replaced the remembered targets, so a later bare `fab status`
+    hid the generator fleet (issue 32 #11): each role keeps its last deploy's hosts, a bare
+    command acts on all of them (each as the role it was deployed as), `--role` on its own."""
+    inv = load_inventory()
+    state.save_targets({"generator": ["gen-1", "gen-2"]})
+    state.save_targets({"extractor": ["gpu-1"]})
+    both = resolve(None, inv)
+    assert [(t.label, t.role.name if t.role else None) for t in both] == [
+        ("gpu-1", "extractor"), ("gen-1", "generator"), ("gen-2", "generator")]
+    assert "each role (extractor on " in both.describe() and ", generator on " in both.describe()
+    assert [t.label for t in resolve(None, inv, "generator")] == ["gen-1", "gen-2"]
+    state.save_targets({"generator": ["gen-2"]})  # a role's next deploy replaces its own hosts
+    assert [t.label for t in resolve(None, inv)] == ["gpu-1", "gen-2"]
+    assert state.load_targets() == ["gpu-1", "gen-2"]
+
+
+def test_targets_remembered_by_an_older_handoff_still_count(env: Path) -> None:
+    (state.ensure_state_dir() / "targets.json").write_text(
+        '{"hosts": ["gen-2"], "role": null, "time": 1}')
+    assert [t.label for t in resolve(None, load_inventory())] == ["gen-2"]

@@ -99,7 +99,7 @@ def test_status_keeps_unknown_scalars_and_both_time_forms() -> None:
                              "bytes_written": 10, "format": "native", "ranks": [1],
                              "errors_by_kind": {"x": 1}, "weird": float("inf")})
     assert st == {"started": "2026-12-01T10:00:00Z", "updated": 1796057018.4,
-                  "bytes_written": 10, "format": "native"}
+                  "bytes_written": 10, "format": "native", "errors_by_kind": {"x": 1}}
     assert problems == []
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from handoff import console
+from handoff.cli import commands
 from handoff.config import state
 from handoff.config.inventory import load_inventory
 from handoff.host.targets import Target, resolve
@@ -192,3 +193,18 @@ def test_key_settings_are_computed_once_per_host(ws: Workstation,
     placed = [s.args(key_step.PlaceKey).settings for hp in p.hosts for s in hp.steps
               if s.action == "place-key"]
     assert placed == [chosen["a"], chosen["b"]]
+
+
+def test_deploying_one_role_keeps_the_other_roles_hosts_for_bare_commands(
+        ws, capfd: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """`deploy --host gpu-1` (another role) replaced the remembered targets: a later plain
+    `fab status` hid the generator fleet (issue 32 #11). Each role keeps its own."""
+    from handoff.cli.commands import targets_for
+
+    assert commands.deploy("a,b", None, key=False) == 0
+    assert commands.deploy("s", None, key=False) == 0  # the sleeper role's host, alone
+    capfd.readouterr()
+    bare = targets_for(None, None)
+    assert [t.label for t in bare] == ["a", "b", "s"] and bare.source == "remembered"
+    assert "last successful deploy of each role (generator on " in capfd.readouterr().err
+    assert [t.label for t in targets_for(None, "sleeper")] == ["s"]

@@ -3,6 +3,7 @@ from a verified prefix, a changed prefix fetched whole; the fetch policy itself.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,8 @@ def test_a_prefix_written_here_and_untouched_needs_no_whole_prefix_hash(
             session._files = CutFiles(ws.home("a"), cut=cut)  # type: ignore[attr-defined]
             with pytest.raises(RemoteError, match="run fetch again to resume"):
                 fetch_job(session, "generator", local)
-        assert part.stat().st_size == cut
+        # Whole lines only: the line the cut fell in is left for the resume.
+        assert part.stat().st_size == data.rfind(b"\n", 0, cut) + 1
 
     def fetch() -> Any:
         with ws.connect(target) as session:
@@ -200,29 +202,92 @@ def test_a_cut_fetch_resumes_from_what_it_got(ws: Workstation, tmp_path: Path) -
     assert done.resumed == 0 and (local / "features" / "a.bin").read_bytes() == big
 
 
-def test_a_merged_copy_linked_to_the_host_copy_never_changes_under_its_name(
+def test_a_grown_file_moves_only_its_new_whole_lines_into_the_linked_merge(
         ws: Workstation, tmp_path: Path) -> None:
-    """One host's copy kept whole is linked as the merged dataset, not copied; a later fetch
-    that appends to that host's copy grows a private copy, so the merged file keeps exactly
-    what the merge checked until the next merge replaces it."""
+    """One host's copy kept whole is linked as the merged dataset, not copied. A fetch of the
+    grown host file appends only the new bytes to that copy in place (no private copy of the
+    prefix: issue 32 #10), only whole lines (the line the job is writing waits for the next
+    fetch), and the merge after it checks them: a repeated id makes the merge write its own
+    file without it, the host's copy keeping what the host has."""
     jd = make_job(ws, "a")
     dest = tmp_path / "results"
     assert commands.fetch("a", None, dest=str(dest)) == 0
     local, merged = dest / "a" / "generator" / "output.jsonl", dest / "generator" / "output.jsonl"
-    first = merged.read_bytes()
-    assert first == (jd / "output.jsonl").read_bytes()
+    assert merged.read_bytes() == (jd / "output.jsonl").read_bytes()
     assert os.path.samefile(local, merged)  # linked: 1 GB costs no second copy
+    inode = local.stat().st_ino
 
     with (jd / "output.jsonl").open("ab") as fh:
-        fh.write(b'{"id": 3}\n')
-    [target] = ws.targets("a")
-    with ws.connect(target) as session:  # the download alone, before any merge
-        done = fetch_job(session, "generator", local.parent)
-    assert done.resumed == 1 and local.read_bytes() == (jd / "output.jsonl").read_bytes()
-    assert merged.read_bytes() == first and not os.path.samefile(local, merged)
+        fh.write(b'{"id": 3}\n{"id": 4, "respo')  # the job is writing id 4
+    assert commands.fetch("a", None, dest=str(dest)) == 0
+    assert local.stat().st_ino == inode and os.path.samefile(local, merged)  # grown in place
+    assert merged.read_bytes() == b'{"id": 1}\n{"id": 2}\n{"id": 3}\n'  # whole lines only
 
-    assert commands.fetch("a", None, dest=str(dest)) == 0  # the merge catches up
-    assert merged.read_bytes() == (jd / "output.jsonl").read_bytes()
+    with (jd / "output.jsonl").open("ab") as fh:
+        fh.write(b'nse": "x"}\n{"id": 2}\n{"id": 5}\n')  # id 4 ends; id 2 again (a bad host)
+    assert commands.fetch("a", None, dest=str(dest)) == 0
+    assert local.read_bytes() == (jd / "output.jsonl").read_bytes() and local.stat().st_ino == inode
+    assert [json.loads(line)["id"] for line in merged.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert not os.path.samefile(local, merged)  # the merge wrote its own file, without it
+
+
+def test_a_grown_multi_host_merge_appends_only_the_new_lines(
+        ws: Workstation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts' shards merged once; then one host's output grows: the merge appends its new
+    lines to the merged file (same file, its first bytes untouched) and scans no line it
+    merged before; a merged file changed by hand since is merged again whole."""
+    from handoff.ops import merge as merging
+
+    for label, first in (("a", 1), ("b", 100)):
+        jd = make_job(ws, label)
+        (jd / "output.jsonl").write_bytes(b"".join(b'{"id": %d}\n' % i for i in range(first, first + 3)))
+        (jd / "job.json").write_text(json.dumps({"shard": f"{'ab'.index(label)}/2"}))
+    dest = tmp_path / "results"
+    assert commands.fetch("a,b", None, dest=str(dest)) == 0
+    merged = dest / "generator" / "output.jsonl"
+    before, inode = merged.read_bytes(), merged.stat().st_ino
+    assert before.count(b"\n") == 6
+
+    scanned: list[int] = []
+    real_scan = merging._scan
+
+    def counting(path: Path, seen: Any, m: Any, skip: Any = None, idx: Any = None, first: int = 0) -> Any:
+        got = real_scan(path, seen, m, skip, idx, first)
+        if path.name == "output.jsonl":
+            scanned.append(len((idx or merging.merge_index.current(path)).starts) - first)
+        return got
+
+    monkeypatch.setattr(merging, "_scan", counting)
+    with (ws.remote_dir("a") / "jobs" / "generator" / "output.jsonl").open("ab") as fh:
+        fh.write(b'{"id": 4}\n{"id": 101}\n')  # a new id, and one b already has
+    assert commands.fetch("a,b", None, dest=str(dest)) == 0
+    after = merged.read_bytes()
+    assert merged.stat().st_ino == inode and after.startswith(before)  # appended in place
+    assert after[len(before):] == b'{"id": 4}\n' and scanned == [2, 0]  # only the new lines read
+    manifest = json.loads((dest / "generator" / "merge.json").read_text())
+    assert (manifest["answers"], manifest["duplicates"]) == (7, 1)
+
+    merged.write_bytes(after.replace(b'{"id": 4}\n', b""))  # edited by hand: merged whole again
+    with (ws.remote_dir("b") / "jobs" / "generator" / "output.jsonl").open("ab") as fh:
+        fh.write(b'{"id": 103}\n')
+    scanned.clear()
+    assert commands.fetch("a,b", None, dest=str(dest)) == 0
+    assert scanned == [5, 4] and merged.read_bytes().count(b"\n") == 8
+
+
+def test_fetch_from_a_subfolder_writes_its_default_dest_in_the_project_folder(
+        ws: Workstation, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a subfolder `fab fetch` wrote ./results there (not git-ignored) while the
+    inventory and the state dir resolve from the project folder (issue 32 #11)."""
+    from handoff.config import paths
+
+    make_job(ws, "a")
+    below = paths.project_dir() / "notebooks" / "week1"
+    below.mkdir(parents=True)
+    monkeypatch.chdir(below)
+    assert commands.fetch("a", None) == 0
+    assert (paths.project_dir() / "results" / "a" / "generator" / "output.jsonl").is_file()
+    assert not (below / "results").exists()
 
 
 def test_one_room_for_every_file_of_a_fetch(tmp_path: Path) -> None:

@@ -120,3 +120,18 @@ def test_failures_are_listed_whole_below_the_summary(capfd: pytest.CaptureFixtur
     run_parallel([target("h1"), target("h2")], work, title="t")
     tail = capfd.readouterr().out.split("t summary", 1)[1]
     assert "✗ h2: " + ("disk full on /data, " * 8).strip() in tail
+
+
+def test_every_error_of_several_hosts_is_printed_once(capfd: pytest.CaptureFixture[str]) -> None:
+    """Each failed host's error was printed in its block and again under the summary (issue 32
+    #11): once now, under the summary; a block with other lines points there."""
+    def work(t: Target, report: HostReport) -> None:
+        if t.label == "h2":
+            report.log("  ✓ probed")
+        raise RemoteError(f"{t.label}: no job 'nope' on the host")
+
+    run_parallel([target("h1"), target("h2"), target("h3")], work, title="logs")
+    out = capfd.readouterr().out
+    for label in ("h1", "h2", "h3"):
+        assert out.count(f"{label}: no job 'nope'") == 1, out
+    assert "✓ probed\n✗ failed (why: under the summary below)" in out, out

@@ -70,3 +70,51 @@ def test_an_unreachable_host_holds_back_the_others(ws: Workstation) -> None:
 
     reports = plan.execute(build(ws, "a,t", set(), changed), connect=connect)  # type: ignore[arg-type]
     assert changed == [] and "nothing changed: t failed" in str(reports[0].error)
+
+
+def test_ctrl_c_says_per_host_what_was_done_cut_or_not_started(ws: Workstation) -> None:
+    """Ctrl-C during a plan (issue 32 #6): per host the changing steps done (their outcomes),
+    the one it cut (not known whether it happened, and how to find out), nothing changed
+    where nothing had; a host that failed before says why; then the plan's own advice."""
+    import signal
+    import threading
+
+    import pytest
+
+    from handoff.errors import Interrupted
+
+    release = threading.Event()
+
+    def act(ctx: HostContext, step: Step) -> str:
+        if ctx.session.label == "b":
+            raise HandoffError("b: refused: no room")
+        return f"started x on {ctx.session.label}"
+
+    def slow(ctx: HostContext, step: Step) -> str:
+        release.wait(10)
+        return "done slowly"
+
+    def check(ctx: HostContext, step: Step) -> str:
+        if ctx.session.label == "s":
+            release.wait(10)
+        return Skipped("checked")
+
+    p = Plan("t", [HostPlan(t, [Step("check", "check it", run=check, changes=False),
+                                Step("act", "act", run=act),
+                                Step("slow", "the slow step", run=slow, check="`probe` tells")])
+                   for t in ws.targets("a,b,s")],
+             next_after_interrupt=lambda progress: f"next: {sorted(progress)}")
+    timer = threading.Timer(0.5, signal.raise_signal, args=(signal.SIGINT,))
+    timer.start()
+    try:
+        with pytest.raises(Interrupted) as caught:
+            plan.execute(p, connect=Host)  # type: ignore[arg-type]
+    finally:
+        release.set()
+    lines = caught.value.message.splitlines()
+    assert lines[0] == "interrupted (Ctrl-C) during t; on each host:"
+    assert lines[1] == ("  a: done: started x on a; cut while it ran `the slow step`: not known "
+                        "whether that happened; `probe` tells")
+    assert lines[2] == "  b: nothing changed: it failed before the Ctrl-C: refused: no room"
+    assert lines[3] == "  s: nothing changed"
+    assert lines[4] == "next: ['a', 'b', 's']"

@@ -23,7 +23,8 @@ use):
 - `shards`: where a job's shards are (`shards_of`: from the layout this workstation
   recorded at launch, handoff.config.shards), its "all" row (`combined`), the shards not
   seen (`unaccounted`), where a host's job.json disagrees (`layout_notes`);
-- `tables`: the status and jobs tables, fitted to the terminal, and the notes under them;
+- `tables`: the status tables (one per role; what does not fit a terminal goes to lines
+  under them) and the jobs table, and the notes under them;
 - `wait`: `--wait`, refreshing until no job runs.
 """
 
@@ -31,9 +32,9 @@ from handoff.ops.jobs.status.shards import Shards, combined, layout_notes, shard
 from handoff.ops.jobs.status.tables import (
     bad_line_notes,
     breakdown_notes,
-    fitted,
     jobs_table,
     note,
+    status_parts,
     table,
     table_notes,
 )
@@ -56,4 +57,5 @@ from handoff.ops.jobs.status.wait import progress_lines, watch
 __all__ = ["BREAKDOWNS", "COUNTS", "STATUS_FIELDS", "WITH_FAILURES", "JobView", "KeyLookup",
            "KeyView", "Shards", "Watcher", "answers", "bad_line_notes", "breakdown_notes",
            "combined", "eta", "fitted", "jobs_table", "key_view", "layout_notes", "money", "note",
-           "progress_lines", "shards_of", "table", "table_notes", "unaccounted", "watch"]
+           "progress_lines", "shards_of", "status_parts", "table", "table_notes", "unaccounted",
+           "watch"]

@@ -25,6 +25,7 @@ from handoff.ops.jobs.state import (
     OK_STATES,
     JobState,
     job_name,
+    latency_quantiles,
     read,
     read_all,
     unknown_job,
@@ -97,7 +98,19 @@ def key_view(job_state: JobState, lookup: KeyLookup | None, target: Target | Non
 STATUS_FIELDS = ("done", "failed", "total", "cost", "tokens_per_s", "rate_rps", "updated",
                  "last_error", "exit_code", "stop_reason", "max_failed", "max_cost",
                  "budget_enforced", "bad_lines", "bad_line_samples", "duplicates", "in_flight",
-                 "window", "outage_s", "started")
+                 "window", "outage_s", "started", "retries")
+# An extractor's own (payload/extract/status.py), in `--json` for its jobs.
+EXTRACTOR_FIELDS = ("tokens_written", "bytes_written", "estimate_bytes", "retokenized_mismatch",
+                    "skipped_mismatch")
+ROLES = ("generator", "extractor")  # how a job is shown: its columns, its estimate
+
+
+def role_of(meta: dict[str, Any] | None, fallback: str | None) -> str:
+    """How a job is shown: an extractor's or a generator's, as its job.json says (`kind`, or
+    an older one's role named `extractor`), else as its host's role is (`Role.kind`)."""
+    meta = meta or {}
+    kind = meta.get("kind") or ("extractor" if meta.get("role") == "extractor" else None)
+    return "extractor" if (kind or fallback) == "extractor" else "generator"
 
 
 WITH_FAILURES = "finished with failures"
@@ -132,6 +145,7 @@ class JobView:
     # Unreachable because the connection failed (a network blip `--wait` waits through), not
     # because the host answered something unusable (that is final: the host's error row).
     outage: bool = False
+    role: str = "generator"  # how it is shown (role_of)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -152,6 +166,11 @@ class JobView:
                                "alive": self.job_state.alive, "pid": self.job_state.pid}
         rec.update({key: st.get(key) for key in STATUS_FIELDS})
         rec.update(answers(st))  # by_provider, by_finish_reason, cut, ... checked
+        rec["errors_by_kind"] = st.get("errors_by_kind")  # checked by untrusted.status
+        rec["latency_s"] = latency_json(self.job_state.latency)
+        rec["role"] = self.role
+        if self.role == "extractor":
+            rec.update({key: st.get(key) for key in EXTRACTOR_FIELDS})
         rec.update(finished_with_failures=self.job_state.with_failures, ok=self.ok,
                    shard=meta.get("shard"), input_sha256=meta.get("input_sha256"),
                    secrets_placed=self.job_state.keys_placed)
@@ -165,8 +184,18 @@ class JobView:
 
     @property
     def ok(self) -> bool:
+        """Running or finished cleanly; a host with no job at all is fine too (nothing of it
+        failed: `status` with no jobs says so and exits 0)."""
+        if self.job is None and self.state == "none":
+            return not self.job_state.problems
         return (self.state in OK_STATES and not self.job_state.with_failures
                 and not self.job_state.problems)
+
+
+def latency_json(bins: dict[int, int] | None) -> dict[str, float] | None:
+    """`{"p50": s, "p95": s}` of a latency histogram (to its bins' 1%), None without answers."""
+    found = latency_quantiles(bins)
+    return None if found is None else {"p50": round(found[0], 3), "p95": round(found[1], 3)}
 
 
 def eta(st: dict[str, Any]) -> str:
@@ -211,7 +240,9 @@ class Watcher:
                 if old is not None:
                     old.close()
                 views[target.label] = [JobView(target.label, job, "unreachable", error=str(exc),
-                                               outage=isinstance(exc, (ConnectError, OSError)))]
+                                               outage=isinstance(exc, (ConnectError, OSError)),
+                                               role=role_of(None, target.role.kind
+                                                            if target.role else None))]
                 raise
 
         run_parallel(self.targets, one, title="status", grouped=False, summary=False)
@@ -220,16 +251,19 @@ class Watcher:
     def _read(self, s: Session, job: str | None) -> list[JobView]:
         """The `--job` job, or every job on the host (one round trip either way)."""
         label = s.target.label
+        own = s.target.role.kind if s.target.role else None
         if job is not None:
-            current = read(s, job)
+            current = read(s, job, latency=True)
             error = str(unknown_job(s, job)) if current.state == "none" else None
             return [JobView(label, job, current.state, current, error=error,
-                            key=key_view(current, self.key_lookup, s.target))]
-        host = read_all(s)
+                            key=key_view(current, self.key_lookup, s.target),
+                            role=role_of(current.meta, own))]
+        host = read_all(s, latency=True)
         key = key_view(host.keys, self.key_lookup, s.target)  # one lookup per host, for its jobs
         if not host.jobs:
-            return [JobView(label, None, "none", host.keys, key=key)]
-        return [JobView(label, name, current.state, current, key=key)
+            return [JobView(label, None, "none", host.keys, key=key, role=role_of(None, own))]
+        return [JobView(label, name, current.state, current, key=key,
+                        role=role_of(current.meta, own))
                 for name, current in host.jobs.items()]
 
     def close(self) -> None:

@@ -322,6 +322,24 @@ def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
     assert commands.status("s", None) == 0
 
 
+def test_a_finished_job_relaunched_says_so_and_starts_no_process(
+        ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
+    """A finished job relaunched "resumed" and started a process that found nothing to do
+    (issue 32 #11): now no process starts, the launch says the job finished, exit 0."""
+    deployed(ws, "s")
+    flags = {"mode": "finish", "start_watch_s": WATCH_S}
+    given = remote_input(ws, "s")
+    assert commands.launch("s", None, local_input=None, remote_input=given, flags=flags) == 0
+    pid_file = ws.remote_dir("s") / "jobs" / "sleeper" / "pid"
+    pid, started = pid_file.read_text(), pid_file.stat().st_mtime_ns
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=None, remote_input=given, flags=flags) == 0
+    out = " ".join(capfd.readouterr().out.split())
+    assert "job sleeper: finished already (3 done, 0 failed): nothing to start" in out, out
+    assert "not started again" in out and "started sleeper" not in out, out
+    assert pid_file.read_text() == pid and pid_file.stat().st_mtime_ns == started
+
+
 def test_launch_needs_a_release_and_the_key(ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
     assert commands.launch("s", None, local_input=None, remote_input="/in.jsonl", flags={}) == 1
     assert "no release on the host; run `fab deploy --host s` first" in capfd.readouterr().out.replace("\n", " ")
@@ -360,7 +378,8 @@ def test_status_marks_an_unreadable_host_unreachable(ws: Workstation,
     commands.common.CONNECT = flaky
     assert commands.status("s,t", None) == 1
     out = capfd.readouterr().out
-    assert "unreachable" in out and "connection refused" in out and "not running or finished: s, t" in out
+    # s has no job at all: nothing of it failed (issue 32 #8); t could not be read.
+    assert "unreachable" in out and "connection refused" in out and "not running or finished: t" in out
 
 
 def test_sleeper_stops_on_sigterm_directly(tmp_path: Path) -> None:
@@ -696,7 +715,9 @@ def test_fab_jobs_lists_and_forget_removes_a_stopped_job(ws: Workstation, tmp_pa
     assert not job_dir(ws, "s").exists() and not job_dir(ws, "t").exists()
     assert not [p for p in (ws.remote_dir("s") / "jobs").iterdir()]
     capfd.readouterr()
-    assert commands.status("s,t", None) == 1  # no job at all: "none", as before any launch
+    # No job at all: said, and not a failure (issue 32 #8: it exited 1 with a `-` row).
+    assert commands.status("s,t", None) == 0
+    assert "no jobs on s, t: `fab launch --input FILE` starts one" in capfd.readouterr().out
     assert commands.forget("s", None, job="sleeper", yes=True) == 1  # gone: unknown now
     assert "no job 'sleeper' on the host" in capfd.readouterr().out
 
@@ -791,29 +812,98 @@ def test_a_refused_key_is_said_once_with_its_fix(ws: Workstation, keyed_api,  # 
     assert "`fab set-key`" in str(reports[0].error) and "`fab push-key --host a`" in str(reports[0].error)
 
 
-def test_an_80_column_status_drops_columns_instead_of_breaking_cells() -> None:
-    """On 80 columns `fab status` broke cells mid-token ("finis/hed", "$0.19/69")
-    (issue 22 #12): the least needed columns go, and the caption says which."""
+def _drawn(views: list[status.JobView], width: int) -> str:
     import io
 
     from rich.console import Console
 
     from handoff import console
 
-    views = [status.JobView(f"sbx-{i}", "B3", "finished", JobState("d", status={
-        "state": "finished", "done": 101, "failed": 0, "total": 101, "cost": 0.196969,
-        "tokens_per_s": 1234.5})) for i in range(1, 4)]
     buf = io.StringIO()
-    console._console = Console(file=buf, force_terminal=True, width=80, color_system=None)
+    console._console = Console(file=buf, force_terminal=True, width=width, color_system=None)
     try:
-        console.say(status.table(views))
+        for part in status.status_parts(views):
+            console.say(part)
     finally:
         console._console = None
-    text = buf.getvalue()
-    lines = text.splitlines()
-    assert all(len(line) <= 80 for line in lines), text
-    assert "finished" in text and "101/0/101" in text and "sbx-1" in text, text
-    assert "narrow terminal:" in text and "key spend" in text.split("narrow terminal:")[1]
+    return buf.getvalue()
+
+
+def _running_shards() -> list[status.JobView]:
+    """Three shards of a running job with retried errors and answers' latencies, a stopped
+    job with a long note, and an extractor's job."""
+    from handoff.ops.jobs.status.views import KeyView
+
+    views = []
+    for i in range(1, 4):
+        js = JobState("d", status={"state": "running", "done": 885 + i, "failed": 3, "total": 2995,
+                                   "cost": 1.234567, "tokens_per_s": 1234.5, "rate_rps": 3.2,
+                                   "errors_by_kind": {"rate_limited": 12, "timeout": 3},
+                                   "retries": 15},
+                      meta={"shard": f"{i - 1}/3", "hosts": 3, "started": 1}, pid=7, alive=True,
+                      latency={160: 50, 180: 40, 200: 10})
+        views.append(status.JobView(f"gen-{i}", "gamma", js.state, js, key=KeyView(True)))
+    stopped = JobState("d", status={"state": "stopped", "done": 10, "failed": 0, "total": 100,
+                                    "cost": 0.01, "stop_reason": "disk_full", "last_error":
+                                    "stopping: no space left on device writing "
+                                    "/root/.handoff/jobs/B3/output.jsonl; free some space"})
+    views.append(status.JobView("gen-1", "B3", "stopped", stopped, key=KeyView(True)))
+    extracting = JobState("d", status={"state": "running", "done": 120, "failed": 0, "total": 300,
+                                       "tokens_per_s": 5123.4, "rate_rps": 2.0, "cost": 0.0,
+                                       "bytes_written": 3_456_000_000,
+                                       "retokenized_mismatch": 300},
+                          meta={"role": "extractor"}, pid=8, alive=True)
+    views.append(status.JobView("gpu-1", "extractor", "running", extracting, role="extractor"))
+    return views
+
+
+def test_status_at_80_and_200_columns_keeps_numbers_whole_and_moves_the_rest_under() -> None:
+    """At 80 columns the status split `885/0/299`/`5` and dropped $ spent, ETA and tok/s while
+    a wrapped note stayed (issue 32 #8): numbers stay whole and those never go; what does not
+    fit (latency, errors, keys, notes) moves to a line under the table. At 200 it is all in
+    the table. An extractor's table has its own columns and no dollars or keys (#9)."""
+    import re
+
+    views = _running_shards()
+    narrow = _drawn(views, 80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    for number in ("886/3/2995", "887/3/2995", "888/3/2995", "2661/9/8985", "$1.2346", "$3.7037",
+                   "10m58s", "1234", "3704", "120/0/300", "5123", "3.46"):
+        assert number in narrow, (number, narrow)
+    header = next(line for line in narrow.splitlines() if "done/fail/total" in line)
+    assert "tok/s" in header and "$ spent" in header and "ETA" in header, narrow
+    # The rest, under the table: each shard's latency, error mix and key; B3's whole note.
+    assert "gen-1 gamma: p50/p95 s 23.8/52.5; errors rate_limited 12, timeout 3; 15 retries" \
+        in " ".join(narrow.split()), narrow
+    assert "note disk_full: stopping: no space left on device writing" in " ".join(narrow.split())
+    assert "/root/.handoff/jobs/B3/output.jsonl;" in narrow  # a long word is never split
+
+    wide = _drawn(views, 200)
+    assert max(len(line) for line in wide.splitlines()) <= 200, wide
+    generator, extractor = wide.split("status: extractor jobs")
+    top = next(line for line in generator.splitlines() if "done/fail/total" in line)
+    assert re.search(r"p50/p95 s .*errors .*key placed .*key spend .*note", top), wide
+    assert re.search(r"gen-1 +│ gamma +│ running +│ 886/3/2995 +│ 1234 +│ \$1\.2346 +│ 10m58s +│ "
+                     r"23\.8/52\.5 +│ rate_limited 12, timeout", generator), wide
+    assert "all (3 hosts)" in generator and "51 retries" not in generator  # summed: 45
+    assert "45 retries" in " ".join(generator.split())
+    head = next(line for line in extractor.splitlines() if "done/fail/total" in line)
+    assert "GB written" in head and "mismatches" in head and "tok/s" in head, wide
+    assert "$" not in extractor and "key" not in extractor, wide
+    assert re.search(r"gpu-1 +│ extractor +│ running +│ 120/0/300 +│ 5123 +│ 3\.46 +│ 300 +│", extractor)
+
+
+def test_status_json_has_the_error_mix_and_latency_per_job() -> None:
+    """`fab status --json` adds per job `errors_by_kind`, `retries` and `latency_s` {p50, p95}
+    (DESIGN round 4; issue 32 #8), and an extractor's figures (#9)."""
+    views = _running_shards()
+    rec = views[0].record()
+    assert rec["errors_by_kind"] == {"rate_limited": 12, "timeout": 3} and rec["retries"] == 15
+    assert rec["latency_s"] == {"p50": round(1.02 ** 160, 3), "p95": round(1.02 ** 200, 3)}
+    assert rec["role"] == "generator"
+    gpu = views[-1].record()
+    assert gpu["role"] == "extractor" and gpu["bytes_written"] == 3_456_000_000
+    assert gpu["retokenized_mismatch"] == 300 and gpu["latency_s"] is None
 
 
 def test_piped_output_is_never_wrapped_padded_or_700_columns_wide(
