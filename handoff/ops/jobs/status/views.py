@@ -199,9 +199,14 @@ def latency_json(bins: dict[int, int] | None) -> dict[str, float] | None:
 
 
 def eta(st: dict[str, Any]) -> str:
+    """Time to finish: a host's from its rate; an `all` row's is given (`eta_s`: its slowest
+    running shard's, shards.combined)."""
+    if "eta_s" in st:
+        return units.eta(_number(st["eta_s"]), 1.0)
     total = st.get("total")
-    left = None if not total else total - (st.get("done") or 0) - (st.get("failed") or 0)
-    return units.eta(left, st.get("rate_rps"))
+    if not isinstance(total, int) or not total or not isinstance(st.get("failed", 0), int):
+        return "-"  # unknown: a shard not seen leaves the failures `?`
+    return units.eta(total - _number(st.get("done")) - _number(st.get("failed")), st.get("rate_rps"))
 
 
 def money(value: Any) -> str:

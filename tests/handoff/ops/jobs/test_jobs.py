@@ -610,7 +610,7 @@ def test_status_accounts_for_every_shard_of_a_job(ws: Workstation, tmp_path: Pat
     commands.common.CONNECT = flaky
     assert commands.status("s,t", "batch") == 1
     out = capfd.readouterr()
-    assert "unknown" in out.out and "t (unreachable)" in out.out
+    assert "partial" in out.out and "t (unreachable)" in out.out
 
 
 def test_an_unknown_job_is_an_error_for_every_command_taking_job(
