@@ -292,15 +292,18 @@ def report(c: Context, host: str | None = None, role: str | None = None, job: st
 @task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists, "
                                            "every inventory host and the last deploy's hosts)",
                                    "role": "only the inventory's hosts of this role",
+                                   "force": "also on a host where a job still runs (its key is "
+                                            "revoked: the job stops with 401, resumable); without "
+                                            "it such a host is left as it is, exit 1",
                                    "dry_run": DRY})
 def cleanup_secrets(c: Context, host: str | None = None, role: str | None = None,
-                    dry_run: bool = False) -> None:
+                    force: bool = False, dry_run: bool = False) -> None:
     """Remove placed keys, revoke child keys, verify all gone."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.cleanup_secrets(host, dry_run=dry_run, role=role))
+    _done(commands.cleanup_secrets(host, dry_run=dry_run, role=role, force=force))
 
 
 @task(auto_shortflags=False, help={

@@ -95,9 +95,11 @@ def _fetch_cut(exc: HostsInterrupted, folder: Path) -> str:
 
 
 @guarded
-def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | None = None) -> int:
+def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | None = None,
+                    force: bool = False) -> int:
     """Remove the key files (the ledger's, and key_path on every inventory and remembered
-    host, or on the --host hosts), revoke the child keys, and verify each is gone."""
+    host, or on the --host hosts), revoke the child keys, and verify each is gone. A host
+    where a job runs is left as it is (exit 1, the jobs named) unless `force`."""
     from handoff.config import state
     from handoff.errors import InventoryError
     from handoff.ops.secrets import workflow
@@ -121,7 +123,8 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | 
         everywhere += state.load_targets()
     try:
         return workflow.cleanup_secrets(wanted, lambda spec: targets_for(spec, None, quiet=True),
-                                        everywhere, connect=common.CONNECT, dry_run=dry_run)
+                                        everywhere, connect=common.CONNECT, dry_run=dry_run,
+                                        force=force)
     except Interrupted:
         raise  # during the removals: said per host
     except KeyboardInterrupt:

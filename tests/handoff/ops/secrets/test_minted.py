@@ -237,9 +237,11 @@ def test_cleanup_revokes_the_key_of_an_unreachable_host(
     assert not keyfile(ws, "a").exists()
 
 
-def test_cleanup_warns_about_a_job_running_on_the_key(
+def test_cleanup_refuses_a_host_with_a_running_job_unless_forced(
         ws: Workstation, minted: KeyedAPI, tmp_path: Path,
         capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 #7: revoking the key under a running job kills it with 401: the host is
+    left as it is (file and child key), exit 1 naming the job; --force goes on, warning."""
     from handoff.ops.jobs import launch
 
     prompts = tmp_path / "in.jsonl"
@@ -249,10 +251,17 @@ def test_cleanup_warns_about_a_job_running_on_the_key(
     started = plan.execute(launch.plan(ws.targets("s"), local_input=str(prompts), remote_input=None,
                                        job_flag=None), connect=ws.connect)
     assert all(r.ok for r in started), [r.error for r in started]
-    assert commands.cleanup_secrets("s") == 0
-    out = capfd.readouterr().out.replace("\n", " ")
-    assert "warning:" in out and "sleeper (pid" in out and "still running on s" in out
+    capfd.readouterr()
+    assert commands.cleanup_secrets("s") == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert "s: job sleeper (pid" in err and "still runs there: nothing was removed or revoked" in err
+    assert "fab stop --host s" in err and "--force" in err
+    assert keyfile(ws, "s").exists() and len(minted.keys.live()) == 1  # untouched
+    assert commands.cleanup_secrets("s", force=True) == 0
+    out = " ".join(capfd.readouterr().out.split())
+    assert "warning (--force):" in out and "sleeper (pid" in out and "still running on s" in out
     assert "stops, resumable (exit 3)" in out and "fab push-key --host s" in out
+    assert not keyfile(ws, "s").exists() and minted.keys.live() == []
 
 
 def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
