@@ -43,7 +43,10 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None,
     try:
         for merged in fetching.merge_jobs(reports, folder, room):
             merged_jobs.append(merged.job)
-            mark = "[red]✗[/]" if merged.problem else "[green]✓[/]"
+            # Partial (a shard missing or still running, a host's last copy standing in) is
+            # never a green tick.
+            mark = ("[red]✗[/]" if merged.problem else "[yellow]~[/]" if merged.partial
+                    else "[green]✓[/]")
             console.say(f"{mark} merged {console.r(merged.job)} → "
                         f"{console.r(merged.folder / 'output.jsonl')}: {console.r(merged.describe())}")
             for note in merged.notes:
