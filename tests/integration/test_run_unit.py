@@ -79,3 +79,84 @@ def test_a_fetch_with_a_host_down_never_makes_the_merge_smaller(make_sandbox, fa
     assert sorted(ids(merged)) == whole, explain(r)
     assert "answers kept from the last merge" in flat(r), explain(r)
     assert "sbx-2 not fetched now (not asked): its last fetched copy" in flat(r)
+
+
+def minted_sandbox(make_sandbox: Any, hosts: int, **kwargs: Any) -> Any:
+    return make_sandbox(hosts=hosts, management=True, key_limit=1.0, keyring="secretservice",
+                        **kwargs)
+
+
+def test_one_jobs_budget_never_stops_another_job_on_its_host(make_sandbox, fab,
+                                                             tmp_path: Path) -> None:
+    """The issue's case (#1): a job without a budget, then a job with one on the same host
+    (a management key stored): the first runs to its end, the second stops at its own
+    budget, each on its own key. A relaunch whose key has nothing left is refused before
+    anything starts (#5); cleanup leaves the host alone while a job runs there (#7); forget
+    revokes the job's own key."""
+    sbx = minted_sandbox(make_sandbox, 1, api_latency_s=0.15)
+    keys, cost = sbx.api.keys, sbx.api.cost_per_request
+    assert fab.on(sbx, "deploy").rc == 0
+    [host_key] = keys.live()
+    gamma = dataset(tmp_path / "gamma.jsonl", 24)
+    beta = dataset(tmp_path / "beta.jsonl", 24)
+    r = fab.on(sbx, "launch", "--input", str(gamma), "--concurrency", "1")
+    assert r.rc == 0, explain(r)
+    budget = round(cost * 4, 6)
+    r = fab.on(sbx, "launch", "--input", str(beta), "--job", "budget", "--max-cost", str(budget),
+               "--concurrency", "1")
+    assert r.rc == 0, explain(r)
+    assert "minted job budget's child key" in flat(r) and "on its own key" in flat(r), explain(r)
+    own = [k for k in keys.live() if k.hash != host_key.hash]
+    assert len(own) == 1 and own[0].limit == budget and own[0].name.endswith(":sbx-1:budget")
+    assert host_key.limit == 1.0  # the host's key, what gamma runs on, is not touched
+
+    # cleanup-secrets while gamma runs: refused, everything left in place (#7)
+    r = fab.on(sbx, "cleanup-secrets")
+    assert r.rc == 1, explain(r)
+    assert "still run" in flat(r) and "gamma (pid" in flat(r) and "--force" in flat(r), explain(r)
+    assert len(keys.live()) == 2
+
+    r = fab.on(sbx, "status", "--wait", "--json", "--interval", "0.3", timeout=180)
+    got = records(r)
+    g, b = got[("sbx-1", "gamma")], got[("sbx-1", "budget")]
+    assert g["state"] == "finished" and g["done"] == g["total"] == 24, g
+    assert b["state"] == "stopped" and 0 < b["done"] < 24 and b["cost"] <= budget + 1e-9, b
+    assert b["key"]["own"] is True and b["key"]["limit"] == budget, b["key"]
+    assert g["key"]["limit"] == 1.0 and "own" not in g["key"], g["key"]
+    assert keys.served_by[own[0].hash] == b["done"] and keys.served_by[host_key.hash] == 24
+
+    # A relaunch whose key would have nothing left is refused, naming host, job, used and
+    # limit, before anything starts (#5).
+    lower = round(cost * 2, 6)
+    r = fab.on(sbx, "launch", "--input", str(beta), "--job", "budget", "--max-cost", str(lower))
+    assert r.rc == 1, explain(r)
+    used = f"${own[0].usage:.4f}"
+    assert f"sbx-1: job budget's key has nothing left: used {used} of {used}" in flat(r), explain(r)
+    assert "Nothing was started on any host" in flat(r)
+    after = records(fab.on(sbx, "status", "--json", "--job", "budget"))[("sbx-1", "budget")]
+    assert after["state"] == "stopped" and after["done"] == b["done"]
+
+    # forget revokes the job's own key and removes its file; the host's key lives on.
+    job_key = sbx.container("sbx-1").home / ".handoff" / "secrets" / "jobs" / "budget.key"
+    assert job_key.exists()
+    r = fab.on(sbx, "forget", "--job", "budget", "--yes")
+    assert r.rc == 0, explain(r)
+    assert not job_key.exists() and [k.hash for k in keys.live()] == [host_key.hash], explain(r)
+
+
+def test_cleanup_finds_a_jobs_own_key_with_the_state_dir_gone(make_sandbox, fab,
+                                                              tmp_path: Path) -> None:
+    import shutil
+
+    sbx = minted_sandbox(make_sandbox, 1)
+    assert fab.on(sbx, "deploy").rc == 0
+    r = fab.on(sbx, "launch", "--input", str(dataset(tmp_path / "d.jsonl", 4)), "--max-cost", "0.5")
+    assert r.rc == 0, explain(r)
+    assert fab.on(sbx, "status", "--wait", "--interval", "0.3", timeout=120).rc == 0
+    assert len(sbx.api.keys.live()) == 2
+    shutil.rmtree(sbx.state_dir)
+    r = fab.on(sbx, "cleanup-secrets")
+    assert r.rc == 0, explain(r)
+    secrets = sbx.container("sbx-1").home / ".handoff" / "secrets"
+    assert not (secrets / "jobs" / "d.key").exists() and not (secrets / "openrouter.key").exists()
+    assert sbx.api.keys.live() == [] and "revoked 2 child key(s)" in flat(r), explain(r)

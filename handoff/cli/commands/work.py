@@ -72,7 +72,7 @@ def launch(
     from handoff.ops.jobs import estimate
     from handoff.ops.jobs import launch as launch_plan
     from handoff.ops.jobs.probe import Resumed
-    from handoff.ops.secrets import settings
+    from handoff.ops.secrets import minted
     from handoff.run import plan
 
     values = dict(flags)
@@ -118,9 +118,9 @@ def launch(
     budget_line = None if extractor else launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
         console.say(budget_line)
-    # A budget limits the hosts' child keys too: the management key is read (once, on this
-    # workstation) only if a host turns out to hold one.
-    private.management = settings.ManagementKeys()
+    # A job with a budget runs on a child key of its own where the hosts hold minted keys:
+    # the management key is read (once, on this workstation) only if a host turns out to.
+    private.management = minted.JobKeys()
     if dry_run:
         return run_plan(p, dry_run)
     reports = plan.execute(p, connect=common.CONNECT)
@@ -220,8 +220,11 @@ def forget(host: str | None, role: str | None, *, job: str | None, yes: bool = F
 
     if not job:
         raise UsageError("fab forget needs --job NAME (the jobs: fab jobs)")
+    from handoff.ops.secrets import minted
+
     targets = targets_for(host, role)
     p = forgetting.plan(targets, job_flag=job)
+    p.private = forgetting.ForgetPrivate(minted.JobKeys())  # its own key revoked too
     if dry_run:
         return run_plan(p, dry_run=True)
     if not yes:

@@ -44,7 +44,7 @@ from handoff.config import flags, shards
 from handoff.config.templates import render_command
 from handoff.errors import UsageError
 from handoff.host.targets import Target
-from handoff.ops.jobs import budget
+from handoff.ops.jobs import budget, keys
 from handoff.ops.jobs.datasets import Dataset
 from handoff.ops.jobs.probe import ProbeJobs, _probe, identity_problem, ssh_command
 from handoff.ops.jobs.start import (
@@ -139,10 +139,13 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                       f"{target.vars['python']} -c <remote_code/probe.py> (sha256 of the inputs); "
                       f"-c <remote_code/jobs.py> list (reads only)", "always",
                       ProbeJobs(shard_spec), run=_probe, changes=False)]
+        if role.secret:
+            # Which key each job runs on, and that it has something left: before the gate.
+            steps.append(keys.check_step(target, share, [j.job for j in jobs]))
         steps += [push_step(j, lay.data) for j in jobs if j.dataset is not None]
         if share is not None and role.secret:
-            # The key's own limit enforces this host's share too (handoff.ops.jobs.budget).
-            steps.append(budget.limit_step(target, share, [j.job for j in jobs]))
+            # A budget is its job's: a child key of its own caps it (handoff.ops.jobs.keys).
+            steps += [keys.job_key_step(target, j.job, share) for j in jobs]
         chosen = sampling(target)
         for j in jobs:
             extra = {"input": j.input_path, "shard": shard_spec,

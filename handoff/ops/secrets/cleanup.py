@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from handoff import console
 from handoff.config import state
-from handoff.config.layout import key_record, sftp_path
+from handoff.config.layout import job_keys_folder, key_record, sftp_path
 from handoff.defaults import (
     BUILTIN_VARS,
 )
@@ -170,9 +170,62 @@ def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope, force: bool = 
                       "if present" + ("" if force else ", and no job runs on the host"),
                       RemoveKey(e.path, e.fingerprint, force), run=_remove_key)
                  for e in group]
+        # The jobs' own keys beside each host key (a job with a budget has one), also those
+        # no ledger here lists (a wiped state dir, another clone's launch).
+        folders = sorted({job_keys_folder(e.path) if not e.job else e.path.rsplit("/", 1)[0]
+                          for e in group})
+        steps.append(Step("remove-job-keys", f"remove every job's own key in {', '.join(folders)} "
+                                             f"and the child key records beside them",
+                          f"sftp listdir {', '.join(folders)}; read each <job>.key.minted.json "
+                          f"(the child key to revoke); remove <job>.key, its temp leftovers and "
+                          f"its record; stat to prove them gone", "if there are any",
+                          RemoveJobKeys(tuple(folders), force), run=_remove_job_keys))
         target = scope.targets.get(host) or _ledger_target(group[0])
         plan.hosts.append(HostPlan(target, steps))
     return plan
+
+
+@dataclass(frozen=True)
+class RemoveJobKeys:
+    """The folders of the jobs' own keys on a host (`<key folder>/jobs`)."""
+
+    folders: tuple[str, ...]
+    force: bool = False
+
+
+def _remove_job_keys(ctx: HostContext, step: Step) -> str:
+    s = ctx.session
+    p = step.args(RemoveJobKeys)
+    _check_running(ctx, p.force)
+    done = ctx.report.data_as(KeysRemoved)
+    removed: list[str] = []
+    for folder in p.folders:
+        try:
+            names = s.files.listdir(folder)
+        except OSError:
+            continue  # no folder: no job ever had a key of its own here
+        for name in sorted(names):
+            if untrusted.name_problem(name) is not None or name.startswith("."):
+                continue  # temp leftovers go with their key (remove), nothing else is ours
+            path = f"{folder}/{name}"
+            if name.endswith(".key"):
+                record = keyrecord.read_record(s, key_record(path))
+                if record is not None:
+                    done.records.append((record, path))
+                if not isinstance(remove(s, path, ""), Skipped):
+                    removed.append(path)
+            elif name.endswith(".key.minted.json"):
+                record = keyrecord.read_record(s, path)
+                if record is not None:
+                    done.records.append((record, path.removesuffix(".minted.json")))
+                try:
+                    s.files.remove(path)
+                except OSError:
+                    pass
+    done.removed += len(removed)
+    if not removed:
+        return Skipped("no job key file")
+    return f"removed {len(removed)} job key file(s): {', '.join(removed)}, verified gone"
 
 
 def _running_jobs(session: Session) -> list[str] | None:

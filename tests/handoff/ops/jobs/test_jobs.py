@@ -103,7 +103,7 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     p = launch.plan(ws.targets("a,b", flags={"concurrency": 7}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
     assert [[s.action for s in hp.steps] for hp in p.hosts] == \
-        [["probe", "push-input", "start-job", "check-jobs"]] * 2
+        [["probe", "check-keys", "push-input", "start-job", "check-jobs"]] * 2
     assert p.all_or_nothing  # no host starts unless every host passed its probe
     start_a = p.for_host("a")[-2]
     # One job per dataset, named after the file's stem.
@@ -115,9 +115,9 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
     assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
-    assert [s.changes for s in p.for_host("a")] == [False, True, True, False]
+    assert [s.changes for s in p.for_host("a")] == [False, False, True, True, False]
     alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
-    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job", "check-jobs"]
+    assert [s.action for s in alone.hosts[0].steps] == ["probe", "check-keys", "start-job", "check-jobs"]
     assert alone.hosts[0].steps[-2].params.job == "b3"
     assert alone.hosts[0].steps[-2].params.shard is None
     stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)

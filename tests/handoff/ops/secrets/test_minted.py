@@ -294,9 +294,13 @@ def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
     assert view.key is not None and "REVOKED" in view.key.spend()
 
 
-def test_launch_budget_limits_the_child_key_to_the_hosts_share(
-        ws: Workstation, minted: KeyedAPI, tmp_path: Path) -> None:
-    from handoff.ops.jobs import launch
+def test_a_budget_is_its_jobs_own_child_key(ws: Workstation, minted: KeyedAPI, tmp_path: Path,
+                                            capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 #1, #5: a job with a budget runs on a child key of its own, limited to its
+    host's share; the host's key (what jobs without a budget run on) is never changed; a
+    relaunch reuses the job's key; one whose key would have nothing left is refused before
+    anything starts, naming host, job, used and limit; forget revokes it."""
+    from handoff.ops.jobs import forget, launch
 
     assert budget.host_share(10.0, 4) == 2.5
     assert budget.new_limit(usage=0.5, share=2.5, spent=1.0) == 2.0
@@ -305,15 +309,58 @@ def test_launch_budget_limits_the_child_key_to_the_hosts_share(
     prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
     assert all(r.ok for r in plan.execute(deploy.build(ws.targets("s,t"), key=creds(minted)),
                                           connect=ws.connect))
+    host_keys = {k.hash for k in minted.keys.live()}
+
+    def launched(max_cost: float) -> list[Any]:
+        p = launch.plan(ws.targets("s,t", flags={"max_cost": max_cost, "mode": "finish"}),
+                        local_input=str(prompts), remote_input=None, job_flag=None)
+        launch.private_of(p).management = minted_keys.JobKeys()
+        return plan.execute(p, connect=ws.connect)
+
+    from handoff.ops.secrets import minted as minted_keys
+
     p = launch.plan(ws.targets("s,t", flags={"max_cost": 0.5}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
-    assert [s.action for s in p.hosts[0].steps] == ["probe", "push-input", "set-key-limit",
+    assert [s.action for s in p.hosts[0].steps] == ["probe", "check-keys", "push-input", "job-key",
                                                    "start-job", "check-jobs"]
-    launch.private_of(p).management = settings.ManagementKeys()
-    reports = plan.execute(p, connect=ws.connect)
+    reports = launched(0.5)
     assert all(r.ok for r in reports), [r.error for r in reports]
-    assert sorted(k.limit for k in minted.keys.live()) == [0.25, 0.25]  # $0.50 over 2 hosts
-    assert any("limit $2.0000 -> $0.2500" in str(line) for line in reports[0].lines)
+    live = minted.keys.live()
+    own = [k for k in live if k.hash not in host_keys]
+    assert sorted(k.limit for k in own) == [0.25, 0.25]  # $0.50 over 2 hosts, one key each
+    assert {k.limit for k in live if k.hash in host_keys} == {LIMIT}  # the hosts' keys untouched
+    assert sorted(k.name.rsplit(":", 2)[1:] for k in own) == [["s", "sleeper"], ["t", "sleeper"]]
+    job_key = keyfile(ws, "s").parent / "jobs" / "sleeper.key"
+    assert stat.S_IMODE(job_key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(job_key.parent.stat().st_mode) == 0o700
+    assert job_key.read_text() in {k.key for k in own}
+    meta = json.loads((ws.remote_dir("s") / "jobs" / "sleeper" / "job.json").read_text())
+    assert meta["key"] == "job"
+
+    again = launched(0.5)  # finished already: nothing started, no key minted
+    assert all(r.ok for r in again) and len(minted.keys.live()) == 4, [r.error for r in again]
+
+    # The job spent its share (its status says so): a relaunch with that budget is refused
+    # before anything starts anywhere, naming host, job, used and limit.
+    status_file = ws.remote_dir("s") / "jobs" / "sleeper" / "status.json"
+    st = json.loads(status_file.read_text())
+    status_file.write_text(json.dumps({**st, "state": "stopped", "cost": 0.3}))
+    capfd.readouterr()
+    refused = launched(0.5)
+    assert not any(r.ok for r in refused)
+    [bad] = [r for r in refused if "nothing changed" not in str(r.error)]
+    assert bad.target.label == "s" and "job sleeper's key has nothing left: used $0.0000 of " \
+        "$0.0000 (the job's share of the budget here is $0.2500, and it spent $0.3000)" \
+        in str(bad.error), bad.error
+    assert "Nothing was started on any host" in str(bad.error)
+    assert all("start-job" not in str(line) for r in refused for line in r.lines)
+
+    # forget revokes the job's own keys and removes the files; the hosts' keys live on.
+    p = forget.plan(ws.targets("s,t"), job_flag="sleeper")
+    p.private = forget.ForgetPrivate(minted_keys.JobKeys())
+    done = plan.execute(p, connect=ws.connect)
+    assert all(r.ok for r in done), [r.error for r in done]
+    assert {k.hash for k in minted.keys.live()} == host_keys and not job_key.exists()
 
 
 def test_the_job_runs_on_the_child_key(ws: Workstation, minted: KeyedAPI) -> None:
