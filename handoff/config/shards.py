@@ -53,6 +53,7 @@ class Move:
     done: int = 0
     failed: int = 0
     fetched: float | None = None  # when the source's copy was fetched (its files' mtime)
+    spent: float = 0.0  # what the source spent on it (its last fetched status): off the budget
 
     @classmethod
     def from_json(cls, raw: Any) -> Move | None:
@@ -61,10 +62,12 @@ class Move:
         try:
             move = cls(int(raw["shard"]), str(raw["source"]), str(raw["taker"]),
                        int(raw.get("done") or 0), int(raw.get("failed") or 0),
-                       float(raw["fetched"]) if raw.get("fetched") is not None else None)
+                       float(raw["fetched"]) if raw.get("fetched") is not None else None,
+                       float(raw.get("spent") or 0.0))
         except (KeyError, TypeError, ValueError):
             return None
-        ok = move.shard >= 0 and move.done >= 0 and move.failed >= 0 and move.source != move.taker
+        ok = (move.shard >= 0 and move.done >= 0 and move.failed >= 0 and move.source != move.taker
+              and 0.0 <= move.spent < float("inf"))
         return move if ok else None
 
 

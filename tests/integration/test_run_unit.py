@@ -160,3 +160,80 @@ def test_cleanup_finds_a_jobs_own_key_with_the_state_dir_gone(make_sandbox, fab,
     secrets = sbx.container("sbx-1").home / ".handoff" / "secrets"
     assert not (secrets / "jobs" / "d.key").exists() and not (secrets / "openrouter.key").exists()
     assert sbx.api.keys.live() == [] and "revoked 2 child key(s)" in flat(r), explain(r)
+
+
+def test_a_dead_hosts_shard_moves_and_every_id_is_asked_once(make_sandbox, fab,
+                                                             tmp_path: Path) -> None:
+    """The issue's take-over (#4): 3 hosts; sbx-3 goes down mid-run (its job ends, as a
+    host's processes do at shutdown, after the last fetch; then its sshd stops). A relaunch
+    over fewer hosts is refused while another host runs its shard; `--take-over sbx-3 --host
+    sbx-2` moves sbx-3's shard to sbx-2, which leaves out what sbx-3's fetched copy holds.
+    Every id is asked exactly once at the fake across the whole run, and the merged output
+    is complete. (The job ends with SIGTERM, not kill -9: a request cut in flight was sent
+    and never recorded anywhere, so no one could know not to ask it again.)"""
+    import os
+    import signal
+
+    from tests.integration.conftest import wait_until
+
+    sbx = make_sandbox(hosts=3, api_latency_s=0.2)
+    data = dataset(tmp_path / "alpha.jsonl", 90)
+    dest = tmp_path / "results"
+    assert fab.on(sbx, "deploy").rc == 0
+    r = fab.on(sbx, "launch", "--input", str(data), "--concurrency", "1")
+    assert r.rc == 0, explain(r)
+    dead = sbx.container("sbx-3")
+    job_dir = dead.home / ".handoff" / "jobs" / "alpha"
+
+    def done_on_dead() -> int:
+        try:
+            return int(json.loads((job_dir / "status.json").read_text()).get("done") or 0)
+        except (OSError, ValueError):
+            return 0
+
+    assert wait_until(lambda: done_on_dead() >= 5, 60)
+    pid = int((job_dir / "pid").read_text())
+    os.kill(pid, signal.SIGTERM)  # the host shuts down: its job drains, then ends
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 60)
+    r = fab.on(sbx, "fetch", "--dest", str(dest), "--job", "alpha")
+    assert r.rc == 0, explain(r)
+    in_hand = len(ids(dest / "sbx-3" / "alpha" / "output.jsonl"))
+    assert 0 < in_hand < 30
+    sbx.stop_container("sbx-3")
+
+    st = fab.on(sbx, "status", "--job", "alpha")
+    assert st.rc == 1 and "partial" in flat(st) and "sbx-3 (unreachable)" in flat(st), explain(st)
+    # Relaunching over fewer hosts while sbx-1 runs its shard would ask again: refused.
+    r = fab.on(sbx, "launch", "--input", str(data), "--host", "sbx-2")
+    assert r.rc == 1, explain(r)
+    said = flat(r)
+    assert "sbx-1 still runs its shard and sbx-3 cannot be reached" in said, explain(r)
+    assert "`fab launch --job alpha --take-over sbx-3 --host sbx-2`" in said
+    assert "Nothing was started" in said and "--host sbx-1,sbx-2,sbx-3" in said
+
+    # sbx-2 takes sbx-3's shard over: stopped first (it resumes its own shard with it).
+    assert fab.on(sbx, "stop", "--job", "alpha", "--host", "sbx-2").rc == 0
+    r = fab.on(sbx, "launch", "--input", str(data), "--job", "alpha", "--take-over", "sbx-3",
+               "--host", "sbx-2", "--dest", str(dest))
+    assert r.rc == 0, explain(r)
+    text = flat(r)
+    assert f"shard 2/3 moves from sbx-3 to sbx-2 (take-over): {in_hand} of its ids are in hand" in text
+    assert "shard 1,2/3" in text, explain(r)
+    meta = json.loads((sbx.container("sbx-2").home / ".handoff" / "jobs" / "alpha" / "job.json")
+                      .read_text())
+    assert meta["shard"] == "1,2/3" and meta["exclude_ids"].endswith("exclude-ids.jsonl")
+
+    r = fab.on(sbx, "status", "--wait", "--host", "sbx-1,sbx-2", "--job", "alpha",
+               "--interval", "0.3", timeout=240)
+    assert r.rc == 0, explain(r)
+    assert "moved from sbx-3 to sbx-2" in flat(r), explain(r)
+    got = records(fab.on(sbx, "status", "--json", "--host", "sbx-1,sbx-2", "--job", "alpha"))
+    assert sum(rec["done"] for rec in got.values()) + in_hand == 90
+
+    r = fab.on(sbx, "fetch", "--dest", str(dest), "--host", "sbx-1,sbx-2")
+    assert r.rc == 0 and "complete: all 90 ids of the job" in flat(r), explain(r)
+    merged = ids(dest / "alpha" / "output.jsonl")
+    assert sorted(merged) == sorted(f"alpha-{i}" for i in range(90))
+    # At the fake: every prompt asked exactly once across the whole run.
+    asked = dict(sbx.api.stats.requests_by_prompt)
+    assert len(asked) == 90 and set(asked.values()) == {1}, {k: n for k, n in asked.items() if n != 1}

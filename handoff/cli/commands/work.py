@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from handoff import console
@@ -64,10 +65,14 @@ def launch(
     flags: dict[str, Any],
     shard: bool = True,
     dry_run: bool = False,
+    take_over: str | None = None,
+    dest: str | None = None,
 ) -> int:
-    """Start one job per dataset detached on each host, sharded i/n; the estimate first (of
-    every prompt), and on a relaunch, once the hosts have answered, the estimate of what is
-    left."""
+    """Start one job per dataset detached on each host, sharded i/n (a relaunch over the
+    hosts that run a job's shards: each its own again); the estimate first (of every
+    prompt), and on a relaunch, once the hosts have answered, the estimate of what is left.
+    `take_over`: move that host's shard of the job to the one `host` (its last fetched copy
+    under `dest` says what is in hand)."""
     from handoff.config import shards as shard_layouts
     from handoff.ops.jobs import estimate
     from handoff.ops.jobs import launch as launch_plan
@@ -88,8 +93,10 @@ def launch(
     sharded = shard and len(targets) > 1
     loaded = (launch_plan.load_datasets(targets, inputs, job_flag, len(targets) if sharded else 1)
               if inputs and not remote_input else None)
+    placements = _placements(targets, loaded, remote_input, job_flag, sharded=shard,
+                             take_over=take_over, dest=dest, dry_run=dry_run)
     p = launch_plan.plan(targets, local_input=inputs, remote_input=remote_input, job_flag=job_flag,
-                         shard=shard, loaded=loaded)
+                         shard=shard, loaded=loaded, placements=placements)
     for ds in loaded or []:
         n = ds.check.prompts
         line = f"{ds.job}: {ds.path} ({units.size(ds.size)}), {n} prompt{'s' if n != 1 else ''}"
@@ -121,21 +128,96 @@ def launch(
     # A job with a budget runs on a child key of its own where the hosts hold minted keys:
     # the management key is read (once, on this workstation) only if a host turns out to.
     private.management = minted.JobKeys()
+    for placed in placements.values():
+        for line in placed.notes:
+            console.warn(console.r(line))
     if dry_run:
         return run_plan(p, dry_run)
+    for placed in placements.values():
+        move = placed.take_over
+        if move is not None:
+            # The source may only seem dead (a partition): its key for the job dies first, so
+            # it cannot go on asking what the taker now asks.
+            source = targets_for(move.source, role, quiet=True)[0]
+            revoked = private.management.revoke_job_keys(source, move.job) if isinstance(
+                private.management, minted.JobKeys) else []
+            if revoked:
+                console.note(f"revoked {move.source}'s child key for job {move.job} "
+                             f"({', '.join(h[:12] for h in revoked)}): it cannot ask any more")
     reports = plan.execute(p, connect=common.CONNECT)
     # The shard layout is the workstation's: recorded here for each job a host started, so
     # status, jobs and fetch never judge it by a host's job.json.
     started = {job for r in reports if isinstance(r.data, Resumed) for job in r.data.started}
     for j in private.jobs:
         if j.job in started:
-            shard_layouts.record(j.job, launch_plan.launch_of(j, targets, sharded))
+            shard_layouts.record(j.job, placements[j.job].launch)
     if loaded and not extractor and all(isinstance(r.data, Resumed) for r in reports):  # every probe answered
         done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
                                      sharded=shard and len(targets) > 1)
         for line in estimate.left_lines(loaded, targets, done):
             console.say(console.r(line))
     return exit_code(reports)
+
+
+def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: str | None, *,
+                sharded: bool, take_over: str | None, dest: str | None,
+                dry_run: bool) -> dict[str, Any]:
+    """Each job's shard per host (handoff.ops.jobs.moves): the recorded layout's on a
+    relaunch over the hosts that run it, a take-over's, else cut anew; refused (exit 1,
+    nothing started) while a host a relaunch leaves may still run its shard."""
+    from handoff.config import paths
+    from handoff.config import shards as shard_layouts
+    from handoff.errors import HandoffError
+    from handoff.ops.jobs import launch as launch_plan
+    from handoff.ops.jobs import moves
+
+    jobs = launch_plan.jobs_of(targets, loaded, remote_input, job_flag)
+    labels = [t.label for t in targets]
+    found: dict[str, Any] = {}
+    if take_over is not None:
+        if len(jobs) != 1 or len(targets) != 1:
+            raise UsageError("--take-over DEAD moves one job's shard to one host: `fab launch "
+                             "--job J --take-over DEAD --host NEW` (with the job's --input)")
+        j = jobs[0]
+        folder = Path(dest).expanduser() if dest else paths.results_dir()
+        placed, _ = moves.take_over(j.job, take_over.strip(), targets[0], folder,
+                                    input_sha256=j.dataset.sha256 if j.dataset else None,
+                                    sharded=sharded)
+        if not dry_run:
+            source = targets_for(take_over.strip(), None, quiet=True)
+            state = moves.states(list(source), j.job, common.CONNECT)[source[0].label]
+            if state in ("running", "starting", "stopping"):
+                raise HandoffError(
+                    f"{take_over}: job {j.job} still {state} there: a take-over moves the shard "
+                    f"of a host that is gone. Stop it first (`fab stop --job {j.job} --host "
+                    f"{take_over}`), fetch it (`fab fetch --job {j.job}`: what it answered is "
+                    f"then not asked again), then take over; nothing was started")
+            if state is not None:
+                placed.notes.append(f"{take_over} is reachable (job {j.job} {state}): its "
+                                    f"answers since the last fetch are asked again on "
+                                    f"{targets[0].label}; `fab fetch --job {j.job}` first "
+                                    f"avoids that")
+        return {j.job: placed}
+    for j in jobs:
+        ds = j.dataset
+        placed = moves.placement(j.job, labels, sharded=sharded,
+                                 input_sha256=ds.sha256 if ds is not None else None,
+                                 prompts=ds.check.prompts if ds is not None else None,
+                                 per_shard=ds.check.per_shard if ds is not None else None)
+        gone = moves.leaving(placed)
+        if gone and not dry_run:
+            leavers = [t for label in gone for t in targets_for(label, None, quiet=True)]
+            layout = shard_layouts.load(j.job)
+            problem = moves.refusal(j.job, moves.states(leavers, j.job, common.CONNECT), labels,
+                                    layout.holders if layout is not None else ())
+            if problem:
+                raise HandoffError(problem)
+        layout = shard_layouts.load(j.job)
+        if layout is not None and layout.sharded and not placed.reused and (
+                ds is None or layout.input_sha256 in (None, ds.sha256)):
+            placed.notes.append(moves.reshard_note(j.job, gone, layout))
+        found[j.job] = placed
+    return found
 
 
 @guarded

@@ -47,7 +47,7 @@ NOTHING = 1e-6
 class CheckKeys:
     """The host's share of each job's budget (None: no budget) and the jobs launched."""
 
-    share: float | None
+    shares: dict[str, float | None]
     jobs: list[str]
 
 
@@ -59,18 +59,19 @@ class JobKey:
     share: float
 
 
-def check_step(target: Target, share: float | None, jobs: list[str]) -> Step:
+def check_step(target: Target, shares: dict[str, float | None], jobs: list[str]) -> Step:
     api = target.management_api or "<the inventory's management API>"
     names = ", ".join(jobs)
+    budgeted = any(share is not None for share in shares.values())
     what = (f"check each job's key has something left: with a minted host key, job"
             f"{'s' if len(jobs) > 1 else ''} {names} run{'' if len(jobs) > 1 else 's'} on "
-            + ("a child key of its own, limited to its share of the budget" if share is not None
+            + ("a child key of its own, limited to its share of the budget" if budgeted
                else "the host's key, capped by key_limit"))
     return Step("check-keys", what,
                 f"sftp read the key records; GET {api}/keys/<hash> (usage, limit); refuse a "
                 f"job whose key would have nothing left (reads only)",
                 "if the host holds a minted child key (else the payload's --max-cost applies)",
-                CheckKeys(share, list(jobs)), run=_check, changes=False)
+                CheckKeys(dict(shares), list(jobs)), run=_check, changes=False)
 
 
 def job_key_step(target: Target, job: str, share: float) -> Step:
@@ -104,35 +105,20 @@ def _check(ctx: HostContext, step: Step) -> str:
     host_record = (keyrecord.read_record(s, key_record(key_path))
                    if facts.file(KEY_RECORD).exists else None)
     jobs = [job for job in p.jobs if job not in found.finished]  # nothing starts for those
-    empty: list[str] = []
+    budgeted = {job: share for job, share in p.shares.items() if share is not None and job in jobs}
+    on_host_key = [job for job in jobs if job not in budgeted]
     said: list[str] = []
-    clients = ctx.private_as(ManagementCarrier).management
-    if p.share is None:
-        if host_record is None or clients is None or not jobs:
-            return Skipped("no budget: the jobs run on the host's key"
-                           + (" (the plain API key)" if host_record is None else ""))
-        try:
-            _, info = clients.child_key(s.target, host_record.hash, "read the host key's usage")
-        except (ManagementKeyMissing, KeyAPIError) as exc:
-            return Skipped(f"the host's child key could not be read ({exc}); the jobs run on it")
-        if info is None:
-            raise RemoteError(f"{s.label}: the host's child key {host_record.hash[:12]} is revoked; "
-                              f"`fab push-key --host {s.label}` mints a new one (nothing was "
-                              f"started on any host)")
-        if info.limit is not None and info.limit - info.usage < NOTHING:
-            raise HandoffError(
-                f"{s.label}: the host's key has nothing left for job{'s' if len(jobs) > 1 else ''} "
-                f"{', '.join(jobs)}: used {keyapi.money(info.usage)} of {keyapi.money(info.limit)} "
-                f"(key_limit); nothing was started on any host. Give the job a budget "
-                f"(--max-cost: it runs on a key of its own), or replace the host's key (`fab "
-                f"cleanup-secrets --host {s.label}`, then `fab push-key --host {s.label}`)")
-        return Skipped(f"no budget: the jobs run on the host's key ({info.describe()})")
-    for job in jobs:
+    if on_host_key:
+        said.append(_host_key_left(ctx, host_record, on_host_key))
+    empty: list[str] = []
+    for job, share in budgeted.items():
         spent = found.spent.get(job, 0.0)
         if host_record is None:  # the plain API key: the payload's --max-cost caps the job
-            if p.share - spent < NOTHING:
-                empty.append(f"job {job}: nothing left of its budget share: spent "
-                             f"{keyapi.money(spent)} of {keyapi.money(p.share)}")
+            if share - spent < NOTHING:
+                empty.append(f"job {job} has nothing left of its budget share here: spent "
+                             f"{keyapi.money(spent)} of {keyapi.money(share)}")
+            else:
+                said.append(f"{job}: the plain API key, its --max-cost {keyapi.money(share)}")
             continue
         usage, live = 0.0, None
         if facts.file(job_record_fact(job)).exists:
@@ -145,22 +131,50 @@ def _check(ctx: HostContext, step: Step) -> str:
                     info = None  # not a key of this host's: a new one is minted
                 if info is not None and info.live(margin_s=KEY_RENEW_BEFORE_S):
                     usage, live = info.usage, info
-        limit = new_limit(usage, p.share, spent)
+        limit = new_limit(usage, share, spent)
         if limit - usage < NOTHING:
-            used, of = (usage, limit) if live else (spent, p.share)
+            used, of = (usage, limit) if live else (spent, share)
             empty.append(f"job {job}'s key has nothing left: used {keyapi.money(used)} of "
                          f"{keyapi.money(of)} (the job's share of the budget here is "
-                         f"{keyapi.money(p.share)}, and it spent {keyapi.money(spent)})")
+                         f"{keyapi.money(share)}, and it spent {keyapi.money(spent)})")
             continue
         found.own_keys.add(job)
-        said.append(f"{job}: {'its key reused' if live else 'a key of its own'}, "
+        said.append(f"{job}: {'its own key reused' if live else 'a key of its own'}, "
                     f"{keyapi.money(limit - usage)} to spend")
     if empty:
         raise HandoffError(f"{s.label}: " + "; ".join(empty) + ". Nothing was started on any "
                            "host: raise --max-cost (the job's whole budget, split over its "
                            "hosts), or launch the input as another --job")
-    return Skipped("; ".join(said) if said else "the host holds the plain API key: the "
-                   "payload's --max-cost caps each job")
+    return Skipped("; ".join(x for x in said if x) or "no job to start")
+
+
+def _host_key_left(ctx: HostContext, record: keyrecord.KeyRecord | None, jobs: list[str]) -> str:
+    """What the host's own key (the jobs without a budget run on it) has left; a HandoffError
+    when nothing. Best effort where the management key cannot be read here: the key's own
+    402 still stops the jobs."""
+    s = ctx.session
+    names = f"job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)}"
+    clients = ctx.private_as(ManagementCarrier).management
+    if record is None:
+        return f"{names}: the plain API key (uncapped)"
+    if clients is None:
+        return f"{names}: the host's key"
+    try:
+        _, info = clients.child_key(s.target, record.hash, "read the host key's usage")
+    except (ManagementKeyMissing, KeyAPIError) as exc:
+        return f"{names}: the host's key (its usage could not be read: {exc})"
+    if info is None:
+        raise RemoteError(f"{s.label}: the host's child key {record.hash[:12]} is revoked; `fab "
+                          f"push-key --host {s.label}` mints a new one (nothing was started on "
+                          f"any host)")
+    if info.limit is not None and info.limit - info.usage < NOTHING:
+        raise HandoffError(
+            f"{s.label}: the host's key has nothing left for {names}: used "
+            f"{keyapi.money(info.usage)} of {keyapi.money(info.limit)} (key_limit); nothing was "
+            f"started on any host. Give the job a budget (--max-cost: it runs on a key of its "
+            f"own), or replace the host's key (`fab cleanup-secrets --host {s.label}`, then `fab "
+            f"push-key --host {s.label}`)")
+    return f"{names}: the host's key ({info.describe()})"
 
 
 def _job_key(ctx: HostContext, step: Step) -> str:

@@ -31,7 +31,8 @@ from payload import units
 
 @dataclass(frozen=True)
 class ProbeJobs:
-    shard: str | None  # the shard this host is given (a resumed job may have had another)
+    shards: dict[str, str | None]  # per job, the shard this host is given (a resumed job may
+    # have had another)
 
 
 def _probe(ctx: HostContext, step: Step) -> str:
@@ -70,8 +71,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
             problems.append(problem)
     if problems:
         raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
-    shard = step.args(ProbeJobs).shard
-    found = resumed(host_jobs, [j.job for j in jobs], shard)
+    given = step.args(ProbeJobs).shards
+    found = resumed(host_jobs, given)
 
     def said(job: str) -> str:
         # "job B3: new" rather than the state's own word for a job never launched ("none").
@@ -86,8 +87,9 @@ def _probe(ctx: HostContext, step: Step) -> str:
     moved = []
     for j in jobs:
         meta = host_jobs.get(j.job).meta
-        if meta is not None and meta.get("shard") != shard:
-            moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now {shard or 'all'}")
+        if meta is not None and meta.get("shard") != given.get(j.job):
+            moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now "
+                         f"{given.get(j.job) or 'all'}")
     ctx.report.data = found
     note = f" (resharded: {'; '.join(moved)})" if moved else ""
     return Skipped(f"release {'and key ' if role and role.secret else ''}in place, "
@@ -115,11 +117,12 @@ class Resumed:
     finished: dict[str, str] = field(default_factory=dict)
 
 
-def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:
-    """The host's `Resumed`, from the job states the probe read (their status.json, checked:
-    a count the host got wrong counts as none done, so the estimate stays an upper bound)."""
+def resumed(host_jobs: HostJobs, shards: dict[str, str | None]) -> Resumed:
+    """The host's `Resumed` for the jobs launched (each with the shard it is given here),
+    from the job states the probe read (their status.json, checked: a count the host got
+    wrong counts as none done, so the estimate stays an upper bound)."""
     found = Resumed()
-    for job in jobs:
+    for job, shard in shards.items():
         current = host_jobs.get(job)
         if current.state == "none":
             continue

@@ -39,6 +39,7 @@ class StartJob:
     # here): job.json records them so `status` can tell a missing shard from a small job.
     shard_hosts: tuple[str, ...] = ()
     prompts: int | None = None
+    exclude: str | None = None  # a shard taken over: the ids in hand to leave out (moves)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ def _start(ctx: HostContext, step: Step) -> str:
     chosen = sampling(s.target)  # checked when the plan was built: the same vars
     own = job in ctx.report.data_as(Resumed).own_keys  # a budget: the job's own key (jobs.keys)
     key = job_key_path(s.abs(str(s.vars["key_path"])), job) if own else None
+    exclude = s.abs(p.exclude) if p.exclude else None
     command = render_command(role.launch, job_vars(s, facts, job, {"input": input_path, "shard": shard,
-                                                                   "max_cost": p.share, **chosen},
+                                                                   "max_cost": p.share,
+                                                                   "exclude_ids": exclude, **chosen},
                                                    key_path=key),
                              f"role {role.name} launch")
     jd = s.layout.job(job)
@@ -117,6 +120,7 @@ def _start(ctx: HostContext, step: Step) -> str:
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
             "max_cost": p.max_cost, "host_max_cost": p.share,
             "key": "job" if own else "host",  # which key it runs on (jobs.keys)
+            "exclude_ids": exclude,  # a shard taken over: the ids in hand, left out
             # what the payload was told (unset ones: the payload's defaults)
             "sampling": {name: chosen.get(name) for name in flags.SAMPLING},
             "started": time.time(), "host": s.label}

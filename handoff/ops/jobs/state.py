@@ -81,7 +81,8 @@ class JobState:
         meta, meta_problems = untrusted.meta(raw.get("meta"))
         keys, records = raw.get("keys"), raw.get("records")
         latency, latency_problems = _latency(raw.get("latency"))
-        own = raw.get("own_key") if isinstance(raw.get("own_key"), dict) else {}
+        found = raw.get("own_key")
+        own: dict[str, Any] = found if isinstance(found, dict) else {}
         return cls(untrusted.text(raw.get("job_dir")) or "", status, meta,
                    untrusted.count(raw.get("pid")) or None, raw.get("alive") is True,
                    {str(k): v is True for k, v in keys.items()} if isinstance(keys, dict) else {},

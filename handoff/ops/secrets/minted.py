@@ -34,6 +34,7 @@ from handoff.errors import (
 from handoff.host import keyrecord
 from handoff.host.facts import KEY_FILE, KEY_RECORD, Facts, gather, job_key_fact, job_record_fact
 from handoff.host.session import Session
+from handoff.host.targets import Target
 from handoff.ops import keyapi
 from handoff.ops.secrets.place import in_ledger, key_location, ledger_entry, place
 from handoff.ops.secrets.settings import (
@@ -255,6 +256,38 @@ class JobKeys(ManagementKeys):
         creds = self.credentials(str(target.vars.get("secret_service") or SECRET_SERVICE))
         return place_minted(session, facts, creds, key_settings(target), job=job,
                             limit_for=limit_for)
+
+    def revoke_job_keys(self, target: Target, job: str) -> list[str]:
+        """Revoke every child key of (`target`, `job`) without reaching the host (it may be
+        dead: a take-over moves its shard): the ledger's and the ones the management API
+        lists named for them. The hashes revoked (none without a management key)."""
+        service = str(target.vars.get("secret_service") or SECRET_SERVICE)
+        creds = self.credentials(service)
+        ep = target.endpoint
+        todo = {e.key_hash: e.api for e in state.live_minted()
+                if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) and e.job == job}
+        if not creds.management_key:
+            if todo:
+                raise ManagementKeyMissing(service, MANAGEMENT_KEY_USERNAME,
+                                           f"revoke {target.label}'s child key for job {job}")
+            return []
+        api = management_api(target)
+        client = creds.client(api, f"revoke {target.label}'s child key for job {job}")
+
+        def this_jobs(name: str) -> bool:
+            parsed = keyapi.ChildName.parse(name)
+            return parsed is not None and parsed.job == job and names_host(name, target)
+
+        for key in client.listed(this_jobs):
+            todo.setdefault(key.hash, api)
+        for key_hash, where in todo.items():
+            client.at(where or api).revoke(key_hash)
+            state.record(state.LedgerEntry(
+                host=target.label, hostname=ep.hostname, port=ep.port, user=ep.user,
+                identity=list(ep.identity), path=job_key_path(str(target.vars["key_path"]), job),
+                fingerprint="", time=time.time(), event="revoked", key_hash=key_hash,
+                api=where or api, service=service, job=job))
+        return list(todo)
 
     def forget_job_key(self, session: Session, job: str) -> str:
         """Revoke every child key of (this host, `job`) (the ledger's, the one its record

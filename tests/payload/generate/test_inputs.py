@@ -198,7 +198,7 @@ def test_a_shard_taken_over_asks_only_what_is_not_answered_elsewhere(fake_factor
     assert sorted(str(r["id"]) for r in read_jsonl(out)) == sorted(todo)
     assert fake.stats.requests == len(todo) and status_of(out)["total"] == len(todo)
     assert str(parse_shard("0,2/3")) == "0,2/3" and parse_shard("0,2/3").owns(mine[0])
-    with pytest.raises(ValueError, match="each I must be in 0..N-1, once"):
+    with pytest.raises(ValueError, match=r"each I must be in 0\.\.N-1, once"):
         parse_shard("1,1/3")
     exclude.write_text('{"id": 1}\n')
     bad = run_payload(*gen_args(fake, key_file, inp, tmp_path / "o2.jsonl", "--shard", "0/3",

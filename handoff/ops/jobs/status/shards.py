@@ -195,7 +195,7 @@ def combined(views: list[JobView]) -> list[JobView]:
         summed: dict[str, Any] = {k: sum(_number(st.get(k)) for st in sts)
                                   for k in ("done", "failed", "cost", "tokens_per_s")}
         layout = shards.layout
-        moves = [m for m in layout.now.moves if m.taker in layout.holders] if layout else []
+        moves = list(layout.now.moves) if layout else []  # ids in hand in the sources' copies
         summed["done"] = int(summed["done"]) + sum(m.done for m in moves)
         summed["failed"] = int(summed["failed"]) + sum(m.failed for m in moves)
         # Every shard reads the whole file: its bad lines are the file's, not a share.

@@ -110,7 +110,7 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     assert asdict(start_a.params) == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
                               "hosts": 2, "max_cost": None, "share": None,
                               # where the shards are, for status (issue 22 #3)
-                              "shard_hosts": ("a", "b"), "prompts": 1}
+                              "shard_hosts": ("a", "b"), "prompts": 1, "exclude": None}
     assert p.for_host("b")[-2].params.shard == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
@@ -209,8 +209,14 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert "started sleeper" in out and "shard 1/2" in out
 
     # A second copy is refused; the input, unchanged, is not pushed again.
-    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 1
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 1
     assert "already running" in capfd.readouterr().out.replace("\n", " ")
+    # So is a relaunch over fewer hosts while t still runs its shard (issue 32 #4): it would
+    # ask t's prompts again; the way out is named.
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert "t still runs its shard" in err and "Nothing was started" in err
+    assert "fab launch --job sleeper --take-over t --host s" in err
 
     assert commands.status("s,t", None, as_json=True) == 0
     records = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
