@@ -144,9 +144,21 @@ def launch(
             if revoked:
                 console.note(f"revoked {move.source}'s child key for job {move.job} "
                              f"({', '.join(h[:12] for h in revoked)}): it cannot ask any more")
+    # The shard layout is the workstation's: recorded here for each job a host started (or
+    # may have, cut by a Ctrl-C), so status, jobs and fetch never judge it by a host's
+    # job.json, and a merge takes a taker's records of the shard it took over.
+    advice = p.next_after_interrupt
+
+    def record_then_advise(progress: dict[str, Any]) -> str:
+        cut = {step.params.job for pr in progress.values()
+               for step in [*(s for s, _ in pr.acted), *([pr.current] if pr.current else [])]
+               if step.action == "start-job"}
+        for job in cut:
+            shard_layouts.record(job, placements[job].launch)
+        return advice(progress) if advice else ""
+
+    p.next_after_interrupt = record_then_advise
     reports = plan.execute(p, connect=common.CONNECT)
-    # The shard layout is the workstation's: recorded here for each job a host started, so
-    # status, jobs and fetch never judge it by a host's job.json.
     started = {job for r in reports if isinstance(r.data, Resumed) for job in r.data.started}
     for j in private.jobs:
         if j.job in started:

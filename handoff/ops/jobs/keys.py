@@ -85,7 +85,9 @@ def job_key_step(target: Target, job: str, share: float) -> Step:
                 f"{keyapi.NAME_PREFIX}<ws>:{target.label}:{job}), then POST {api}/keys with "
                 f"limit = share - spent and place it (O_EXCL 0600, rename)",
                 "if the host's key is a minted child key and the job is started",
-                JobKey(job, share), run=_job_key)
+                JobKey(job, share), run=_job_key,
+                check=f"the launch run again reuses the job's key (or mints it); `fab status "
+                      f"{target.flags(job)}` shows it once the job runs")
 
 
 def _clients(ctx: HostContext) -> ManagementClients:

@@ -229,7 +229,9 @@ def exclusions_step(target: Target, move: TakeOver) -> Step:
                                    f"({path}, with any it holds from an earlier take-over)",
                 f"sftp read {path} if there; create a temp name O_EXCL 0600, write the union, "
                 f"rename to {path}", "once every host passed its probe",
-                PushExclusions(move.job, move.source), run=_push_exclusions)
+                PushExclusions(move.job, move.source), run=_push_exclusions,
+                check="the take-over run again writes it again whole (renamed into place: "
+                      "never half)")
 
 
 def _push_exclusions(ctx: HostContext, step: Step) -> str:
