@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from handoff.config.layout import job_key_path, key_record
 from handoff.defaults import KEY_RENEW_BEFORE_S
-from handoff.errors import HandoffError, KeyAPIError, ManagementKeyMissing, RemoteError
+from handoff.errors import HandoffError, KeyAPIError, ManagementKeyMissing, RemoteError, SecretError
 from handoff.host import keyrecord
 from handoff.host.facts import KEY_RECORD, job_record_fact
 from handoff.host.targets import Target
@@ -163,7 +163,7 @@ def _host_key_left(ctx: HostContext, record: keyrecord.KeyRecord | None, jobs: l
         return f"{names}: the host's key"
     try:
         _, info = clients.child_key(s.target, record.hash, "read the host key's usage")
-    except (ManagementKeyMissing, KeyAPIError) as exc:
+    except (ManagementKeyMissing, KeyAPIError, SecretError) as exc:
         return f"{names}: the host's key (its usage could not be read: {exc})"
     if info is None:
         raise RemoteError(f"{s.label}: the host's child key {record.hash[:12]} is revoked; `fab "

@@ -1064,3 +1064,29 @@ def test_status_breaks_answers_down_by_provider_and_finish_reason() -> None:
     assert all("\x1b" not in k and len(k) <= untrusted.MAX_SHOWN_NAME for k in many)
     assert many["other (9 names)"] == 9
     assert untrusted.counts_by_name({"a": 10**400}) is None
+
+
+def test_a_take_over_of_a_host_still_running_its_shard_is_refused(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 #4: a take-over moves the shard of a host that is gone; one whose job still
+    runs there is refused (exit 1, nothing started), naming the way; a dry run says the move
+    and contacts no host."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"q{i}"}) + "\n" for i in range(9)))
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "sleeper"}, take_over="t", dest=str(tmp_path / "r")) == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert "t: job sleeper still running there: a take-over moves the shard of a host that is " \
+           "gone. Stop it first (`fab stop --job sleeper --host t`)" in err
+    assert json.loads((job_dir(ws, "s") / "job.json").read_text())["shard"] == "0/2"  # unchanged
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "sleeper"}, take_over="t", dest=str(tmp_path / "r"),
+                           dry_run=True) == 0
+    cap = capfd.readouterr()
+    said = " ".join((cap.out + cap.err).split())
+    assert "shard 1/2 moves from t to s (take-over): 0 of its ids are in hand" in said
+    assert "none fetched: every id of it is asked again" in said and "runs shard 0,1/2" in said
+    assert commands.stop("s,t", None, timeout=20) == 0

@@ -384,3 +384,26 @@ def test_plans_say_what_minting_does(ws: Workstation, minted: KeyedAPI) -> None:
     assert f"POST {minted.url}/keys" in step.detail and "DELETE every earlier key" in step.detail
     assert minted.management_key not in repr(p.hosts)
     assert isinstance(Skipped("x"), str)
+
+
+def test_jobs_on_a_used_up_host_key_are_refused_before_anything_starts(
+        ws: Workstation, minted: KeyedAPI, tmp_path: Path) -> None:
+    """Issue 32 #5, a host's key: jobs without a budget run on it; used up to its key_limit,
+    the launch is refused naming host, job, used and limit, and starts nothing."""
+    from handoff.ops.jobs import launch
+    from handoff.ops.secrets import minted as minted_keys
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    assert all(r.ok for r in plan.execute(deploy.build(ws.targets("s"), key=creds(minted)),
+                                          connect=ws.connect))
+    [key] = minted.keys.live()
+    key.usage = LIMIT  # spent to its limit
+    p = launch.plan(ws.targets("s"), local_input=str(prompts), remote_input=None, job_flag=None)
+    launch.private_of(p).management = minted_keys.JobKeys()
+    [report] = plan.execute(p, connect=ws.connect)
+    assert not report.ok
+    assert ("s: the host's key has nothing left for job sleeper: used $2.0000 of $2.0000 "
+            "(key_limit); nothing was started on any host") in str(report.error)
+    assert not (ws.remote_dir("s") / "jobs" / "sleeper").exists()
+    assert not (ws.remote_dir("s") / "data" / "in.jsonl").exists()  # not even pushed
