@@ -182,6 +182,7 @@ def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: s
     from handoff.errors import HandoffError
     from handoff.ops.jobs import launch as launch_plan
     from handoff.ops.jobs import moves
+    from handoff.ops.jobs.start import command_var_names
 
     jobs = launch_plan.jobs_of(targets, loaded, remote_input, job_flag)
     labels = [t.label for t in targets]
@@ -191,6 +192,11 @@ def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: s
             raise UsageError("--take-over DEAD moves one job's shard to one host: `fab launch "
                              "--job J --take-over DEAD --host NEW` (with the job's --input)")
         j = jobs[0]
+        role = targets[0].role
+        if role is None or "exclude_ids" not in command_var_names(role.launch):
+            raise UsageError(f"--take-over: role {role.name if role else None!r}'s launch command "
+                             f"takes no {{exclude_ids}}, so the new host could not leave out what "
+                             f"is in hand; a take-over moves a generator job's shard")
         folder = Path(dest).expanduser() if dest else paths.results_dir()
         placed, _ = moves.take_over(j.job, take_over.strip(), targets[0], folder,
                                     input_sha256=j.dataset.sha256 if j.dataset else None,

@@ -63,7 +63,7 @@ def sampling(target: Target) -> dict[str, Any]:
     role = target.role
     if role is None or "generate" not in [t for t in role.launch if isinstance(t, str)]:
         return {}
-    used = _command_vars(role.launch)
+    used = command_var_names(role.launch)
     out: dict[str, Any] = {}
     for name in flags.SAMPLING:
         if name in used and target.vars.get(name) is not None:
@@ -71,7 +71,7 @@ def sampling(target: Target) -> dict[str, Any]:
     return out
 
 
-def _command_vars(tokens: Any) -> set[str]:
+def command_var_names(tokens: Any) -> set[str]:
     """The `{var}` names a role's argv tokens use."""
     import string
     names: set[str] = set()

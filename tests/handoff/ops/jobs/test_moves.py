@@ -83,3 +83,15 @@ def test_a_refused_relaunch_names_the_way_out() -> None:
     assert "a still runs its shard and c cannot be reached" in said
     assert "`fab launch --job J --take-over c --host b`" in said and "--host a,b,c" in said
     assert moves.refusal("J", {"c": "stopped", "a": "finished"}, ["b"]) is None
+
+
+def test_a_role_that_cannot_leave_ids_out_takes_no_shard_over(
+        ws: Workstation, layout: shards.ShardLayout, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    from handoff.cli import commands
+
+    prompts = tmp_path / "J.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "q"}\n')
+    assert commands.launch("s", "batch", local_input=str(prompts), remote_input=None,
+                           flags={}, take_over="c", dest=str(tmp_path), dry_run=True) == 2
+    assert "launch command takes no {exclude_ids}" in capfd.readouterr().err
