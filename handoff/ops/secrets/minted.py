@@ -76,7 +76,7 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     remote, on_host = facts.file(fact), facts.file(record_fact)
     record = keyrecord.read_record(session, record_path, on_host.size) if on_host.exists else None
     replaced: keyrecord.KeyRecord | None = record
-    why = "the host holds no minted key"
+    why = f"job {job} had no key of its own here" if job else "the host holds no minted key"
     if record is not None:
         # The file beside the record is the key the record names, still private.
         intact = bool(remote.exists and remote.sha256 and record.fingerprint
