@@ -187,6 +187,8 @@ def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: s
     jobs = launch_plan.jobs_of(targets, loaded, remote_input, job_flag)
     labels = [t.label for t in targets]
     found: dict[str, Any] = {}
+    if dest is not None and take_over is None:
+        raise UsageError("--dest goes with --take-over (where the host's last fetched copy is)")
     if take_over is not None:
         if len(jobs) != 1 or len(targets) != 1:
             raise UsageError("--take-over DEAD moves one job's shard to one host: `fab launch "
