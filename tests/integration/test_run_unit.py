@@ -93,11 +93,12 @@ def test_one_jobs_budget_never_stops_another_job_on_its_host(make_sandbox, fab,
     budget, each on its own key. A relaunch whose key has nothing left is refused before
     anything starts (#5); cleanup leaves the host alone while a job runs there (#7); forget
     revokes the job's own key."""
-    sbx = minted_sandbox(make_sandbox, 1, api_latency_s=0.15)
+    # gamma's 40 answers take 0.2 s each, one at a time: it runs while the rest is done.
+    sbx = minted_sandbox(make_sandbox, 1, api_latency_s=0.2)
     keys, cost = sbx.api.keys, sbx.api.cost_per_request
     assert fab.on(sbx, "deploy").rc == 0
     [host_key] = keys.live()
-    gamma = dataset(tmp_path / "gamma.jsonl", 24)
+    gamma = dataset(tmp_path / "gamma.jsonl", 40)
     beta = dataset(tmp_path / "beta.jsonl", 24)
     r = fab.on(sbx, "launch", "--input", str(gamma), "--concurrency", "1")
     assert r.rc == 0, explain(r)
@@ -119,11 +120,11 @@ def test_one_jobs_budget_never_stops_another_job_on_its_host(make_sandbox, fab,
     r = fab.on(sbx, "status", "--wait", "--json", "--interval", "0.3", timeout=180)
     got = records(r)
     g, b = got[("sbx-1", "gamma")], got[("sbx-1", "budget")]
-    assert g["state"] == "finished" and g["done"] == g["total"] == 24, g
+    assert g["state"] == "finished" and g["done"] == g["total"] == 40, g
     assert b["state"] == "stopped" and 0 < b["done"] < 24 and b["cost"] <= budget + 1e-9, b
     assert b["key"]["own"] is True and b["key"]["limit"] == budget, b["key"]
     assert g["key"]["limit"] == 1.0 and "own" not in g["key"], g["key"]
-    assert keys.served_by[own[0].hash] == b["done"] and keys.served_by[host_key.hash] == 24
+    assert keys.served_by[own[0].hash] == b["done"] and keys.served_by[host_key.hash] == 40
 
     # A relaunch whose key would have nothing left is refused, naming host, job, used and
     # limit, before anything starts (#5).
