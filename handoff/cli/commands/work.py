@@ -138,8 +138,13 @@ def launch(
         if move is not None:
             # The source may only seem dead (a partition): its key for the job dies first, so
             # it cannot go on asking what the taker now asks.
-            source = targets_for(move.source, role, quiet=True)[0]
-            revoked = private.management.revoke_job_keys(source, move.job) if isinstance(
+            found = _resolved(move.source)
+            if not found:
+                console.warn(f"{move.source} is no host of the inventory any more: its child key "
+                             f"for job {move.job} (if any) is not revoked now; `fab "
+                             f"cleanup-secrets` revokes it")
+                continue
+            revoked = private.management.revoke_job_keys(found[0], move.job) if isinstance(
                 private.management, minted.JobKeys) else []
             if revoked:
                 console.note(f"revoked {move.source}'s child key for job {move.job} "
@@ -169,6 +174,17 @@ def launch(
         for line in estimate.left_lines(loaded, targets, done):
             console.say(console.r(line))
     return exit_code(reports)
+
+
+def _resolved(label: str) -> list[Any]:
+    """The host a job's layout names, as the inventory (or ssh_config) resolves it now; []
+    when it no longer can (a host dropped from the inventory)."""
+    from handoff.errors import HandoffError
+
+    try:
+        return list(targets_for(label, None, quiet=True))
+    except HandoffError:
+        return []
 
 
 def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: str | None, *,
@@ -204,8 +220,8 @@ def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: s
                                     input_sha256=j.dataset.sha256 if j.dataset else None,
                                     sharded=sharded)
         if not dry_run:
-            source = targets_for(take_over.strip(), None, quiet=True)
-            state = moves.states(list(source), j.job, common.CONNECT)[source[0].label]
+            source = _resolved(take_over.strip())
+            state = moves.states(source, j.job, common.CONNECT)[source[0].label] if source else None
             if state in ("running", "starting", "stopping"):
                 raise HandoffError(
                     f"{take_over}: job {j.job} still {state} there: a take-over moves the shard "
@@ -226,9 +242,11 @@ def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: s
                                  per_shard=ds.check.per_shard if ds is not None else None)
         gone = moves.leaving(placed)
         if gone and not dry_run:
-            leavers = [t for label in gone for t in targets_for(label, None, quiet=True)]
+            leavers = [t for label in gone for t in _resolved(label)]
+            states: dict[str, str | None] = dict.fromkeys(gone)  # not found: cannot be told
+            states.update(moves.states(leavers, j.job, common.CONNECT))
             layout = shard_layouts.load(j.job)
-            problem = moves.refusal(j.job, moves.states(leavers, j.job, common.CONNECT), labels,
+            problem = moves.refusal(j.job, states, labels,
                                     layout.holders if layout is not None else ())
             if problem:
                 raise HandoffError(problem)

@@ -3,7 +3,9 @@
 One job per dataset: each `--input` file (repeatable, quoted globs expanded) is a job named
 after its stem (`data/B3.jsonl` -> `B3`; `--job NAME` with one input; a role's `job` var
 names its one job, e.g. the extractor's). Every job is sharded over the targets: host i of
-n runs `--shard i/n`, with `max_cost / n` of the job's budget (`budget.host_share`).
+n runs `--shard i/n`, with `max_cost / n` of the job's budget (`budget.host_share`); a
+relaunch over the hosts that run a job gives each its own shard(s) again, and a take-over
+moves a dead host's shard (`moves`: the command hands each job's placement to `plan`).
 
 Per host, in order:
 1. `probe` (reads only, two round trips: the probe, then every job's state): the release
@@ -11,10 +13,12 @@ Per host, in order:
    role and the inputs, no job of this launch is running, and each job is bound to the
    input it was first launched with: a job whose recorded sha256 (its `job.json`) differs
    from this input is refused, naming the way out (another `--job`, or moving the old
-   job's folder aside with the exact command);
+   job's folder aside with the exact command); `check-keys` (reads only: `keys`): which key
+   each job runs on, a job whose key would have nothing left refused;
 2. `push-input` per local dataset: to `<remote_dir>/data/<name>`, skipped when the host
-   holds the same bytes (sha256 compared on the host); `set-key-limit` (with a budget):
-   the host's minted child key limited to its share of the jobs' budget;
+   holds the same bytes (sha256 compared on the host); `push-exclusions` on a host taking
+   a shard over (`moves`); `job-key` per job with a budget: its own child key, limited to
+   its share (`keys`);
 3. `start-job` per dataset: the role's `launch` command, detached, in
    `<remote_dir>/jobs/<job>/`, `job.json` recording the input's sha256; then `check-jobs`
    (one round trip) watches them all for a second at once: a command that died fails the
@@ -22,7 +26,8 @@ Per host, in order:
    do) is fine.
 
 The plan is all-or-nothing: no host pushes or starts anything until every host has passed
-its probe, so a refusal on one host (or one host down) starts nothing anywhere.
+its probe and key check, so a refusal on one host (or one host down) starts nothing
+anywhere.
 
 Everything wrong before any host is touched (no input, an input with no valid record, two
 inputs with one job name, `--job` with several inputs, no launch command in the role, a var
@@ -30,9 +35,10 @@ the command needs unset) fails the whole launch with exit 2, and `--dry-run` sho
 without connecting.
 
 The modules of a launch: `upload` (the jobs and their inputs, pushing the local ones,
-resumable), `probe` (step 1: the host's checks and a job's identity), `start` (step 3:
-starting the jobs and the check after the start watch); this one builds the plan and is
-the launch's surface (`__all__`).
+resumable), `probe` (step 1: the host's checks and a job's identity), `keys` (which key a
+job runs on), `moves` (each host's shard; a take-over), `start` (step 3: starting the jobs
+and the check after the start watch); this one builds the plan and is the launch's surface
+(`__all__`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from __future__ import annotations
 import functools
 import math
 
-from handoff.config import flags, shards
+from handoff.config import flags
 from handoff.config.templates import render_command
 from handoff.errors import UsageError
 from handoff.host.targets import Target
@@ -95,17 +101,6 @@ def budget_line(targets: list[Target], jobs: list[str]) -> str | None:
     if len(jobs) > 1:
         line += f"; ${total * len(jobs):g} in all"
     return line
-
-
-def launch_of(j: LaunchJob, targets: list[Target], sharded: bool) -> shards.Launch:
-    """The layout a launch gives job `j` over `targets` (host i runs shard i of n), recorded
-    on the workstation once a host started it (shards.record): status, jobs and fetch judge
-    from it."""
-    ds = j.dataset
-    return shards.new_launch([t.label for t in targets], sharded=sharded,
-                             input_sha256=ds.sha256 if ds is not None else None,
-                             prompts=ds.check.prompts if ds is not None else None,
-                             per_shard=ds.check.per_shard if ds is not None else None)
 
 
 def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_input: str | None,
@@ -237,6 +232,6 @@ def after_interrupt(jobs: list[str], progress: dict[str, HostProgress]) -> str:
 
 
 __all__ = ["LaunchJob", "LaunchPrivate", "after_interrupt", "budget_line", "budget_text",
-           "identity_problem", "input_file", "job_budget", "jobs_of", "launch_of", "load_datasets",
+           "identity_problem", "input_file", "job_budget", "jobs_of", "load_datasets",
            "plan", "private_of",
            "sampling", "sampling_text", "ssh_command", "start_watch"]
