@@ -39,7 +39,7 @@ from payload.generate.journal import record_key
 from payload.records import shard_of
 
 EXCLUDE_FILE = "exclude-ids.jsonl"  # in the taker's job folder: what it leaves out
-MAX_EXCLUSIONS = 1 << 30  # bytes: an exclusion list a host holds that is read back
+MAX_EXCLUSIONS = 256 << 20  # bytes: an exclusion list a host holds, read back (10M ids)
 # The ids of a copy are read whole lines at a time, up to this many bytes each (no answer
 # is that long; a host's bytes beyond it are no id).
 _MAX_LINE = 16 << 20
