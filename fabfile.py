@@ -158,6 +158,10 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
     "turns": "last (regenerate the final assistant turn) or all (every assistant turn, in order)",
     "max_timeouts": "times a prompt whose request timed out is asked again (default 1)",
     "no_shard": "run the whole input on every host instead of sharding it i/n",
+    "take_over": "HOST: move that host's shard of --job to the one --host (a host that died): "
+                 "only the ids its last fetched copy lacks are asked there",
+    "dest": "with --take-over: the folder fetch wrote, where the host's last copy is "
+            "(default: results/ in the project folder)",
     "dry_run": DRY + "; shows the estimate too",
 })
 def launch(c: Context, host: str | None = None, role: str | None = None, input: list[str] | None = None,
@@ -166,7 +170,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
            max_tokens: str | None = None, temperature: str | None = None, top_p: str | None = None,
            seed: str | None = None, reasoning: str | None = None, provider: str | None = None,
            turns: str | None = None, max_timeouts: str | None = None, no_shard: bool = False,
-           dry_run: bool = False) -> None:
+           take_over: str | None = None, dest: str | None = None, dry_run: bool = False) -> None:
     """Start one job per dataset on each host, sharded i/n."""
     from handoff.cli import commands
 
@@ -177,7 +181,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
              "temperature": temperature, "top_p": top_p, "seed": seed, "reasoning": reasoning,
              "provider": provider, "turns": turns, "max_timeouts": max_timeouts}
     _done(commands.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
-                          shard=not no_shard, dry_run=dry_run))
+                          shard=not no_shard, dry_run=dry_run, take_over=take_over, dest=dest))
 
 
 @task(auto_shortflags=False, help={
@@ -292,15 +296,18 @@ def report(c: Context, host: str | None = None, role: str | None = None, job: st
 @task(auto_shortflags=False, help={"host": "only these hosts (default: every host the ledger lists, "
                                            "every inventory host and the last deploy's hosts)",
                                    "role": "only the inventory's hosts of this role",
+                                   "force": "also on a host where a job still runs (its key is "
+                                            "revoked: the job stops with 401, resumable); without "
+                                            "it such a host is left as it is, exit 1",
                                    "dry_run": DRY})
 def cleanup_secrets(c: Context, host: str | None = None, role: str | None = None,
-                    dry_run: bool = False) -> None:
+                    force: bool = False, dry_run: bool = False) -> None:
     """Remove placed keys, revoke child keys, verify all gone."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.cleanup_secrets(host, dry_run=dry_run, role=role))
+    _done(commands.cleanup_secrets(host, dry_run=dry_run, role=role, force=force))
 
 
 @task(auto_shortflags=False, help={

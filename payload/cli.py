@@ -170,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the server may fail as a whole (no connection, 5xx) before "
                         "the run stops, resumable (exit 3); default 600")
     g.add_argument("--shard", type=_shard, default=parse_shard("0/1"),
-                   help="I/N: this host's share of the ids (I is 0-based)")
+                   help="I/N: this host's share of the ids (I is 0-based; I,K/N for several)")
+    g.add_argument("--exclude-ids", type=Path,
+                   help="ids already answered elsewhere, one JSON string per line (a shard "
+                        "taken over): never asked here, not in this shard's total")
     g.add_argument("--retry-failed", action="store_true",
                    help="retry the ids recorded in the errors file")
     g.add_argument("--status-file", type=Path,
@@ -238,7 +241,8 @@ def _generate(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, max_tokens=args.max_tokens,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         provider=_provider(args),
-        reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices, shard=args.shard,
+        reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices,
+        shard=_owned(args.shard, args.exclude_ids),
         retry_failed=args.retry_failed, request_timeout=args.request_timeout,
         max_attempts=args.max_attempts, backoff_base=args.backoff_base,
         drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
@@ -248,6 +252,16 @@ def _generate(args: argparse.Namespace) -> int:
         max_timeouts=args.max_timeouts, think_in_content=args.think_in_content,
         turns=args.turns, token_ids=args.token_ids)
     return run(settings)
+
+
+def _owned(shard: Any, exclude: Path | None) -> Any:
+    """The shard less the ids answered elsewhere (`--exclude-ids`)."""
+    if exclude is None:
+        return shard
+    import dataclasses
+
+    from payload.generate.inputs import exclusions
+    return dataclasses.replace(shard, skip=exclusions(exclude))
 
 
 def _smoke(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Container, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,31 +38,56 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Shard:
-    """`--shard I/N`: this process owns the ids whose stable hash is I modulo N (I is 0-based)."""
+    """`--shard I/N`: this process owns the ids whose stable hash is I modulo N (I is 0-based);
+    `I,K/N` (a host that took shard K over from another) owns both. `skip`: ids answered
+    elsewhere already (`--exclude-ids`, as `shard_hash`es), owned by none here."""
 
     index: int
     count: int
+    also: tuple[int, ...] = ()  # further shards this process owns (taken over)
+    skip: Container[int] | None = field(default=None, compare=False, repr=False)
 
     def owns(self, key: str) -> bool:
-        return self.count == 1 or shard_of(key, self.count) == self.index
+        if self.count == 1 and self.skip is None:
+            return True
+        h = shard_hash(key)
+        if self.count > 1 and h % self.count != self.index and h % self.count not in self.also:
+            return False
+        return self.skip is None or h not in self.skip
 
     def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
+        return f"{','.join(map(str, (self.index, *self.also)))}/{self.count}"
 
 
 ALL = Shard(0, 1)
 
 
 def parse_shard(text: str) -> Shard:
-    """Parse `I/N`; a clear error names the valid range (I is 0-based)."""
+    """Parse `I/N` (or `I,K/N`: several shards); a clear error names the valid range (I is
+    0-based)."""
     try:
         i_s, n_s = text.split("/")
-        index, count = int(i_s), int(n_s)
+        indices, count = [int(i) for i in i_s.split(",")], int(n_s)
     except ValueError:
-        raise ValueError(f"--shard must look like I/N (e.g. 0/4), got {text!r}") from None
-    if count < 1 or not 0 <= index < count:
-        raise ValueError(f"--shard {text}: I must be in 0..N-1 and N >= 1 (I is 0-based)")
-    return Shard(index, count)
+        raise ValueError(f"--shard must look like I/N (e.g. 0/4; 1,3/4 for two), got {text!r}") from None
+    if count < 1 or not all(0 <= i < count for i in indices) or len(set(indices)) != len(indices):
+        raise ValueError(f"--shard {text}: each I must be in 0..N-1, once, and N >= 1 (I is 0-based)")
+    return Shard(indices[0], count, tuple(indices[1:]))
+
+
+def excluded(lines: Iterator[tuple[int, str]]) -> Iterator[int]:
+    """The ids of an `--exclude-ids` file (one JSON string per line: an id as `str(id)`), as
+    `shard_hash`es; a line that is not one is a ValueError naming it."""
+    for line_no, text in lines:
+        if not text.strip():
+            continue
+        try:
+            key = json.loads(text)
+        except ValueError:
+            key = None
+        if not isinstance(key, str):
+            raise ValueError(f"line {line_no}: not an id as a JSON string")
+        yield shard_hash(key)
 
 
 def shard_of(key: str, count: int) -> int:

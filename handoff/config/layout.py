@@ -6,6 +6,7 @@
   current -> releases/<sha12>    the release jobs run
   secrets/openrouter.key         the API key (0700 folder, 0600 file; `key_path` moves it)
   secrets/openrouter.key.minted.json  which child key the file holds (hash, API; minted mode)
+  secrets/jobs/<job>.key(.minted.json)  a job's own child key (a job with a budget, minted mode)
   data/<file>                    inputs pushed by `fab launch --input`
   jobs/<job>/                    one folder per job: output, status, log, pid, job.json
   venv/                          made by `fab verify --install`, used from then on
@@ -49,6 +50,18 @@ def parents(path: str) -> list[str]:
         out.append(path)
         path = path.rsplit("/", 1)[0] if "/" in path else ""
     return out + (["~"] if path == "~" else [])
+
+
+def job_key_path(key_path: str, job: str) -> str:
+    """Where a job with a budget finds its own child key on the host: `<key folder>/jobs/
+    <job>.key` beside the host's key (0700 folder, 0600 file), never in the job's folder,
+    which fetch brings back."""
+    return f"{key_path.rsplit('/', 1)[0]}/jobs/{job}.key"
+
+
+def job_keys_folder(key_path: str) -> str:
+    """The folder of the jobs' own keys (`job_key_path`)."""
+    return f"{key_path.rsplit('/', 1)[0]}/jobs"
 
 
 def key_record(key_path: str) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from handoff.config.layout import RemoteLayout
+from handoff.config.layout import RemoteLayout, job_keys_folder
 from handoff.config.roles import Role
 from handoff.config.templates import render_argv, render_value
 from handoff.errors import RemoteError, RoleError
@@ -31,13 +31,25 @@ from payload import units
 KEY_FILE = "key"
 # ... and the record beside a minted key (handoff.config.layout.key_record).
 KEY_RECORD = "key_record"
+
+
+def job_key_fact(job: str) -> str:
+    """The name the probe reports a job's own key under (`Facts.file`)."""
+    return f"jobkey:{job}"
+
+
+def job_record_fact(job: str) -> str:
+    """... and the record beside it."""
+    return f"jobkey_record:{job}"
+
+
 # Stands for `{python}` in a preflight argv: the probe runs it with its own interpreter,
 # the one verify just checked (it may be the venv `verify --install` made).
 SELF_PYTHON = "@@probe-python@@"
 
 __all__ = ["KEY_FILE", "KEY_RECORD", "SELF_PYTHON", "Facts", "FileFacts", "Owner", "PreflightFacts",
            "ReleaseFacts", "TorchFacts", "check_vars", "deep_args", "disk_needed", "disk_short",
-           "gather", "key_folder", "refuse_foreign"]
+           "gather", "job_key_fact", "job_record_fact", "key_folder", "refuse_foreign"]
 
 
 # Plain (not frozen) dataclasses: nothing mutates facts, and every deploy pays for the
@@ -279,7 +291,8 @@ def gather(
         timeout += 180.0 + (role.preflight.timeout_s if role.preflight and preflight else 0.0)
     layout = session.target.layout
     guarded = [layout.root, layout.venv, layout.venv + "/bin"]
-    args["owners"] = [*guarded, *([key_folder(session.vars)] if session.vars.get("key_path") else [])]
+    keys = session.vars.get("key_path")
+    args["owners"] = [*guarded, *([key_folder(session.vars), job_keys_folder(str(keys))] if keys else [])]
     answer = session.run_code(remote_code.PROBE, args, "probe", timeout=timeout)
     try:
         facts = Facts.from_json(answer)

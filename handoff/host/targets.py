@@ -61,7 +61,12 @@ class Target:
     @property
     def safe_label(self) -> str:
         """The label as a directory name (fetch writes DIR/<host>/…)."""
-        return re.sub(r"[^A-Za-z0-9._@-]+", "_", self.label)
+        return folder_name(self.label)
+
+
+def folder_name(label: str) -> str:
+    """A host's label as the directory name fetch writes its copies under (DIR/<host>/…)."""
+    return re.sub(r"[^A-Za-z0-9._@-]+", "_", label)
 
 
 class Targets(list[Target]):

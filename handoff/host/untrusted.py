@@ -311,17 +311,19 @@ def counts_by_name(value: Any) -> dict[str, int] | None:
     return out
 
 
-_SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
+_SHARD = re.compile(r"([0-9]{1,6}(?:,[0-9]{1,6}){0,63})/([0-9]{1,6})")
 
 
 def shard_spec(value: Any) -> tuple[int, int] | None:
-    """`"i/n"` as (i, n) when it is a shard handoff could have launched (0 <= i < n <=
-    MAX_SHARD_HOSTS), else None: a count from a host never sizes anything by itself."""
+    """`"i/n"` (or `"i,k/n"`: a host that took shard k over) as (i, n) when it is a shard
+    handoff could have launched (each 0 <= i < n <= MAX_SHARD_HOSTS), else None: a count
+    from a host never sizes anything by itself."""
     m = _SHARD.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         return None
-    i, n = int(m.group(1)), int(m.group(2))
-    return (i, n) if 0 <= i < n <= MAX_SHARD_HOSTS else None
+    found, n = [int(i) for i in m.group(1).split(",")], int(m.group(2))
+    ok = n <= MAX_SHARD_HOSTS and all(0 <= i < n for i in found) and len(set(found)) == len(found)
+    return (found[0], n) if ok else None
 
 
 def _shard_text(value: Any) -> str | None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shutil
 import threading
@@ -67,6 +68,7 @@ from handoff.errors import HandoffError, RemoteError
 from handoff.host import remote_code, untrusted
 from handoff.host.remote_code import fetch_list
 from handoff.host.session import RemoteFiles, Session
+from handoff.host.targets import folder_name
 from handoff.host.transfer import PrefixMismatch, download, partial
 from handoff.ops import merge as merging
 from handoff.ops import merge_index
@@ -559,15 +561,50 @@ def fetch(s: Session, report: HostReport, *, job_flag: str | None, dest: Path,
     to.refused = refused
 
 
+def last_copies(job: str, dest: Path, fetched: set[str],
+                failed: dict[str, str]) -> list[merging.ShardCopy]:
+    """The copies of `job` under `dest` that this fetch did not bring: each host of the job
+    (its layout's, else the hosts its last merge took) not fetched now (`failed`: why its
+    fetch failed; else it was not asked) contributes its last fetched copy, so a merge
+    never holds less than the copies here do."""
+    layout = shard_layouts.load(job)
+    hosts: list[str] = list(layout.order) if layout is not None else []
+    if layout is None:
+        try:
+            before = json.loads((dest / job / merging.MANIFEST).read_text(encoding="utf-8"))
+            named = before.get("output", {}).get("hosts") if isinstance(before, dict) else None
+            hosts = [str(h) for h in named] if isinstance(named, list) else []
+        except (OSError, ValueError, AttributeError):
+            hosts = []
+    out = []
+    for host in hosts:
+        if host in fetched:
+            continue
+        try:
+            folder = untrusted.inside(dest, folder_name(host)) / job
+        except untrusted.Untrusted:
+            continue
+        if folder.is_symlink() or not folder.is_dir() or not any(
+                (folder / name).is_file() for name in (merging.OUTPUT, merging.ERRORS)):
+            continue
+        why = f"its fetch failed: {failed[host]}" if host in failed else "not asked"
+        out.append(merging.ShardCopy(host, folder, stale=why))
+    return out
+
+
 def merge_jobs(reports: list[HostReport], dest: Path, room: Room | None = None) -> list[merging.Merged]:
     """Each job fetched, its hosts' copies merged into `dest/<job>/` (handoff.ops.merge),
-    each within `room` (the fetch's share of the disk): a merge that may not fit is not
-    written, and says so."""
+    with the last fetched copy of each of its hosts this fetch did not bring (unreachable,
+    not asked: `last_copies`), each within `room` (the fetch's share of the disk): a merge
+    that may not fit is not written, and says so."""
     copies: dict[str, list[merging.ShardCopy]] = {}
     for rep in reports:
         if rep.ok:
             for job, folder in rep.data_as(FetchedTo).jobs.items():
                 copies.setdefault(job, []).append(merging.ShardCopy(rep.target.label, Path(folder)))
+    failed = {rep.target.label: rep.reason for rep in reports if not rep.ok}
+    for job, found in copies.items():
+        found += last_copies(job, dest, {c.host for c in found}, failed)
     # Job names were checked when fetched (untrusted.job_name); the merged folder must not
     # be reached through a symlink either. A job that wrote no answers file on any host
     # has nothing to merge (the extractor's features stay per host, each shard whole in

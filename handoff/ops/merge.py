@@ -44,6 +44,7 @@ import hashlib
 import json
 import mmap
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,10 +65,19 @@ MANIFEST = "merge.json"
 
 @dataclass(frozen=True)
 class ShardCopy:
-    """One host's local copy of the job (`DIR/<host>/<job>/`)."""
+    """One host's local copy of the job (`DIR/<host>/<job>/`). `stale`: why it was not
+    fetched by this command (its host unreachable, not asked): its last fetched copy."""
 
     host: str
     folder: Path
+    stale: str | None = None
+
+    @property
+    def fetched(self) -> float | None:
+        """When the copy was last written here (its newest file's mtime)."""
+        times = [(self.folder / name).stat().st_mtime for name in (OUTPUT, ERRORS, "status.json")
+                 if (self.folder / name).exists()]
+        return max(times) if times else None
 
     def _read(self, name: str, read: Any) -> tuple[dict[str, Any], list[str]]:
         """A fetched status.json / job.json: the host's bytes, read bounded and by shape."""
@@ -126,6 +136,9 @@ class Merged:
     foreign: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # copies' unreadable status/job files
     error: str | None = None  # the merge could not be written (no room), said with the fix
+    # Answers the last merge held that no copy holds now (a copy lost or cut here, a host
+    # that lost its outputs): kept from that merge, so a merge never loses an id.
+    carried: int = 0
 
     @property
     def ids(self) -> int:
@@ -154,6 +167,9 @@ class Merged:
                                                   (self.unreadable, "unreadable lines left out"),
                                                   (sum(self.foreign.values()),
                                                    "lines of another host's shard REFUSED")) if n]
+        if self.carried:
+            extras.append(f"{self.carried} answers kept from the last merge (no copy here holds "
+                          f"them now)")
         if self.expected is not None and self.ids == self.expected:
             extras.append(f"complete: all {self.expected} ids of the job")
         if self.partial:
@@ -293,10 +309,54 @@ def _write(dest: Path, kept: list[_Kept]) -> None:
                     copy_range(src, out, start, end)
 
 
+def _carried(path: Path, seen: IdSet, merged: Merged) -> _Kept:
+    """The lines of the last merged `path` whose id no copy holds now (`seen`: the copies'
+    answers), kept: a merge never loses an answer it held. Indexed here, not saved (the
+    merged file is about to be replaced)."""
+    kept = _Kept(path)
+    try:
+        kept.size = path.stat().st_size
+    except FileNotFoundError:
+        return kept
+    idx = merge_index.Index()
+    idx.extend(path)
+    kept.indexed = idx.length
+    starts, n = idx.starts, len(idx.starts)
+    for i, h in enumerate(idx.hashes):
+        if h in (merge_index.BLANK, merge_index.UNREADABLE) or h in seen:
+            continue
+        seen.add(h)
+        end = starts[i + 1] if i + 1 < n else idx.length
+        if kept.runs and kept.runs[-1][1] == starts[i]:
+            kept.runs[-1] = (kept.runs[-1][0], end)
+        else:
+            kept.runs.append((starts[i], end))
+        kept.lines += 1
+    merged.carried = kept.lines
+    return kept
+
+
+def _carry_from(path: Path, before: Any, layout: ShardLayout | None,
+                copies: list[ShardCopy]) -> bool:
+    """Whether the last merged `path` may hold answers the copies do not: it exists, it was
+    merged from the same input (merge.json), and it is no copy's own file (a copy kept
+    whole is linked: its answers are that copy's)."""
+    if not path.exists() or not isinstance(before, dict):
+        return False
+    if "input" in before and before.get("input") != (layout.input_sha256 if layout else None):
+        return False  # the job was launched anew with another input: other answers
+    for c in copies:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(c.folder / OUTPUT, path):
+                return False
+    return True
+
+
 def _ordered(copies: list[ShardCopy], layout: ShardLayout | None) -> list[ShardCopy]:
-    """The copies in the workstation's order: the launch's hosts first, in launch order,
-    then any other host by name. Never by what a host says of itself."""
-    rank = {host: i for i, host in enumerate(layout.hosts)} if layout is not None else {}
+    """The copies in the workstation's order: the launch's hosts first, in launch order
+    (a host a shard was taken over by after them), then any other host by name. Never by
+    what a host says of itself."""
+    rank = {host: i for i, host in enumerate(layout.order)} if layout is not None else {}
     return sorted(copies, key=lambda c: (rank.get(c.host, len(rank)), c.host))
 
 
@@ -310,6 +370,17 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
     sources = {c.host: c.sizes() for c in copies}
     for c in copies:
         merged.notes += [f"{c.host}: {problem}" for problem in c.problems]
+        if c.stale is not None:
+            # Its last fetched copy stands in: partial while its shard may have more to come
+            # (a shard it runs, not finished when fetched), else said only.
+            when = c.fetched
+            said = (f"{c.host} not fetched now ({c.stale}): its last fetched copy"
+                    + (f", from {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}"
+                       if when else "") + ", is merged")
+            done = c.status.get("state") == "finished" or (
+                layout is not None and c.host not in layout.holders)
+            (merged.notes if done else merged.partial).append(
+                said + (" (it had finished)" if c.status.get("state") == "finished" else ""))
     _expectations(merged, copies, layout)
     owners = {c.host: layout.hash_owner(c.host) for c in copies} if layout is not None else {}
     folder.mkdir(parents=True, exist_ok=True)
@@ -327,6 +398,7 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
         merged.duplicates = int(before.get("duplicates", 0))
         foreign = before.get("foreign")
         merged.foreign = {str(k): int(v) for k, v in foreign.items()} if isinstance(foreign, dict) else {}
+        merged.carried = int(before.get("carried") or 0)
         merged.unchanged = True
         return merged
     answered = IdSet()
@@ -338,8 +410,11 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
         merged.foreign = {}
         kept = [_scan(c.folder / OUTPUT, answered, merged, owns=owners.get(c.host), host=c.host)
                 for c in copies]
-        merged.answers = sum(k.lines for k in kept)
-        _write(folder / OUTPUT, kept)
+        # What the last merge held and no copy holds now stays: the merge only grows.
+        carried = ([_carried(folder / OUTPUT, answered, merged)]
+                   if _carry_from(folder / OUTPUT, before, layout, copies) else [])
+        merged.answers = sum(k.lines for k in [*kept, *carried])
+        _write(folder / OUTPUT, [*kept, *carried])
         grown = kept
     output = _record(folder / OUTPUT, copies, grown, merged)
     failed = IdSet()
@@ -350,7 +425,8 @@ def merge(job: str, copies: list[ShardCopy], dest: Path,
     atomic.write_json(manifest, {"job": job, "sources": sources, "answers": merged.answers,
                                  "failures": merged.failures, "duplicates": merged.duplicates,
                                  "foreign": merged.foreign, "layout": layout_seen,
-                                 "output": output},
+                                 "input": layout.input_sha256 if layout else None,
+                                 "carried": merged.carried, "output": output},
                       durable=False)
     return merged
 
@@ -364,7 +440,8 @@ def _record(path: Path, copies: list[ShardCopy], kept: list[_Kept], merged: Merg
             "probes": {c.host: fetch_list.probe_sha256(str(k.path), k.indexed) if k.indexed
                        else None for c, k in zip(copies, kept, strict=True)},
             "answers": merged.answers, "duplicates": merged.duplicates,
-            "unreadable": merged.unreadable, "foreign": dict(merged.foreign)}
+            "unreadable": merged.unreadable, "foreign": dict(merged.foreign),
+            "carried": merged.carried}
 
 
 def _whole(value: Any) -> TypeGuard[int]:
@@ -380,8 +457,9 @@ def _grow(path: Path, copies: list[ShardCopy], record: Any, seen: IdSet, merged:
     from the sources' indexes (into `seen`); the new lines are scanned and kept as a whole
     merge would keep them. None, with nothing changed: the record does not hold, and the
     caller merges everything again."""
-    if not isinstance(record, dict) or record.get("hosts") != [c.host for c in copies]:
-        return None
+    if not isinstance(record, dict) or record.get("hosts") != [c.host for c in copies] \
+            or record.get("carried"):
+        return None  # (answers kept from an earlier merge: no copy's index holds their ids)
     lengths, probes = record.get("lengths"), record.get("probes")
     answers, duplicates, unreadable = (record.get(k) for k in ("answers", "duplicates", "unreadable"))
     foreign = record.get("foreign", {})
@@ -443,7 +521,7 @@ def _expectations(merged: Merged, copies: list[ShardCopy], layout: ShardLayout |
         merged.partial.append("not launched from this workstation (no launch record in its "
                               "state dir): whether every shard is here cannot be told")
     elif layout.sharded:
-        missing = [f"{h} ({layout.spec(h)})" for h in layout.hosts if h not in fetched]
+        missing = [f"{h} ({layout.spec(h)})" for h in layout.holders if h not in fetched]
         if missing:
             merged.partial.append(f"shard{'s' if len(missing) > 1 else ''} of "
                                   f"{', '.join(missing)} not fetched")
@@ -451,8 +529,9 @@ def _expectations(merged: Merged, copies: list[ShardCopy], layout: ShardLayout |
         if not fetched & set(layout.hosts):
             merged.partial.append(f"none of the hosts it was launched on ({', '.join(layout.hosts)}) "
                                   f"was fetched")
+    # The hosts that run a shard now (a host a shard moved away from is done with it).
     states = {c.host: str(c.status.get("state") or "unknown") for c in copies
-              if layout is None or c.host in layout.hosts}
+              if layout is None or c.host in layout.holders}
     unfinished = [f"{host} {state}" for host, state in states.items() if state != "finished"]
     if unfinished:
         merged.partial.append("not finished on " + ", ".join(unfinished))
@@ -461,7 +540,7 @@ def _expectations(merged: Merged, copies: list[ShardCopy], layout: ShardLayout |
     if layout.prompts is not None:
         merged.expected = layout.prompts  # what the workstation read: never a host's word
         return
-    totals = [t for t in (c.status.get("total") for c in copies if c.host in layout.hosts)
+    totals = [t for t in (c.status.get("total") for c in copies if c.host in layout.holders)
               if isinstance(t, int)]
     if len(totals) == len(states):
         # --no-shard: every host did the whole input; sharded: the shards add up.

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from payload.errors import UsageError
 from payload.generate.journal import IdSet, Index, id_hash
-from payload.records import BadRecord, Shard, iter_input, parse_prompt
+from payload.records import BadRecord, Shard, excluded, iter_input, iter_lines, parse_prompt
 from payload.report import Reporter
 
 LOG_BAD_LINES = 10
@@ -95,3 +96,18 @@ def survey(path: Path, shard: Shard, index: Index, bad: BadLines, reporter: Repo
         reporter.say(f"{path}: {out.duplicates} duplicate ids in all (the first "
                      f"{dup_reports} shown)")
     return out
+
+
+def exclusions(path: Path) -> IdSet:
+    """`--exclude-ids FILE`: the ids already answered elsewhere (a shard taken over from a
+    host whose copy holds them), one JSON string per line, held at 8 bytes each: this run
+    owns none of them (records.Shard.skip), so none is asked again."""
+    found = IdSet()
+    try:
+        for h in excluded(iter_lines(path)):
+            found.add(h)
+    except OSError as exc:
+        raise UsageError(f"--exclude-ids {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--exclude-ids {path}: {exc}") from None
+    return found

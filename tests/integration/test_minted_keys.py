@@ -168,19 +168,21 @@ def test_a_key_at_its_limit_stops_its_job_and_the_others_go_on(
     assert one["key"]["usage"] == round(cost * 4, 10) and one["key"]["limit_remaining"] < cost
     assert two["key"]["limit"] == LIMIT
 
-    # The job's budget sets the limit to the host's share (PATCH), and the job resumes: the
-    # key may spend what is left of the $0.01 budget, $0.0096, on top of its $0.0004.
+    # With a budget the job runs on a child key of its own (issue 32: a budget is its job's),
+    # limited to what is left of the $0.01 budget, $0.0096 (it spent $0.0004 already); the
+    # host's key stays as it was. The job resumes.
     relaunch = fab.on(sbx, "launch", "--host", "sbx-1", "--input", str(tmp_path / "p.jsonl"),
                       "--max-cost", "0.01")
     assert relaunch.rc == 0, explain(relaunch)
-    assert "-> $0.0100 (used $0.0004 + share $0.0100; p already spent $0.0004)" in \
+    assert "minted job p's child key" in flat(relaunch) and "used $0.0000 of $0.0096" in \
         flat(relaunch), explain(relaunch)
     done = fab.on(sbx, "status", "--wait", "--json", "--host", "sbx-1", timeout=180)
     assert done.rc == 0, explain(done)
     resumed = status_records(done)["sbx-1"]
     # (alone, sbx-1 now runs the whole input: the 4 already done are kept, not redone)
     assert resumed["state"] == "finished" and resumed["done"] == resumed["total"], resumed
-    assert resumed["key"]["limit"] == 0.01
+    assert resumed["key"]["limit"] == 0.0096 and resumed["key"]["own"] is True
+    assert round(cost * 4.5, 6) in {k.limit for k in sbx.api.keys.live()}  # the host's key
 
 
 def test_a_management_api_failure_mid_deploy_leaves_no_orphan(make_sandbox, fab) -> None:

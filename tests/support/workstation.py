@@ -34,7 +34,7 @@ secret: openrouter
 vars:
   job: sleeper
   mode: run
-launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}"]
+launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}", ["--exclude-ids", "{{exclude_ids}}"]]
 """
 # Like sleeper, without a `job` var: one job per dataset, named after the input's stem.
 BATCH_ROLE = f"""\

@@ -43,7 +43,10 @@ def fetch(host: str | None, role: str | None, *, job: str | None = None,
     try:
         for merged in fetching.merge_jobs(reports, folder, room):
             merged_jobs.append(merged.job)
-            mark = "[red]✗[/]" if merged.problem else "[green]✓[/]"
+            # Partial (a shard missing or still running, a host's last copy standing in) is
+            # never a green tick.
+            mark = ("[red]✗[/]" if merged.problem else "[yellow]~[/]" if merged.partial
+                    else "[green]✓[/]")
             console.say(f"{mark} merged {console.r(merged.job)} → "
                         f"{console.r(merged.folder / 'output.jsonl')}: {console.r(merged.describe())}")
             for note in merged.notes:
@@ -95,9 +98,11 @@ def _fetch_cut(exc: HostsInterrupted, folder: Path) -> str:
 
 
 @guarded
-def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | None = None) -> int:
+def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | None = None,
+                    force: bool = False) -> int:
     """Remove the key files (the ledger's, and key_path on every inventory and remembered
-    host, or on the --host hosts), revoke the child keys, and verify each is gone."""
+    host, or on the --host hosts), revoke the child keys, and verify each is gone. A host
+    where a job runs is left as it is (exit 1, the jobs named) unless `force`."""
     from handoff.config import state
     from handoff.errors import InventoryError
     from handoff.ops.secrets import workflow
@@ -121,7 +126,8 @@ def cleanup_secrets(host: str | None = None, dry_run: bool = False, role: str | 
         everywhere += state.load_targets()
     try:
         return workflow.cleanup_secrets(wanted, lambda spec: targets_for(spec, None, quiet=True),
-                                        everywhere, connect=common.CONNECT, dry_run=dry_run)
+                                        everywhere, connect=common.CONNECT, dry_run=dry_run,
+                                        force=force)
     except Interrupted:
         raise  # during the removals: said per host
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from handoff import console
@@ -64,15 +65,19 @@ def launch(
     flags: dict[str, Any],
     shard: bool = True,
     dry_run: bool = False,
+    take_over: str | None = None,
+    dest: str | None = None,
 ) -> int:
-    """Start one job per dataset detached on each host, sharded i/n; the estimate first (of
-    every prompt), and on a relaunch, once the hosts have answered, the estimate of what is
-    left."""
+    """Start one job per dataset detached on each host, sharded i/n (a relaunch over the
+    hosts that run a job's shards: each its own again); the estimate first (of every
+    prompt), and on a relaunch, once the hosts have answered, the estimate of what is left.
+    `take_over`: move that host's shard of the job to the one `host` (its last fetched copy
+    under `dest` says what is in hand)."""
     from handoff.config import shards as shard_layouts
     from handoff.ops.jobs import estimate
     from handoff.ops.jobs import launch as launch_plan
     from handoff.ops.jobs.probe import Resumed
-    from handoff.ops.secrets import settings
+    from handoff.ops.secrets import minted
     from handoff.run import plan
 
     values = dict(flags)
@@ -88,8 +93,10 @@ def launch(
     sharded = shard and len(targets) > 1
     loaded = (launch_plan.load_datasets(targets, inputs, job_flag, len(targets) if sharded else 1)
               if inputs and not remote_input else None)
+    placements = _placements(targets, loaded, remote_input, job_flag, sharded=shard,
+                             take_over=take_over, dest=dest, dry_run=dry_run)
     p = launch_plan.plan(targets, local_input=inputs, remote_input=remote_input, job_flag=job_flag,
-                         shard=shard, loaded=loaded)
+                         shard=shard, loaded=loaded, placements=placements)
     for ds in loaded or []:
         n = ds.check.prompts
         line = f"{ds.job}: {ds.path} ({units.size(ds.size)}), {n} prompt{'s' if n != 1 else ''}"
@@ -118,24 +125,137 @@ def launch(
     budget_line = None if extractor else launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
         console.say(budget_line)
-    # A budget limits the hosts' child keys too: the management key is read (once, on this
-    # workstation) only if a host turns out to hold one.
-    private.management = settings.ManagementKeys()
+    # A job with a budget runs on a child key of its own where the hosts hold minted keys:
+    # the management key is read (once, on this workstation) only if a host turns out to.
+    private.management = minted.JobKeys()
+    for placed in placements.values():
+        for line in placed.notes:
+            console.warn(console.r(line))
     if dry_run:
         return run_plan(p, dry_run)
+    for placed in placements.values():
+        move = placed.take_over
+        if move is not None:
+            # The source may only seem dead (a partition): its key for the job dies first, so
+            # it cannot go on asking what the taker now asks.
+            found = _resolved(move.source)
+            if not found:
+                console.warn(f"{move.source} is no host of the inventory any more: its child key "
+                             f"for job {move.job} (if any) is not revoked now; `fab "
+                             f"cleanup-secrets` revokes it")
+                continue
+            revoked = private.management.revoke_job_keys(found[0], move.job) if isinstance(
+                private.management, minted.JobKeys) else []
+            if revoked:
+                console.note(f"revoked {move.source}'s child key for job {move.job} "
+                             f"({', '.join(h[:12] for h in revoked)}): it cannot ask any more")
+    # The shard layout is the workstation's: recorded here for each job a host started (or
+    # may have, cut by a Ctrl-C), so status, jobs and fetch never judge it by a host's
+    # job.json, and a merge takes a taker's records of the shard it took over.
+    advice = p.next_after_interrupt
+
+    def record_then_advise(progress: dict[str, Any]) -> str:
+        cut = {step.params.job for pr in progress.values()
+               for step in [*(s for s, _ in pr.acted), *([pr.current] if pr.current else [])]
+               if step.action == "start-job"}
+        for job in cut:
+            shard_layouts.record(job, placements[job].launch)
+        return advice(progress) if advice else ""
+
+    p.next_after_interrupt = record_then_advise
     reports = plan.execute(p, connect=common.CONNECT)
-    # The shard layout is the workstation's: recorded here for each job a host started, so
-    # status, jobs and fetch never judge it by a host's job.json.
     started = {job for r in reports if isinstance(r.data, Resumed) for job in r.data.started}
     for j in private.jobs:
         if j.job in started:
-            shard_layouts.record(j.job, launch_plan.launch_of(j, targets, sharded))
+            shard_layouts.record(j.job, placements[j.job].launch)
     if loaded and not extractor and all(isinstance(r.data, Resumed) for r in reports):  # every probe answered
         done = estimate.already_done([r.data_as(Resumed).recorded for r in reports],
                                      sharded=shard and len(targets) > 1)
         for line in estimate.left_lines(loaded, targets, done):
             console.say(console.r(line))
     return exit_code(reports)
+
+
+def _resolved(label: str) -> list[Any]:
+    """The host a job's layout names, as the inventory (or ssh_config) resolves it now; []
+    when it no longer can (a host dropped from the inventory)."""
+    from handoff.errors import HandoffError
+
+    try:
+        return list(targets_for(label, None, quiet=True))
+    except HandoffError:
+        return []
+
+
+def _placements(targets: Any, loaded: Any, remote_input: str | None, job_flag: str | None, *,
+                sharded: bool, take_over: str | None, dest: str | None,
+                dry_run: bool) -> dict[str, Any]:
+    """Each job's shard per host (handoff.ops.jobs.moves): the recorded layout's on a
+    relaunch over the hosts that run it, a take-over's, else cut anew; refused (exit 1,
+    nothing started) while a host a relaunch leaves may still run its shard."""
+    from handoff.config import paths
+    from handoff.config import shards as shard_layouts
+    from handoff.errors import HandoffError
+    from handoff.ops.jobs import launch as launch_plan
+    from handoff.ops.jobs import moves
+    from handoff.ops.jobs.start import command_var_names
+
+    jobs = launch_plan.jobs_of(targets, loaded, remote_input, job_flag)
+    labels = [t.label for t in targets]
+    found: dict[str, Any] = {}
+    if dest is not None and take_over is None:
+        raise UsageError("--dest goes with --take-over (where the host's last fetched copy is)")
+    if take_over is not None:
+        if len(jobs) != 1 or len(targets) != 1:
+            raise UsageError("--take-over DEAD moves one job's shard to one host: `fab launch "
+                             "--job J --take-over DEAD --host NEW` (with the job's --input)")
+        j = jobs[0]
+        role = targets[0].role
+        if role is None or "exclude_ids" not in command_var_names(role.launch):
+            raise UsageError(f"--take-over: role {role.name if role else None!r}'s launch command "
+                             f"takes no {{exclude_ids}}, so the new host could not leave out what "
+                             f"is in hand; a take-over moves a generator job's shard")
+        folder = Path(dest).expanduser() if dest else paths.results_dir()
+        placed, _ = moves.take_over(j.job, take_over.strip(), targets[0], folder,
+                                    input_sha256=j.dataset.sha256 if j.dataset else None,
+                                    sharded=sharded)
+        if not dry_run:
+            source = _resolved(take_over.strip())
+            state = moves.states(source, j.job, common.CONNECT)[source[0].label] if source else None
+            if state in ("running", "starting", "stopping"):
+                raise HandoffError(
+                    f"{take_over}: job {j.job} still {state} there: a take-over moves the shard "
+                    f"of a host that is gone. Stop it first (`fab stop --job {j.job} --host "
+                    f"{take_over}`), fetch it (`fab fetch --job {j.job}`: what it answered is "
+                    f"then not asked again), then take over; nothing was started")
+            if state is not None:
+                placed.notes.append(f"{take_over} is reachable (job {j.job} {state}): its "
+                                    f"answers since the last fetch are asked again on "
+                                    f"{targets[0].label}; `fab fetch --job {j.job}` first "
+                                    f"avoids that")
+        return {j.job: placed}
+    for j in jobs:
+        ds = j.dataset
+        placed = moves.placement(j.job, labels, sharded=sharded,
+                                 input_sha256=ds.sha256 if ds is not None else None,
+                                 prompts=ds.check.prompts if ds is not None else None,
+                                 per_shard=ds.check.per_shard if ds is not None else None)
+        gone = moves.leaving(placed)
+        if gone and not dry_run:
+            leavers = [t for label in gone for t in _resolved(label)]
+            states: dict[str, str | None] = dict.fromkeys(gone)  # not found: cannot be told
+            states.update(moves.states(leavers, j.job, common.CONNECT))
+            layout = shard_layouts.load(j.job)
+            problem = moves.refusal(j.job, states, labels,
+                                    layout.holders if layout is not None else ())
+            if problem:
+                raise HandoffError(problem)
+        layout = shard_layouts.load(j.job)
+        if layout is not None and layout.sharded and not placed.reused and (
+                ds is None or layout.input_sha256 in (None, ds.sha256)):
+            placed.notes.append(moves.reshard_note(j.job, gone, layout))
+        found[j.job] = placed
+    return found
 
 
 @guarded
@@ -220,8 +340,11 @@ def forget(host: str | None, role: str | None, *, job: str | None, yes: bool = F
 
     if not job:
         raise UsageError("fab forget needs --job NAME (the jobs: fab jobs)")
+    from handoff.ops.secrets import minted
+
     targets = targets_for(host, role)
     p = forgetting.plan(targets, job_flag=job)
+    p.private = forgetting.ForgetPrivate(minted.JobKeys())  # its own key revoked too
     if dry_run:
         return run_plan(p, dry_run=True)
     if not yes:

@@ -192,8 +192,19 @@ def with_latency(current: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
     return current
 
 
+def own_key(current: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
+    """The job's own key (a job with a budget: `<job_keys>/<job>.key`): there or not, and
+    the record beside it."""
+    folder = a.get("job_keys")
+    if folder:
+        path = os.path.join(expand(folder), os.path.basename(current["job_dir"]) + ".key")
+        current["own_key"] = {"path": path, "exists": os.path.exists(path),
+                              "record": load_json(path + ".minted.json")}
+    return current
+
+
 def state(a: dict[str, Any]) -> dict[str, Any]:
-    return {**with_latency(job_state(expand(a["job_dir"])), a), **host_keys(a)}
+    return {**own_key(with_latency(job_state(expand(a["job_dir"])), a), a), **host_keys(a)}
 
 
 def job_names(jobs_dir: str) -> list[str]:
@@ -229,7 +240,8 @@ def metrics_since(job_dir: str, start: int | None, budget: int) -> dict[str, Any
 def list_jobs(a: dict[str, Any]) -> dict[str, Any]:
     jobs_dir = expand(a["jobs_dir"])
     names = job_names(jobs_dir)
-    jobs = {name: with_latency(job_state(os.path.join(jobs_dir, name)), a) for name in names}
+    jobs = {name: own_key(with_latency(job_state(os.path.join(jobs_dir, name)), a), a)
+            for name in names}
     offsets = a.get("metrics")
     if isinstance(offsets, dict):
         budget = METRICS_BYTES // max(1, len(names))

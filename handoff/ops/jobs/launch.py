@@ -3,7 +3,9 @@
 One job per dataset: each `--input` file (repeatable, quoted globs expanded) is a job named
 after its stem (`data/B3.jsonl` -> `B3`; `--job NAME` with one input; a role's `job` var
 names its one job, e.g. the extractor's). Every job is sharded over the targets: host i of
-n runs `--shard i/n`, with `max_cost / n` of the job's budget (`budget.host_share`).
+n runs `--shard i/n`, with `max_cost / n` of the job's budget (`budget.host_share`); a
+relaunch over the hosts that run a job gives each its own shard(s) again, and a take-over
+moves a dead host's shard (`moves`: the command hands each job's placement to `plan`).
 
 Per host, in order:
 1. `probe` (reads only, two round trips: the probe, then every job's state): the release
@@ -11,10 +13,12 @@ Per host, in order:
    role and the inputs, no job of this launch is running, and each job is bound to the
    input it was first launched with: a job whose recorded sha256 (its `job.json`) differs
    from this input is refused, naming the way out (another `--job`, or moving the old
-   job's folder aside with the exact command);
+   job's folder aside with the exact command); `check-keys` (reads only: `keys`): which key
+   each job runs on, a job whose key would have nothing left refused;
 2. `push-input` per local dataset: to `<remote_dir>/data/<name>`, skipped when the host
-   holds the same bytes (sha256 compared on the host); `set-key-limit` (with a budget):
-   the host's minted child key limited to its share of the jobs' budget;
+   holds the same bytes (sha256 compared on the host); `push-exclusions` on a host taking
+   a shard over (`moves`); `job-key` per job with a budget: its own child key, limited to
+   its share (`keys`);
 3. `start-job` per dataset: the role's `launch` command, detached, in
    `<remote_dir>/jobs/<job>/`, `job.json` recording the input's sha256; then `check-jobs`
    (one round trip) watches them all for a second at once: a command that died fails the
@@ -22,7 +26,8 @@ Per host, in order:
    do) is fine.
 
 The plan is all-or-nothing: no host pushes or starts anything until every host has passed
-its probe, so a refusal on one host (or one host down) starts nothing anywhere.
+its probe and key check, so a refusal on one host (or one host down) starts nothing
+anywhere.
 
 Everything wrong before any host is touched (no input, an input with no valid record, two
 inputs with one job name, `--job` with several inputs, no launch command in the role, a var
@@ -30,9 +35,10 @@ the command needs unset) fails the whole launch with exit 2, and `--dry-run` sho
 without connecting.
 
 The modules of a launch: `upload` (the jobs and their inputs, pushing the local ones,
-resumable), `probe` (step 1: the host's checks and a job's identity), `start` (step 3:
-starting the jobs and the check after the start watch); this one builds the plan and is
-the launch's surface (`__all__`).
+resumable), `probe` (step 1: the host's checks and a job's identity), `keys` (which key a
+job runs on), `moves` (each host's shard; a take-over), `start` (step 3: starting the jobs
+and the check after the start watch); this one builds the plan and is the launch's surface
+(`__all__`).
 """
 
 from __future__ import annotations
@@ -40,11 +46,11 @@ from __future__ import annotations
 import functools
 import math
 
-from handoff.config import flags, shards
+from handoff.config import flags
 from handoff.config.templates import render_command
 from handoff.errors import UsageError
 from handoff.host.targets import Target
-from handoff.ops.jobs import budget
+from handoff.ops.jobs import budget, keys, moves
 from handoff.ops.jobs.datasets import Dataset
 from handoff.ops.jobs.probe import ProbeJobs, _probe, identity_problem, ssh_command
 from handoff.ops.jobs.start import (
@@ -97,22 +103,14 @@ def budget_line(targets: list[Target], jobs: list[str]) -> str | None:
     return line
 
 
-def launch_of(j: LaunchJob, targets: list[Target], sharded: bool) -> shards.Launch:
-    """The layout a launch gives job `j` over `targets` (host i runs shard i of n), recorded
-    on the workstation once a host started it (shards.record): status, jobs and fetch judge
-    from it."""
-    ds = j.dataset
-    return shards.new_launch([t.label for t in targets], sharded=sharded,
-                             input_sha256=ds.sha256 if ds is not None else None,
-                             prompts=ds.check.prompts if ds is not None else None,
-                             per_shard=ds.check.per_shard if ds is not None else None)
-
-
 def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_input: str | None,
          job_flag: str | None, shard: bool = True,
-         loaded: list[Dataset] | None = None) -> Plan:
+         loaded: list[Dataset] | None = None,
+         placements: dict[str, moves.Placement] | None = None) -> Plan:
     """The launch plan; raises UsageError/RoleError for what no host could fix. `loaded`:
-    the local inputs already checked (the command checks them once, for the estimate too)."""
+    the local inputs already checked (the command checks them once, for the estimate too);
+    `placements`: each job's shard per host (moves.placement: the recorded layout's on a
+    relaunch over the same hosts, a take-over's); without them host i of n runs i/n."""
     inputs = [local_input] if isinstance(local_input, str) else list(local_input or [])
     if inputs and remote_input:
         raise UsageError("give --input (local files) or --remote-input (a file on the hosts), not both")
@@ -121,32 +119,58 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
     local = loaded if loaded is not None else (load_datasets(targets, inputs, job_flag) if inputs else None)
     jobs = jobs_of(targets, local, remote_input, job_flag)
     result = Plan("launch", [], private=LaunchPrivate(jobs=jobs), all_or_nothing=True)
+    taken = [p.take_over for p in (placements or {}).values() if p.take_over is not None]
+    private_of(result).take_over = taken[0] if taken else None
     n = len(targets)
-    for i, target in enumerate(targets):
+    labels = [t.label for t in targets]
+    placed = placements or {}
+    for j in jobs:
+        if j.job not in placed:
+            placed[j.job] = moves.placement(j.job, labels, sharded=shard, input_sha256=None,
+                                            recorded=False)
+    for target in targets:
         role = target.role
         if role is None or not role.launch:
             raise UsageError(f"{target.label}: role {role.name if role else None!r} has no launch command")
         lay = target.layout
-        shard_spec = f"{i}/{n}" if shard and n > 1 else None
         total = job_budget(target)
-        share = budget.host_share(total, n) if total is not None else None
-        if share is not None and float(budget_text(share)) <= 0:
-            raise UsageError(f"--max-cost {total:g} over {n} hosts leaves each less than $0.000001")
+        parts = {j.job: placed[j.job].hosts[target.label] for j in jobs}
+        shares: dict[str, float | None] = {}
+        for j in jobs:
+            a = parts[j.job]
+            share = (None if total is None
+                     else max(0.0, budget.host_share(total, a.of) * a.runs - a.less))
+            if share is not None and not a.less and float(budget_text(share)) <= 0:
+                raise UsageError(f"--max-cost {total:g} over {a.of} shards leaves each less "
+                                 f"than $0.000001")
+            shares[j.job] = share
         names = ", ".join(j.job for j in jobs)
         steps = [Step("probe", f"probe the host: release{' and key' if role.secret else ''} present, "
                                f"disk, job{'s' if len(jobs) > 1 else ''} {names} not running and "
                                f"launched with the same input",
                       f"{target.vars['python']} -c <remote_code/probe.py> (sha256 of the inputs); "
                       f"-c <remote_code/jobs.py> list (reads only)", "always",
-                      ProbeJobs(shard_spec), run=_probe, changes=False)]
+                      ProbeJobs({job: a.spec for job, a in parts.items()}), run=_probe,
+                      changes=False)]
+        if role.secret:
+            # Which key each job runs on, and that it has something left: before the gate.
+            steps.append(keys.check_step(target, shares, [j.job for j in jobs]))
         steps += [push_step(j, lay.data) for j in jobs if j.dataset is not None]
-        if share is not None and role.secret:
-            # The key's own limit enforces this host's share too (handoff.ops.jobs.budget).
-            steps.append(budget.limit_step(target, share, [j.job for j in jobs]))
+        for j in jobs:  # a shard taken over: the ids in hand, left out there
+            move = placed[j.job].take_over
+            if move is not None and move.taker == target.label:
+                steps.append(moves.exclusions_step(target, move))
+        if role.secret:
+            # A budget is its job's: a child key of its own caps it (handoff.ops.jobs.keys).
+            steps += [keys.job_key_step(target, job, share) for job, share in shares.items()
+                      if share is not None]
         chosen = sampling(target)
         for j in jobs:
-            extra = {"input": j.input_path, "shard": shard_spec,
-                     "max_cost": budget_text(share) if share is not None else None, **chosen}
+            a, share = parts[j.job], shares[j.job]
+            extra = {"input": j.input_path, "shard": a.spec,
+                     "max_cost": budget_text(share) if share is not None else None,
+                     "exclude_ids": f"{lay.job(j.job)}/{moves.EXCLUDE_FILE}" if a.exclude else None,
+                     **chosen}
             # Rendered now with the paths as configured (`~` unresolved), so a missing var
             # stops the launch before any host is touched, and the dry run shows the command.
             preview = render_command(role.launch, command_vars(
@@ -154,16 +178,19 @@ def plan(targets: list[Target], *, local_input: str | list[str] | None, remote_i
                 j.job, extra), f"role {role.name} launch")
             money = (f", budget ${budget_text(share)} of the job's ${total:g}" if share is not None
                      and total is not None else "")
+            launch_of_job = placed[j.job].launch
             steps.append(Step(
                 "start-job", f"start job {j.job} detached in {lay.job(j.job)}"
-                             + (f", shard {shard_spec}" if shard_spec else "") + money
+                             + (f", shard {a.spec}" if a.spec else "") + money
+                             + (", leaving out the ids already in hand" if a.exclude else "")
                              + (f"; sampling: {sampling_text(chosen)}" if chosen else ""),
                 f"setsid nohup {preview} >>log 2>&1 </dev/null (pid to {lay.job(j.job)}/pid; "
                 f"~ is the login user's home)",
                 "once every host passed its probe",
-                StartJob(j.job, j.input_path, shard_spec, n, total, extra["max_cost"],
-                         tuple(t.label for t in targets),
-                         j.dataset.check.prompts if j.dataset is not None else None),
+                StartJob(j.job, j.input_path, a.spec, launch_of_job.shards if a.spec else n, total,
+                         extra["max_cost"], launch_of_job.hosts if a.spec else tuple(labels),
+                         j.dataset.check.prompts if j.dataset is not None else None,
+                         extra["exclude_ids"]),
                 run=_start, check=f"`fab status {target.flags(j.job)}` tells whether it runs"))
         steps.append(Step(
             "check-jobs", f"check that job{'s' if len(jobs) > 1 else ''} {names} still run a "
@@ -205,6 +232,6 @@ def after_interrupt(jobs: list[str], progress: dict[str, HostProgress]) -> str:
 
 
 __all__ = ["LaunchJob", "LaunchPrivate", "after_interrupt", "budget_line", "budget_text",
-           "identity_problem", "input_file", "job_budget", "jobs_of", "launch_of", "load_datasets",
+           "identity_problem", "input_file", "job_budget", "jobs_of", "load_datasets",
            "plan", "private_of",
            "sampling", "sampling_text", "ssh_command", "start_watch"]

@@ -9,11 +9,20 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from handoff.config.layout import job_key_path, key_record
 from handoff.errors import HandoffError
-from handoff.host.facts import KEY_FILE, disk_short, gather
+from handoff.host.facts import (
+    KEY_FILE,
+    KEY_RECORD,
+    disk_short,
+    gather,
+    job_key_fact,
+    job_record_fact,
+)
 from handoff.host.session import Session
 from handoff.host.targets import Target
 from handoff.host.untrusted import count
+from handoff.ops.jobs.budget import spent_of
 from handoff.ops.jobs.state import HostJobs, JobState, read_all, require_deployed
 from handoff.ops.jobs.upload import LaunchJob, LaunchPrivate, input_file
 from handoff.run.plan import HostContext, Skipped, Step
@@ -22,14 +31,19 @@ from payload import units
 
 @dataclass(frozen=True)
 class ProbeJobs:
-    shard: str | None  # the shard this host is given (a resumed job may have had another)
+    shards: dict[str, str | None]  # per job, the shard this host is given (a resumed job may
+    # have had another)
 
 
 def _probe(ctx: HostContext, step: Step) -> str:
     s = ctx.session
     jobs = ctx.private_as(LaunchPrivate).jobs
-    files = {KEY_FILE: str(s.vars["key_path"])}
+    key_path = str(s.vars["key_path"])
+    files = {KEY_FILE: key_path, KEY_RECORD: key_record(key_path)}
     files.update({input_file(j.job): j.input_path for j in jobs})
+    for j in jobs:  # a job's own key, if it has one (a job with a budget: jobs.keys)
+        own = job_key_path(key_path, j.job)
+        files.update({job_key_fact(j.job): own, job_record_fact(j.job): key_record(own)})
     ctx.facts = facts = gather(s, None, files=files)
     role = s.target.role
     require_deployed(s, facts, role)
@@ -57,8 +71,8 @@ def _probe(ctx: HostContext, step: Step) -> str:
             problems.append(problem)
     if problems:
         raise HandoffError(f"{s.label}: " + "; ".join(problems) + " (nothing was started on any host)")
-    shard = step.args(ProbeJobs).shard
-    found = resumed(host_jobs, [j.job for j in jobs], shard)
+    given = step.args(ProbeJobs).shards
+    found = resumed(host_jobs, given)
 
     def said(job: str) -> str:
         # "job B3: new" rather than the state's own word for a job never launched ("none").
@@ -73,8 +87,9 @@ def _probe(ctx: HostContext, step: Step) -> str:
     moved = []
     for j in jobs:
         meta = host_jobs.get(j.job).meta
-        if meta is not None and meta.get("shard") != shard:
-            moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now {shard or 'all'}")
+        if meta is not None and meta.get("shard") != given.get(j.job):
+            moved.append(f"{j.job} was shard {meta.get('shard') or 'all'} here, now "
+                         f"{given.get(j.job) or 'all'}")
     ctx.report.data = found
     note = f" (resharded: {'; '.join(moved)})" if moved else ""
     return Skipped(f"release {'and key ' if role and role.secret else ''}in place, "
@@ -92,19 +107,26 @@ class Resumed:
     recorded: dict[str, int | None] = field(default_factory=dict)
     # The jobs this launch started here (start-job): the command records their layout.
     started: list[str] = field(default_factory=list)
+    # What each job already launched here says it spent (its status.json, checked: only
+    # ever lowers a key's limit), and the jobs that run on a child key of their own
+    # (jobs.keys: a budget on a host whose key is minted).
+    spent: dict[str, float] = field(default_factory=dict)
+    own_keys: set[str] = field(default_factory=set)
     # Jobs that finished here with this very shard and input: every id is recorded, so
     # starting one again would only find nothing to do. What it finished with, said.
     finished: dict[str, str] = field(default_factory=dict)
 
 
-def resumed(host_jobs: HostJobs, jobs: list[str], shard: str | None) -> Resumed:
-    """The host's `Resumed`, from the job states the probe read (their status.json, checked:
-    a count the host got wrong counts as none done, so the estimate stays an upper bound)."""
+def resumed(host_jobs: HostJobs, shards: dict[str, str | None]) -> Resumed:
+    """The host's `Resumed` for the jobs launched (each with the shard it is given here),
+    from the job states the probe read (their status.json, checked: a count the host got
+    wrong counts as none done, so the estimate stays an upper bound)."""
     found = Resumed()
-    for job in jobs:
+    for job, shard in shards.items():
         current = host_jobs.get(job)
         if current.state == "none":
             continue
+        found.spent[job] = spent_of(current.status)
         if current.meta is None or current.meta.get("shard") != shard:
             found.recorded[job] = None
             continue

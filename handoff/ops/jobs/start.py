@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handoff.config import flags
+from handoff.config.layout import job_key_path
 from handoff.config.templates import render_command
 from handoff.defaults import BUILTIN_VARS
 from handoff.errors import RemoteError
@@ -38,6 +39,7 @@ class StartJob:
     # here): job.json records them so `status` can tell a missing shard from a small job.
     shard_hosts: tuple[str, ...] = ()
     prompts: int | None = None
+    exclude: str | None = None  # a shard taken over: the ids in hand to leave out (moves)
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def sampling(target: Target) -> dict[str, Any]:
     role = target.role
     if role is None or "generate" not in [t for t in role.launch if isinstance(t, str)]:
         return {}
-    used = _command_vars(role.launch)
+    used = command_var_names(role.launch)
     out: dict[str, Any] = {}
     for name in flags.SAMPLING:
         if name in used and target.vars.get(name) is not None:
@@ -69,7 +71,7 @@ def sampling(target: Target) -> dict[str, Any]:
     return out
 
 
-def _command_vars(tokens: Any) -> set[str]:
+def command_var_names(tokens: Any) -> set[str]:
     """The `{var}` names a role's argv tokens use."""
     import string
     names: set[str] = set()
@@ -102,8 +104,13 @@ def _start(ctx: HostContext, step: Step) -> str:
     j = next(j for j in jobs if j.job == job)
     input_path = s.abs(j.input_path)
     chosen = sampling(s.target)  # checked when the plan was built: the same vars
+    own = job in ctx.report.data_as(Resumed).own_keys  # a budget: the job's own key (jobs.keys)
+    key = job_key_path(s.abs(str(s.vars["key_path"])), job) if own else None
+    exclude = s.abs(p.exclude) if p.exclude else None
     command = render_command(role.launch, job_vars(s, facts, job, {"input": input_path, "shard": shard,
-                                                                   "max_cost": p.share, **chosen}),
+                                                                   "max_cost": p.share,
+                                                                   "exclude_ids": exclude, **chosen},
+                                                   key_path=key),
                              f"role {role.name} launch")
     jd = s.layout.job(job)
     sha = j.dataset.sha256 if j.dataset is not None else facts.file(input_file(job)).sha256
@@ -112,6 +119,8 @@ def _start(ctx: HostContext, step: Step) -> str:
             "input": input_path, "input_sha256": sha,
             "dataset": str(j.dataset.path) if j.dataset is not None else None,
             "max_cost": p.max_cost, "host_max_cost": p.share,
+            "key": "job" if own else "host",  # which key it runs on (jobs.keys)
+            "exclude_ids": exclude,  # a shard taken over: the ids in hand, left out
             # what the payload was told (unset ones: the payload's defaults)
             "sampling": {name: chosen.get(name) for name in flags.SAMPLING},
             "started": time.time(), "host": s.label}
@@ -121,7 +130,8 @@ def _start(ctx: HostContext, step: Step) -> str:
                                                            "watch_s": 0},
                                         "starting the job", timeout=60)
     ctx.report.data_as(Resumed).started.append(job)
-    notes = (f", shard {shard}" if shard else "") + (f", budget ${p.share}" if p.share else "")
+    notes = ((f", shard {shard}" if shard else "") + (f", budget ${p.share}" if p.share else "")
+             + (", on its own key" if own else ""))
     return f"started {job} (pid {answer.get('pid')}) in {jd}{notes}"
 
 

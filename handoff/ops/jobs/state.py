@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from handoff.config import state
-from handoff.config.layout import RemoteLayout, key_record
+from handoff.config.layout import RemoteLayout, job_keys_folder, key_record
 from handoff.config.roles import Role
 from handoff.config.templates import Text
 from handoff.console import has_control, visible
@@ -66,6 +66,10 @@ class JobState:
     # The answers' latency_s as a histogram (bin -> answers: remote_code.jobs.latency), when
     # asked (`fab status`) and the job has an output.
     latency: dict[int, int] | None = None
+    # The job's own key (a job with a budget: handoff.ops.jobs.keys): there or not, and the
+    # record beside it (None: the job has none).
+    own_key: bool = False
+    own_record: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, raw: Any) -> JobState:
@@ -77,12 +81,16 @@ class JobState:
         meta, meta_problems = untrusted.meta(raw.get("meta"))
         keys, records = raw.get("keys"), raw.get("records")
         latency, latency_problems = _latency(raw.get("latency"))
+        found = raw.get("own_key")
+        own: dict[str, Any] = found if isinstance(found, dict) else {}
         return cls(untrusted.text(raw.get("job_dir")) or "", status, meta,
                    untrusted.count(raw.get("pid")) or None, raw.get("alive") is True,
                    {str(k): v is True for k, v in keys.items()} if isinstance(keys, dict) else {},
                    {str(k): v for k, v in records.items() if isinstance(v, dict)}
                    if isinstance(records, dict) else {},
-                   status_problems + meta_problems + latency_problems, latency)
+                   status_problems + meta_problems + latency_problems, latency,
+                   own.get("exists") is True,
+                   own.get("record") if isinstance(own.get("record"), dict) else None)
 
     @property
     def name(self) -> str:
@@ -121,6 +129,11 @@ class JobState:
     @property
     def keys_placed(self) -> list[str]:
         return [path for path, present in self.keys.items() if present]
+
+    @property
+    def own_key_record(self) -> keyrecord.KeyRecord | None:
+        """The record of the job's own child key, if it has one."""
+        return keyrecord.KeyRecord.from_json(self.own_record) if self.own_record else None
 
     @property
     def key_record(self) -> keyrecord.KeyRecord | None:
@@ -185,8 +198,9 @@ def placed_keys(target: Target) -> list[str]:
 
 
 def _key_args(target: Target) -> dict[str, Any]:
-    records = [key_record(str(target.vars["key_path"]))] if target.vars.get("key_path") else []
-    return {"keys": placed_keys(target), "records": records}
+    key_path = str(target.vars["key_path"]) if target.vars.get("key_path") else None
+    return {"keys": placed_keys(target), "records": [key_record(key_path)] if key_path else [],
+            **({"job_keys": job_keys_folder(key_path)} if key_path else {})}
 
 
 def read(session: Session, job: str, *, latency: bool = False) -> JobState:
@@ -255,11 +269,13 @@ def require_deployed(session: Session, facts: Facts, role: Role | None) -> None:
                           f"`fab push-key {session.target.flags()}` (or deploy) first")
 
 
-def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any]) -> dict[str, Any]:
+def job_vars(session: Session, facts: Facts, job: str, extra: dict[str, Any],
+             key_path: str | None = None) -> dict[str, Any]:
     """The vars a role's launch/smoke command renders with on this host: absolute paths, the
-    venv's python when `verify --install` made one, and the command's own values."""
+    venv's python when `verify --install` made one, and the command's own values;
+    `key_path`: the job's own key (a budget: handoff.ops.jobs.keys), else the host's."""
     return command_vars(session.target, session.layout.root, effective_python(session, facts),
-                        session.abs(str(session.vars["key_path"])), job, extra)
+                        key_path or session.abs(str(session.vars["key_path"])), job, extra)
 
 
 def command_vars(target: Target, remote_dir: str, python: str, key_path: str, job: str,

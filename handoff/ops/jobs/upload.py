@@ -17,7 +17,7 @@ from handoff.host import remote_code
 from handoff.host.session import Session, sh_path
 from handoff.host.targets import Target
 from handoff.host.transfer import mkdirs, upload_resumable
-from handoff.ops.jobs import budget, datasets
+from handoff.ops.jobs import budget, datasets, moves
 from handoff.ops.jobs.datasets import Dataset
 from handoff.ops.jobs.state import job_name
 from handoff.run.plan import HostContext, Plan, Skipped, Step
@@ -39,9 +39,10 @@ class LaunchJob:
 
 
 @dataclass
-class LaunchPrivate(budget.ManagementCarrier):
-    """A launch's private values: the jobs it starts (each with its dataset, when local) and,
-    from the command, where the limit step gets a management client."""
+class LaunchPrivate(budget.ManagementCarrier, moves.ExclusionsCarrier):
+    """A launch's private values: the jobs it starts (each with its dataset, when local),
+    from the command, where the key steps get a management client, and a take-over's ids in
+    hand (handoff.ops.jobs.moves)."""
 
     jobs: list[LaunchJob] = field(default_factory=list)
 

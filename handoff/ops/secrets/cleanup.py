@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from handoff import console
 from handoff.config import state
-from handoff.config.layout import key_record, sftp_path
+from handoff.config.layout import job_keys_folder, key_record, sftp_path
 from handoff.defaults import (
     BUILTIN_VARS,
 )
@@ -19,7 +19,7 @@ from handoff.errors import (
     HandoffError,
     RemoteError,
 )
-from handoff.host import keyrecord, remote_code
+from handoff.host import keyrecord, remote_code, untrusted
 from handoff.host.session import Session
 from handoff.host.targets import Target
 from handoff.host.transfer import remove_leftovers, temp_prefix
@@ -128,23 +128,31 @@ def cleanup_entries(wanted: set[str] | None, resolve: Callable[[str], list[Targe
 @dataclass
 class KeysRemoved:
     """A host's cleanup: the child key records found beside its key files (each with the
-    key file's path: what to revoke), and how many files were removed or already absent."""
+    key file's path: what to revoke), how many files were removed or already absent, and
+    the jobs found running there (`running`, once checked; `refused`: the host was left as
+    it was for them, nothing removed or revoked)."""
 
     records: list[tuple[keyrecord.KeyRecord, str]] = field(default_factory=list)
     removed: int = 0
     absent: int = 0
+    checked: bool = False
+    running: list[str] = field(default_factory=list)
+    refused: bool = False
 
 
 @dataclass(frozen=True)
 class RemoveKey:
-    """A key file to remove and the fingerprint the ledger knows it by ("" when unknown)."""
+    """A key file to remove and the fingerprint the ledger knows it by ("" when unknown);
+    `force`: even under a running job."""
 
     path: str
     fingerprint: str
+    force: bool = False
 
 
-def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
-    """One host per (address, port, user), one remove-key step per key file placed there."""
+def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope, force: bool = False) -> Plan:
+    """One host per (address, port, user), one remove-key step per key file placed there. A
+    host where a job runs is refused (its keys neither removed nor revoked) unless `force`."""
     scope = entries if isinstance(entries, CleanupScope) else CleanupScope(entries)
     by_host: dict[tuple[str, int, str], list[state.LedgerEntry]] = {}
     for e in scope.entries:
@@ -154,15 +162,70 @@ def cleanup_plan(entries: list[state.LedgerEntry] | CleanupScope) -> Plan:
         steps = [Step("remove-key",
                       f"remove the key file {e.path}" + (f" (key {e.fingerprint})" if e.fingerprint else "")
                       + " and the child key record beside it",
-                      f"warn if a job still runs (python -c <remote_code/jobs.py> running); sftp "
+                      f"{'warn' if force else 'refuse the host'} if a job runs there (python "
+                      f"-c <remote_code/jobs.py> running); sftp "
                       f"read {key_record(e.path)} (the child key to revoke); sftp remove {e.path}, "
                       f"{temp_prefix(e.path.rsplit('/', 1)[-1])}* beside it and the record; stat to "
                       f"prove it gone; ledger: removed",
-                      "if present", RemoveKey(e.path, e.fingerprint), run=_remove_key)
+                      "if present" + ("" if force else ", and no job runs on the host"),
+                      RemoveKey(e.path, e.fingerprint, force), run=_remove_key)
                  for e in group]
+        # The jobs' own keys beside each host key (a job with a budget has one), also those
+        # no ledger here lists (a wiped state dir, another clone's launch).
+        folders = sorted({job_keys_folder(e.path) if not e.job else e.path.rsplit("/", 1)[0]
+                          for e in group})
+        steps.append(Step("remove-job-keys", f"remove every job's own key in {', '.join(folders)} "
+                                             f"and the child key records beside them",
+                          f"sftp listdir {', '.join(folders)}; read each <job>.key.minted.json "
+                          f"(the child key to revoke); remove <job>.key, its temp leftovers and "
+                          f"its record; stat to prove them gone", "if there are any",
+                          RemoveJobKeys(tuple(folders), force), run=_remove_job_keys))
         target = scope.targets.get(host) or _ledger_target(group[0])
         plan.hosts.append(HostPlan(target, steps))
     return plan
+
+
+@dataclass(frozen=True)
+class RemoveJobKeys:
+    """The folders of the jobs' own keys on a host (`<key folder>/jobs`)."""
+
+    folders: tuple[str, ...]
+    force: bool = False
+
+
+def _remove_job_keys(ctx: HostContext, step: Step) -> str:
+    s = ctx.session
+    p = step.args(RemoveJobKeys)
+    _check_running(ctx, p.force)
+    done = ctx.report.data_as(KeysRemoved)
+    removed: list[str] = []
+    for folder in p.folders:
+        try:
+            names = s.files.listdir(folder)
+        except OSError:
+            continue  # no folder: no job ever had a key of its own here
+        for name in sorted(names):
+            if untrusted.name_problem(name) is not None or name.startswith("."):
+                continue  # temp leftovers go with their key (remove), nothing else is ours
+            path = f"{folder}/{name}"
+            if name.endswith(".key"):
+                record = keyrecord.read_record(s, key_record(path))
+                if record is not None:
+                    done.records.append((record, path))
+                if not isinstance(remove(s, path, ""), Skipped):
+                    removed.append(path)
+            elif name.endswith(".key.minted.json"):
+                record = keyrecord.read_record(s, path)
+                if record is not None:
+                    done.records.append((record, path.removesuffix(".minted.json")))
+                try:
+                    s.files.remove(path)
+                except OSError:
+                    pass
+    done.removed += len(removed)
+    if not removed:
+        return Skipped("no job key file")
+    return f"removed {len(removed)} job key file(s): {', '.join(removed)}, verified gone"
 
 
 def _running_jobs(session: Session) -> list[str] | None:
@@ -173,35 +236,58 @@ def _running_jobs(session: Session) -> list[str] | None:
                                   "looking for running jobs", timeout=60)
     except HandoffError:
         return None
-    return [f"{j.get('job')} (pid {j.get('pid')})" for j in answer.get("running") or []]
+    listed = answer.get("running") if isinstance(answer, dict) else None
+    return [f"{untrusted.visible(j.get('job'), 100)} (pid {untrusted.count(j.get('pid'))})"
+            for j in (listed if isinstance(listed, list) else []) if isinstance(j, dict)]
+
+
+class JobsRunning(RemoteError):
+    """cleanup-secrets left a host as it was: a job runs there (`--force` goes on)."""
+
+
+def _check_running(ctx: HostContext, force: bool) -> None:
+    """Once per host, before anything is removed: the jobs running there. Without `force`
+    the host is refused (JobsRunning), its key files and child keys left as they are: a
+    revoked key stops its job with 401."""
+    s = ctx.session
+    done = ctx.report.data_as(KeysRemoved)
+    if done.checked:
+        return
+    done.checked = True
+    running = _running_jobs(s)
+    label = console.r(s.label)
+    if running is None:
+        ctx.report.log("  [yellow]warning:[/] could not check for running jobs (no python "
+                       "for handoff's remote code on the host?)")
+        return
+    done.running = running
+    if not running:
+        return
+    jobs = ", ".join(running)
+    if not force:
+        done.refused = True
+        raise JobsRunning(
+            f"{s.label}: {'jobs' if len(running) > 1 else 'job'} {jobs} still "
+            f"run{'' if len(running) > 1 else 's'} there: nothing was removed or revoked on "
+            f"this host (a revoked key stops its job with 401). Stop "
+            f"{'them' if len(running) > 1 else 'it'} first (`fab stop --host {s.label}`: "
+            f"resumable), or rerun with --force to remove the keys and revoke them anyway")
+    ctx.report.log(
+        f"  [yellow]warning (--force):[/] {console.r(jobs)} still running on {label}: it read "
+        f"its key at start, so removing the file does not stop it; a minted child key is "
+        f"revoked below, so its next requests fail (401) and it stops, resumable (exit 3); "
+        f"your plain API key is not revoked: such a job goes on until it ends. A relaunch (or "
+        f"resume) needs a key again: `fab push-key --host {label}` first.")
 
 
 def _remove_key(ctx: HostContext, step: Step) -> str:
     s = ctx.session
     p = step.args(RemoveKey)
     path, fp = p.path, p.fingerprint
+    _check_running(ctx, p.force)
     record = keyrecord.read_record(s, key_record(path))
     if record is not None:
         ctx.report.data_as(KeysRemoved).records.append((record, path))
-    try:
-        s.files.stat(path)
-        present = True
-    except OSError:
-        present = False
-    if present:
-        running = _running_jobs(s)
-        if running:
-            fate = ("its child key is revoked below, so its next requests fail (401) and it "
-                    "stops, resumable (exit 3)" if record is not None else
-                    "the key in it is your API key, not revoked: the job goes on until it ends")
-            ctx.report.log(
-                f"  [yellow]warning:[/] {console.r(', '.join(running))} still running on "
-                f"{console.r(s.label)}: it read the key at start, so removing the file does not "
-                f"stop it; {fate}. A relaunch (or resume) needs a key again: `fab push-key "
-                f"--host {console.r(s.label)}` first.")
-        elif running is None:
-            ctx.report.log("  [yellow]warning:[/] could not check for running jobs (no python "
-                           "for handoff's remote code on the host?)")
     outcome = remove(s, path, fp)
     try:
         s.files.remove(key_record(path))
@@ -215,4 +301,4 @@ def _remove_key(ctx: HostContext, step: Step) -> str:
     return outcome
 
 
-__all__ = ["CleanupScope", "cleanup_entries", "cleanup_plan", "remove"]
+__all__ = ["CleanupScope", "JobsRunning", "cleanup_entries", "cleanup_plan", "remove"]

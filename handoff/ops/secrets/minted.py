@@ -13,29 +13,36 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 
 from handoff.config import state
-from handoff.config.layout import key_record
+from handoff.config.layout import job_key_path, key_record
 from handoff.config.os_keyring import fingerprint, sha256
 from handoff.defaults import (
     KEY_RENEW_BEFORE_S,
+    MANAGEMENT_KEY_USERNAME,
+    SECRET_SERVICE,
 )
 from handoff.errors import (
     HandoffError,
     KeyAPIError,
     KeyAPIFailed,
     KeyAPIUnreachable,
+    ManagementKeyMissing,
     RemoteError,
 )
 from handoff.host import keyrecord
-from handoff.host.facts import KEY_FILE, KEY_RECORD, Facts
+from handoff.host.facts import KEY_FILE, KEY_RECORD, Facts, gather, job_key_fact, job_record_fact
 from handoff.host.session import Session
+from handoff.host.targets import Target
 from handoff.ops import keyapi
 from handoff.ops.secrets.place import in_ledger, key_location, ledger_entry, place
 from handoff.ops.secrets.settings import (
     Credentials,
     KeySettings,
+    ManagementKeys,
     api_mismatch,
+    key_settings,
     management_api,
     names_host,
     vouch,
@@ -49,23 +56,27 @@ def _child_fields(minted: keyapi.ChildKey, api: str, service: str, job: str | No
 
 
 def place_minted(session: Session, facts: Facts, creds: Credentials, settings: KeySettings,
-                 job: str | None = None) -> str:
-    """The host's child key (`job` None: the host's own, placed by deploy/push-key): reuse
-    the live one its record names, else revoke every earlier one, mint one, place it and its
-    record. Nothing half-done: a key minted here whose placement fails is revoked before the
-    error is raised. A host whose base_url is not the management API gets none."""
+                 job: str | None = None, limit_for: Callable[[float], float] | None = None) -> str:
+    """The host's child key (`job` None: the host's own, placed by deploy/push-key), or a
+    job's own (at `<key folder>/jobs/<job>.key`, its limit `limit_for(usage)`: set on the
+    key reused, `limit_for(0)` on one minted): reuse the live one its record names, else
+    revoke every earlier one of that (host, job), mint one, place it and its record.
+    Nothing half-done: a key minted here whose placement fails is revoked before the error
+    is raised. A host whose base_url is not the management API gets none."""
     target = session.target
     mismatch = api_mismatch(target, str(session.vars.get("base_url") or ""))
     if mismatch:
         raise RemoteError(mismatch)
     api = management_api(target)
     client = creds.client(api)
-    path = key_location(session, facts)  # before anything is minted: an unsafe folder refuses
+    own = job_key_path(str(session.vars["key_path"]), job) if job else None
+    path = key_location(session, facts, own)  # before anything is minted: an unsafe folder refuses
     record_path = key_record(path)
-    remote, on_host = facts.file(KEY_FILE), facts.file(KEY_RECORD)
+    fact, record_fact = (job_key_fact(job), job_record_fact(job)) if job else (KEY_FILE, KEY_RECORD)
+    remote, on_host = facts.file(fact), facts.file(record_fact)
     record = keyrecord.read_record(session, record_path, on_host.size) if on_host.exists else None
     replaced: keyrecord.KeyRecord | None = record
-    why = "the host holds no minted key"
+    why = f"job {job} had no key of its own here" if job else "the host holds no minted key"
     if record is not None:
         # The file beside the record is the key the record names, still private.
         intact = bool(remote.exists and remote.sha256 and record.fingerprint
@@ -83,6 +94,11 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
                 _remember(session, path, record, info, api, creds.service, job)
                 others = _revoke_earlier(session, client, api, creds.service, job,
                                          keep=record.hash, ask_api=False)
+                if limit_for is not None:
+                    after = client.patch(record.hash, limit=limit_for(info.usage))
+                    return (f"job {job}'s child key {record.hash[:12]} at {path} is live: reused, "
+                            f"limit {keyapi.money(info.limit)} -> {keyapi.money(after.limit)} "
+                            f"(used {keyapi.money(info.usage)}){others}")
                 return Skipped(f"child key {record.hash[:12]} at {path} is live "
                                f"({info.describe()}): reused, nothing minted{others}")
             why = ("the key file does not match its record" if not intact
@@ -93,11 +109,14 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
     earlier = _revoke_earlier(session, client, api, creds.service, job,
                               also=replaced.hash if replaced is not None else None)
     name = keyapi.child_name(state.workstation_id(), target.label, job)
+    if limit_for is not None:
+        settings = KeySettings(settings.mode, limit_for(0.0), settings.ttl_hours)
     minted = _mint(client, name, settings)
     child = _child_fields(minted.info, api, creds.service, job)
     state.record(ledger_entry(session, path, fingerprint(minted.key), "minted", **child))
     try:
-        placed = place(session, facts, minted.key, child=child)
+        placed = place(session, facts, minted.key, child=child, path=path, fact=fact,
+                       record_fact=record_fact)
         keyrecord.write_record(session, record_path, keyrecord.KeyRecord(
             minted.info.hash, minted.info.name, api, creds.service, fingerprint(minted.key),
             keyapi.utc_iso(minted.info.expires_at) if minted.info.expires_at else None,
@@ -109,9 +128,11 @@ def place_minted(session: Session, facts: Facts, creds: Credentials, settings: K
             raise RemoteError(f"{session.label}: placing the minted key failed ({detail}); "
                               f"{undone}") from None
         raise
-    note = ("; NOTE: no key_limit is set, so this key is uncapped until `fab launch "
-            "--max-cost` limits it" if settings.limit is None else "")
-    return (f"minted child key {minted.info.hash[:12]} ({minted.info.describe()}; {why}) and "
+    note = ("; NOTE: no key_limit is set, so this key is uncapped: a job with a budget "
+            "(`fab launch --max-cost`) runs on a capped key of its own" if settings.limit is None
+            else "")
+    whose = f"job {job}'s child key" if job else "child key"
+    return (f"minted {whose} {minted.info.hash[:12]} ({minted.info.describe()}; {why}) and "
             f"{placed.replace('placed key', 'placed it as key', 1)}{earlier}{note}")
 
 
@@ -147,6 +168,8 @@ def _revoke_earlier(session: Session, client: keyapi.Client, api: str, service: 
     todo.pop(keep or "", None)
     done = []
     key_path = session.abs(str(session.vars["key_path"]))
+    if job:
+        key_path = job_key_path(key_path, job)
     for key_hash, where in todo.items():
         try:
             client.at(where).revoke(key_hash)
@@ -161,7 +184,7 @@ def _revoke_earlier(session: Session, client: keyapi.Client, api: str, service: 
     if not done:
         return ""
     return (f"; revoked its earlier child key{'s' if len(done) > 1 else ''} "
-            f"{', '.join(done)} first (at most one live key per host)")
+            f"{', '.join(done)} first (at most one live key per {'(host, job)' if job else 'host'})")
 
 
 def _mint(client: keyapi.Client, name: str, settings: KeySettings) -> keyapi.Minted:
@@ -219,4 +242,101 @@ def _remember(session: Session, path: str, record: keyrecord.KeyRecord, info: ke
         state.record(entry)
 
 
-__all__ = ["place_minted"]
+class JobKeys(ManagementKeys):
+    """The management key (read lazily, once per command) for what launch and forget do
+    with a job's own child key: launch places it (`job_key`), forget revokes it and removes
+    its file (`forget_job_key`). Handed to those operations by the command
+    (handoff.ops.jobs may not import this package)."""
+
+    def job_key(self, session: Session, facts: Facts, job: str,
+                limit_for: Callable[[float], float]) -> str:
+        """Place job `job`'s own child key on the host (reused while it lives, its limit
+        then set to `limit_for(usage)`; else minted with `limit_for(0)`)."""
+        target = session.target
+        creds = self.credentials(str(target.vars.get("secret_service") or SECRET_SERVICE))
+        return place_minted(session, facts, creds, key_settings(target), job=job,
+                            limit_for=limit_for)
+
+    def revoke_job_keys(self, target: Target, job: str) -> list[str]:
+        """Revoke every child key of (`target`, `job`) without reaching the host (it may be
+        dead: a take-over moves its shard): the ledger's and the ones the management API
+        lists named for them. The hashes revoked (none without a management key)."""
+        service = str(target.vars.get("secret_service") or SECRET_SERVICE)
+        creds = self.credentials(service)
+        ep = target.endpoint
+        todo = {e.key_hash: e.api for e in state.live_minted()
+                if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) and e.job == job}
+        if not creds.management_key:
+            if todo:
+                raise ManagementKeyMissing(service, MANAGEMENT_KEY_USERNAME,
+                                           f"revoke {target.label}'s child key for job {job}")
+            return []
+        api = management_api(target)
+        client = creds.client(api, f"revoke {target.label}'s child key for job {job}")
+
+        def this_jobs(name: str) -> bool:
+            parsed = keyapi.ChildName.parse(name)
+            return parsed is not None and parsed.job == job and names_host(name, target)
+
+        for key in client.listed(this_jobs):
+            todo.setdefault(key.hash, api)
+        for key_hash, where in todo.items():
+            client.at(where or api).revoke(key_hash)
+            state.record(state.LedgerEntry(
+                host=target.label, hostname=ep.hostname, port=ep.port, user=ep.user,
+                identity=list(ep.identity), path=job_key_path(str(target.vars["key_path"]), job),
+                fingerprint="", time=time.time(), event="revoked", key_hash=key_hash,
+                api=where or api, service=service, job=job))
+        return list(todo)
+
+    def forget_job_key(self, session: Session, job: str) -> str:
+        """Revoke every child key of (this host, `job`) (the ledger's, the one its record
+        names, the ones the API lists named for them) and remove its file and record."""
+        target = session.target
+        path = job_key_path(str(session.vars["key_path"]), job)
+        facts = gather(session, None, files={job_key_fact(job): path,
+                                             job_record_fact(job): key_record(path)},
+                       hash_files=False)
+        path = session.abs(path)
+        ep = target.endpoint
+        ledger = [e for e in state.live_minted()
+                  if (e.hostname, e.port, e.user) == (ep.hostname, ep.port, ep.user) and e.job == job]
+        on_host = facts.file(job_key_fact(job)).exists or facts.file(job_record_fact(job)).exists
+        service = str(target.vars.get("secret_service") or SECRET_SERVICE)
+        creds = self.credentials(service)
+        if not creds.management_key:
+            if ledger or facts.file(job_record_fact(job)).exists:
+                raise ManagementKeyMissing(service, MANAGEMENT_KEY_USERNAME,
+                                           f"revoke job {job}'s child key")
+            if not on_host:
+                return Skipped(f"job {job} has no key of its own here")
+            said = ""
+        else:
+            api = management_api(target)
+            client = creds.client(api, f"revoke job {job}'s child key")
+            record = keyrecord.read_record(session, key_record(path))
+            also = None
+            if record is not None:
+                try:
+                    also = record.hash if vouch(client, target, record.hash) is not None else None
+                except RemoteError:
+                    also = None  # not this host's key: neither used nor revoked
+            said = _revoke_earlier(session, client, api, service, job, also=also)
+            if not said and not on_host:
+                return Skipped(f"job {job} has no key of its own here")
+        removed = []
+        for name in (path, key_record(path)):
+            try:
+                session.files.remove(name)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise RemoteError(f"{session.label}: cannot remove {name}: {exc}") from None
+        if path in removed:
+            state.record(ledger_entry(session, path, "", "removed", job=job))
+        what = f"removed {path}" if path in removed else "no key file left"
+        return f"job {job}'s own key: {what}{said or '; no live child key of it'}"
+
+
+__all__ = ["JobKeys", "place_minted"]

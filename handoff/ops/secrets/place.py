@@ -40,12 +40,12 @@ def in_ledger(entry: state.LedgerEntry) -> bool:
     return any(e.slot == entry.slot and e.fingerprint == entry.fingerprint for e in state.placed())
 
 
-def key_location(session: Session, facts: Facts) -> str:
-    """Where the host's key file really is (the key's folder with its symlinks resolved,
-    as the probe saw it): what the ledger records, so cleanup removes that very file even
-    if a link on the way is re-pointed. Refuses (RemoteError) a key folder another user
-    could change: a symlink, another owner, group/world-writable."""
-    path = session.abs(str(session.vars["key_path"]))
+def key_location(session: Session, facts: Facts, path: str | None = None) -> str:
+    """Where the host's key file (or `path`: a job's own key) really is (the key's folder
+    with its symlinks resolved, as the probe saw it): what the ledger records, so cleanup
+    removes that very file even if a link on the way is re-pointed. Refuses (RemoteError) a
+    key folder another user could change: a symlink, another owner, group/world-writable."""
+    path = session.abs(path or str(session.vars["key_path"]))
     folder, name = path.rsplit("/", 1)
     owner = facts.owners.get(folder)
     if owner is None:
@@ -60,15 +60,18 @@ def key_location(session: Session, facts: Facts) -> str:
     return f"{owner.real or folder}/{name}"
 
 
-def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | None = None) -> str:
-    """Place `key` at the host's key_path unless the same key is already there. `child` (a
-    minted key's hash, api, service, name) goes into the ledger's entry. Placing the API
-    key over a minted one also removes the record that named the minted key."""
-    path = key_location(session, facts)
+def place(session: Session, facts: Facts, key: str, *, child: dict[str, str] | None = None,
+          path: str | None = None, fact: str = KEY_FILE, record_fact: str = KEY_RECORD) -> str:
+    """Place `key` at the host's key_path (or `path`, which the probe described as `fact`
+    and its record as `record_fact`: a job's own key) unless the same key is already there.
+    `child` (a minted key's hash, api, service, name, job) goes into the ledger's entry.
+    Placing the API key over a minted one also removes the record that named the minted
+    key."""
+    path = key_location(session, facts, path)
     fp = fingerprint(key)
-    remote = facts.file(KEY_FILE)
+    remote = facts.file(fact)
     entry = ledger_entry(session, path, fp, "placed", **(child or {}))
-    stale = child is None and facts.file(KEY_RECORD).exists
+    stale = child is None and facts.file(record_fact).exists
     if remote.exists and remote.sha256 == sha256(key) and remote.mode == 0o600 and remote.uid == facts.uid:
         if stale:
             remove_quietly(session, key_record(path))

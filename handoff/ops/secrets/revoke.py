@@ -64,16 +64,17 @@ def revocations(scope: CleanupScope, reports: list[HostReport] | None = None) ->
     return list(found.values())
 
 
-def listed_at_api(scope: CleanupScope, keys: ManagementKeys,
-                  known: set[str]) -> tuple[list[Revocation], list[str]]:
+def listed_at_api(scope: CleanupScope, keys: ManagementKeys, known: set[str],
+                  skip: set[str] | frozenset[str] = frozenset()) -> tuple[list[Revocation], list[str]]:
     """The child keys the management API lists under a name handoff gives a cleaned host's
     keys, by any workstation and for any job (keyapi.ChildName), that are not in `known`
     yet: what the ledger and the hosts' records do not name (a wiped state dir, another
     clone, a key copied away and its record deleted). Asked at the inventory's management
     API and at every API the ledger recorded for these hosts, with the management key of
-    each one's keyring service (none stored: nothing to ask). Also what could not be asked."""
+    each one's keyring service (none stored: nothing to ask). Also what could not be asked.
+    The hosts in `skip` (refused: a job runs there) are not asked about."""
     hosts = ({t.label for t in scope.targets.values()} | {e.host for e in scope.entries}
-             | {e.host for e in scope.minted})
+             | {e.host for e in scope.minted}) - set(skip)
     apis: dict[str, str] = {}  # API -> keyring service of its management key
     for t in scope.targets.values():
         if t.management_api:
@@ -203,6 +204,9 @@ def cleanup_summary(reports: list[HostReport], revoked: list[Revoked]) -> tuple[
         why = str(r.error or "not reachable")
         why = why if why.startswith(label) else f"{label}: {why}"
         why += "" if why.endswith((".", "?", "!")) else "."
+        if r.data_as(KeysRemoved).refused:
+            lines.append(why)  # left as it was for its running jobs: the error says so
+            continue
         dead = [x.revocation for x in revoked if x.revocation.host == label and not x.error]
         if dead:
             keys = ", ".join(f"{d.key_hash[:12]} ({d.path})" for d in dead)

@@ -16,10 +16,13 @@ from handoff.run import plan
 
 
 def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Target]],
-                    everywhere: Iterable[str], *, connect: Connector, dry_run: bool) -> int:
+                    everywhere: Iterable[str], *, connect: Connector, dry_run: bool,
+                    force: bool = False) -> int:
     """Remove the key files and revoke the child keys of the `wanted` hosts (by name or
     address), or of every host in `everywhere` and the ledger; the exit code (0: all clean,
-    or nothing to clean; 1: something may remain, each said)."""
+    or nothing to clean; 1: something may remain, each said). A host where a job runs is
+    left as it is, its keys neither removed nor revoked, unless `force` (exit 1, naming the
+    jobs)."""
     scope = cleanup.cleanup_entries(wanted, resolve, everywhere)
     for skipped in scope.skipped:
         console.warn(f"not checked: {skipped}")
@@ -27,7 +30,7 @@ def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Targe
         console.say("the ledger lists no placed or minted keys and there is no host to check: "
                     "nothing to clean (already absent)")
         return 0
-    p = cleanup.cleanup_plan(scope)
+    p = cleanup.cleanup_plan(scope, force)
     why = "named with --host/--role" if wanted is not None else (
         "every host the ledger, the inventory and the last deploy name")
     console.note(f"hosts: {', '.join(hp.target.label for hp in p.hosts) or 'none'} ({why})")
@@ -36,10 +39,16 @@ def cleanup_secrets(wanted: set[str] | None, resolve: Callable[[str], list[Targe
         console.say(revoke.revocation_plan(revoke.revocations(scope)))
         return 0
     reports = plan.execute(p, connect=connect) if p.hosts else []
+    # A host refused for its running jobs keeps its keys: none of them is revoked either.
+    kept = [r.target for r in reports if r.data_as(cleanup.KeysRemoved).refused]
+    scope.minted = [e for e in scope.minted if not any(
+        e.host == t.label or (e.hostname, e.port, e.user) == (t.endpoint.hostname, t.endpoint.port,
+                                                                t.endpoint.user) for t in kept)]
     todo = revoke.revocations(scope, reports)
     keys = settings.ManagementKeys()
     # The ledger is a cache, the API the truth: what it lists for these hosts goes too.
-    listed, unlisted = revoke.listed_at_api(scope, keys, {r.key_hash for r in todo})
+    listed, unlisted = revoke.listed_at_api(scope, keys, {r.key_hash for r in todo},
+                                            skip={t.label for t in kept})
     todo += listed
     revoked = revoke.revoke_all(todo, keys) if todo else []
     if revoked:

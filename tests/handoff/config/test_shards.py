@@ -70,3 +70,35 @@ def test_a_file_that_is_not_a_layout_reads_as_none(state_dir: Path, text: str) -
 def test_the_workstation_id_is_made_once() -> None:
     first = state.workstation_id()
     assert len(first) == 12 and state.workstation_id() == first
+
+
+def test_a_shard_taken_over_moves_in_the_layout(state_dir: Path) -> None:
+    """Issue 32 #4: a take-over adds a Move: the taker runs the shard (besides its own), the
+    source keeps it among the shards whose records it may hold, the merge order gets the
+    taker after the hosts; read back as written; a resume of it replaces it, another cut
+    of the hosts does not drop it."""
+    first = shards.record("j", shards.new_launch(["a", "b", "c"], sharded=True, input_sha256="s",
+                                                 prompts=9, per_shard=[3, 3, 3]))
+    moved = shards.Launch(**{**first.now.__dict__, "moves": (
+        shards.Move(2, "c", "b", done=1, failed=1, fetched=5.0, spent=0.25),)})
+    layout = shards.record("j", moved)
+    assert len(layout.launches) == 1 and shards.load("j") == layout  # a take-over of the last
+    now = layout.now
+    assert [now.runs(h) for h in "abc"] == [(0,), (1, 2), ()]
+    assert [now.held(h) for h in "abc"] == [(0,), (1, 2), (2,)]
+    assert layout.holders == ("a", "b") and layout.order == ("a", "b", "c")
+    assert [layout.spec(h) for h in "abc"] == ["0/3", "1,2/3", None]
+    assert [m.shard for m in now.moved_to("b")] == [2] and now.runner(2) == "b"
+    owns_b, owns_c = layout.owner("b"), layout.owner("c")
+    assert owns_b is not None and owns_c is not None
+    for key in (f"id-{i}" for i in range(100)):
+        assert owns_b(key) == (shard_of(key, 3) in (1, 2)) and owns_c(key) == (shard_of(key, 3) == 2)
+    # to a host not among the launch's: after them in the merge's order
+    other = shards.record("k", shards.new_launch(["a", "b"], sharded=True, input_sha256="s"))
+    taken = shards.record("k", shards.Launch(**{**other.now.__dict__, "moves": (
+        shards.Move(0, "a", "z"),)}))
+    assert taken.holders == ("b", "z") and taken.order == ("a", "b", "z") and taken.spec("z") == "0/2"
+    bad = json.loads(taken.to_json())
+    bad["launches"][0]["moves"][0]["shard"] = 7  # no such shard
+    (state_dir / "jobs" / "k.json").write_text(json.dumps(bad))
+    assert shards.load("k") is None

@@ -251,8 +251,9 @@ def test_a_grown_multi_host_merge_appends_only_the_new_lines(
     scanned: list[int] = []
     real_scan = merging._scan
 
-    def counting(path: Path, seen: Any, m: Any, skip: Any = None, idx: Any = None, first: int = 0) -> Any:
-        got = real_scan(path, seen, m, skip, idx, first)
+    def counting(path: Path, seen: Any, m: Any, skip: Any = None, idx: Any = None, first: int = 0,
+                 **kw: Any) -> Any:
+        got = real_scan(path, seen, m, skip, idx, first, **kw)
         if path.name == "output.jsonl":
             scanned.append(len((idx or merging.merge_index.current(path)).starts) - first)
         return got

@@ -70,7 +70,7 @@ def test_the_opt_in_accepts_it_and_says_plaintext(plaintext: PlaintextKeyring,
 @pytest.mark.parametrize(("cost", "spent"), [(-1000, 0.0), ("5", 0.0), (None, 0.0), (True, 0.0),
                                              (float("nan"), 0.0), (float("inf"), 0.0), (0.25, 0.25)])
 def test_what_a_job_says_it_spent(cost: Any, spent: float) -> None:
-    assert budget._spent({"cost": cost}) == spent
+    assert budget.spent_of({"cost": cost}) == spent
 
 
 def test_a_limit_is_never_more_than_the_share_above_the_usage() -> None:

@@ -212,3 +212,59 @@ def test_a_giant_line_without_its_id_first_is_unreadable_not_parsed(tmp_path: Pa
     a = shard(tmp_path, "a", None, "finished", 2, [1], tail=(big + "\n").encode())
     m = merge("B3", [a], tmp_path, layout((("a",), False)))
     assert ids(tmp_path / "B3" / OUTPUT) == ["1"] and m.unreadable == 1
+
+
+def test_a_merge_never_holds_fewer_answers_than_the_last_one(tmp_path: Path) -> None:
+    """Issue 32 #3: a copy here that lost lines (a host whose outputs were cut, a copy
+    deleted by hand) never takes answers out of the merged file: they are kept from it."""
+    one, two = owned(0, 2, 4), owned(1, 2, 3)
+    job = layout((("a", "b"), True), prompts=7)
+    a = shard(tmp_path, "a", "0/2", "finished", 4, one)
+    b = shard(tmp_path, "b", "1/2", "finished", 3, two)
+    first = merge("B3", [a, b], tmp_path, job)
+    assert first.ids == 7 and first.problem is None
+    (b.folder / OUTPUT).write_text(json.dumps({"id": two[0], "response": "again"}) + "\n")
+    again = merge("B3", [a, b], tmp_path, job)
+    held = ids(tmp_path / "B3" / OUTPUT)
+    assert sorted(held) == sorted(str(k) for k in one + two) and len(held) == 7
+    assert again.carried == 2 and again.problem is None and "2 answers kept from the last merge" \
+        in again.describe()
+    (b.folder / OUTPUT).unlink()
+    (b.folder / ERRORS).unlink()
+    third = merge("B3", [a], tmp_path, job)  # b's copy gone altogether
+    assert sorted(ids(tmp_path / "B3" / OUTPUT)) == sorted(held) and third.carried == 3
+    # Answers come back in b's copy: each id once, nothing carried any more.
+    b = shard(tmp_path / "again", "b", "1/2", "finished", 3, two)
+    fourth = merge("B3", [a, ShardCopy("b", b.folder)], tmp_path, job)
+    assert sorted(ids(tmp_path / "B3" / OUTPUT)) == sorted(held) and fourth.carried == 0
+    assert fourth.ids == 7 and fourth.problem is None
+
+
+def test_another_input_starts_the_merge_over(tmp_path: Path) -> None:
+    """Answers of an earlier input (the job launched anew under its name) are not kept."""
+    a = shard(tmp_path, "a", None, "finished", 2, [1, 2])
+    merge("B3", [a], tmp_path, layout((("a",), False), prompts=2))
+    (a.folder / OUTPUT).write_text(json.dumps({"id": 7}) + "\n")
+    other = ShardLayout("B3", (shards.new_launch(["a"], sharded=False, input_sha256="y", prompts=1),))
+    m = merge("B3", [a], tmp_path, other)
+    assert ids(tmp_path / "B3" / OUTPUT) == ["7"] and m.carried == 0 and m.problem is None
+
+
+def test_a_last_fetched_copy_stands_in_for_a_host_not_fetched_now(tmp_path: Path) -> None:
+    one, two = owned(0, 2, 2), owned(1, 2, 2)
+    job = layout((("a", "b"), True), prompts=4)
+    a = shard(tmp_path, "a", "0/2", "running", 2, one[:1])
+    b = shard(tmp_path, "b", "1/2", "running", 2, two)
+    stale = ShardCopy("b", b.folder, stale="its fetch failed: connection refused")
+    m = merge("B3", [a, stale], tmp_path, job)
+    assert m.ids == 3 and m.problem is None
+    assert any(p.startswith("b not fetched now (its fetch failed: connection refused): its last "
+                            "fetched copy, from ") for p in m.partial), m.partial
+    (b.folder / "status.json").write_text(json.dumps({"state": "finished", "total": 2}))
+    (a.folder / "status.json").write_text(json.dumps({"state": "finished", "total": 2}))
+    with (a.folder / OUTPUT).open("a") as fh:
+        fh.write(json.dumps({"id": one[1]}) + "\n")
+    done = merge("B3", [ShardCopy("a", a.folder), ShardCopy("b", b.folder, stale="not asked")],
+                 tmp_path, job)
+    assert done.partial == [] and done.expected == 4 and done.ids == 4  # it had finished: complete
+    assert any("(it had finished)" in n for n in done.notes), done.notes

@@ -175,3 +175,32 @@ def test_full_disk_stops_within_30s_exit_3_and_says_why(fake_factory, key_file, 
     assert again.returncode == 0, again.stderr[-2000:]
     assert_exactly_once(ids, out)
     assert not read_jsonl(errors_path(out))
+
+
+def test_a_shard_taken_over_asks_only_what_is_not_answered_elsewhere(fake_factory, key_file, tmp_path):
+    """Issue 32 #4: `--shard 0,2/3` owns two shards; `--exclude-ids` leaves out the ids a
+    dead host already answered: each is asked never, the rest exactly once, and the total
+    counts only what is to be asked here."""
+    from payload.records import shard_of
+
+    fake = fake_factory()
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 60)
+    mine = [i for i in ids if shard_of(i, 3) in (0, 2)]
+    answered = [i for i in mine if shard_of(i, 3) == 2][::2]  # half of shard 2, done elsewhere
+    exclude = tmp_path / "exclude.jsonl"
+    exclude.write_text("".join(json.dumps(i) + "\n" for i in answered))
+    proc = run_payload(*gen_args(fake, key_file, inp, out, "--shard", "0,2/3",
+                                 "--exclude-ids", str(exclude)))
+    assert proc.returncode == 0, proc.stderr
+    todo = [i for i in mine if i not in answered]
+    assert_exactly_once(todo, out)
+    assert sorted(str(r["id"]) for r in read_jsonl(out)) == sorted(todo)
+    assert fake.stats.requests == len(todo) and status_of(out)["total"] == len(todo)
+    assert str(parse_shard("0,2/3")) == "0,2/3" and parse_shard("0,2/3").owns(mine[0])
+    with pytest.raises(ValueError, match=r"each I must be in 0\.\.N-1, once"):
+        parse_shard("1,1/3")
+    exclude.write_text('{"id": 1}\n')
+    bad = run_payload(*gen_args(fake, key_file, inp, tmp_path / "o2.jsonl", "--shard", "0/3",
+                                "--exclude-ids", str(exclude)))
+    assert bad.returncode == 2 and "--exclude-ids" in bad.stderr and "line 1: not an id" in bad.stderr

@@ -5,10 +5,12 @@ count, the hosts): a hint, shown where it disagrees (`layout_notes`), never what
 A job launched elsewhere (no layout here) is judged from the hints, bounded (at most
 MAX_SHARD_HOSTS shards).
 
-A job that runs on several hosts gets an "all" row: the sums, and the ETA of its slowest
-shard (each shard knows its total from the start). A shard not seen (its host unreachable,
-or not asked) makes the row `unknown` or `partial`, and `unaccounted` names it: such a
-status is never a success.
+A job that runs on several hosts gets an "all" row: the sums, its state from every shard's
+(`overall`: `running` only while every shard runs or has finished; else `partial`,
+`stopping`, `stopped`, `finished`, with the shards that do not run named), and the ETA of
+its slowest running shard (each shard knows its total from the start). A shard not seen
+(its host unreachable, or not asked) makes the row `partial`, and `unaccounted` names it:
+such a status is never a success.
 """
 
 from __future__ import annotations
@@ -50,11 +52,9 @@ class Shards:
 
     @property
     def state(self) -> str | None:
-        """`unknown` (a shard's host could not be read), `partial` (a shard's host was not
-        asked), or None: every shard is here."""
-        if not self.missing:
-            return None
-        return "unknown" if self.unreachable else "partial"
+        """`partial` when a shard's host could not be read or was not asked; None: every
+        shard is here."""
+        return "partial" if self.missing else None
 
 
 def _meta_int(meta: dict[str, Any], key: str) -> int | None:
@@ -82,24 +82,37 @@ def shards_of(views: list[JobView], layouts: Layouts = load_layout) -> dict[str,
 
 
 def _from_layout(layout: ShardLayout, seen: list[JobView], unreachable: set[str]) -> Shards:
-    """The shards as this workstation launched them: a host not of the launch holds none of
-    them (its row is its own); a shard whose host did not answer is missing."""
-    mine = [v for v in seen if layout.shard(v.host) is not None]
+    """The shards as this workstation launched them: the hosts that run a shard now (its
+    `holders`) are the job's shards; a host a shard moved away from (a take-over) and a host
+    not of the launch hold none of them (their rows are their own); a holder that did not
+    answer is missing."""
+    holders = layout.holders
+    mine = [v for v in seen if v.host in holders]
     here = {v.host for v in mine}
     missing = [f"{h} ({'unreachable' if h in unreachable else 'not asked'})"
-               for h in layout.hosts if h not in here] if layout.sharded else []
+               for h in holders if h not in here] if layout.sharded else []
     notes = []
     for v in seen:
         hint = (v.job_state.meta or {}).get("shard") or None
         want = layout.spec(v.host) if layout.sharded else None
-        if want is None and layout.shard(v.host) is None:
+        moved = [m for m in layout.now.moves if m.source == v.host and v.host not in holders]
+        if moved:
+            notes.append(f"{v.job} on {v.host}: its shard moved to "
+                         f"{', '.join(sorted({m.taker for m in moved}))} (a take-over): its "
+                         f"row is its own, the job's is the hosts that run it now")
+        elif want is None and v.host not in layout.order:
             notes.append(f"{v.job} on {v.host}: not a host this workstation launched the job on "
                          f"(launched on {', '.join(layout.hosts)}): not counted as a shard")
-        elif hint != want:
+        elif hint != want and v.host in holders:
             notes.append(f"{v.job} on {v.host}: its job.json says shard {hint or 'none'}, but "
                          f"this workstation launched it as {want or 'unsharded'}: the "
                          f"workstation's layout is used")
-    gone = any(h in unreachable for h in layout.hosts if h not in here)
+    for m in layout.now.moves:
+        if layout.now.runner(m.shard) == m.taker:
+            notes.append(f"{layout.job}: shard {m.shard}/{layout.shards} moved from {m.source} "
+                         f"to {m.taker} (take-over): {m.done + m.failed} of its ids were in "
+                         f"hand from {m.source}'s last fetched copy, the rest asked there")
+    gone = any(h in unreachable for h in holders if h not in here)
     return Shards(layout.shards, mine, missing, gone, layout.prompts, layout, tuple(notes))
 
 
@@ -133,11 +146,46 @@ def layout_notes(views: list[JobView]) -> list[str]:
     return [note for shards in shards_of(views).values() for note in shards.notes]
 
 
+RUNNING = ("running", "starting")
+
+
+def _said(v: JobView) -> str:
+    """A shard that does not run, for the `all` row's note: `sbx-2 stopped (402 ...)`."""
+    why = str(v.status.get("stop_reason") or "") if v.status else ""
+    return f"{v.host} {v.shown_state}" + (f" ({why})" if why and v.state != "finished" else "")
+
+
+def overall(seen: list[JobView], missing: list[str]) -> tuple[str, list[str]]:
+    """A sharded job's state from every shard's (`seen`: the shards' rows; `missing`: the
+    shards not seen, "HOST (why)"), and the shards that keep it from running, named:
+
+    - `finished` when every shard finished (`finished with failures` is the row's exit
+      code 1, as for a host's row);
+    - `running` while every shard runs or has finished;
+    - `stopping` when none runs and one is draining, `stopped` when none runs (a shard
+      stopped, aborted or dead, the rest finished or stopped);
+    - otherwise `partial`: some shards run, others do not or cannot be seen (named)."""
+    running = [v for v in seen if v.state in RUNNING]
+    finished = [v for v in seen if v.state == "finished"]
+    stopping = [v for v in seen if v.state == "stopping"]
+    idle = [v for v in seen if v not in running and v not in finished and v not in stopping]
+    named = [_said(v) for v in [*stopping, *idle]] + list(missing)
+    if not missing and len(finished) == len(seen) and seen:
+        return "finished", []
+    if running and not named:
+        return "running", []
+    if not running and not missing and seen:
+        return ("stopping" if stopping and not idle else "stopped"), named
+    return "partial", named
+
+
 def combined(views: list[JobView]) -> list[JobView]:
     """One "all" view per job that has shards on several hosts: done, failed, total, cost and
-    tok/s summed; the ETA of the slowest shard (rate_rps chosen so `eta` gives it). A shard
-    not seen makes it `partial` (its host not asked) or `unknown` (unreachable), with the
-    failures unknown (`?`) and the total the whole input's."""
+    tok/s summed (with the ids of a moved shard already in hand), its state from every
+    shard's (`overall`), its ETA that of the slowest running shard (`eta_s`; none when no
+    shard runs). A shard not seen leaves the failures unknown (`?`) and the total the whole
+    input's. Never fails on shards that have not written a status yet (right after a
+    launch)."""
     out = []
     for job, shards in shards_of(views).items():
         present = [v for v in shards.seen if v.status]
@@ -146,13 +194,15 @@ def combined(views: list[JobView]) -> list[JobView]:
         sts = [v.status for v in present]
         summed: dict[str, Any] = {k: sum(_number(st.get(k)) for st in sts)
                                   for k in ("done", "failed", "cost", "tokens_per_s")}
-        for k in ("done", "failed"):
-            summed[k] = int(summed[k])
+        layout = shards.layout
+        moves = list(layout.now.moves) if layout else []  # ids in hand in the sources' copies
+        summed["done"] = int(summed["done"]) + sum(m.done for m in moves)
+        summed["failed"] = int(summed["failed"]) + sum(m.failed for m in moves)
         # Every shard reads the whole file: its bad lines are the file's, not a share.
         summed["bad_lines"] = max((int(_number(st.get("bad_lines"))) for st in sts), default=0)
         totals = [t for t in (st.get("total") for st in sts) if isinstance(t, int)]
         summed["total"] = sum(totals) if sts and len(totals) == len(sts) else None
-        if shards.layout is not None and shards.layout.sharded and shards.prompts is not None:
+        if layout is not None and layout.sharded and shards.prompts is not None:
             summed["total"] = shards.prompts  # what this workstation read, not the hosts' word
         got = [answers(st) for st in sts]
         for k in BREAKDOWNS:
@@ -160,28 +210,22 @@ def combined(views: list[JobView]) -> list[JobView]:
         for k in COUNTS:
             known = [g[k] for g in got if g[k] is not None]
             summed[k] = sum(known) if known else None
+        state, named = overall(shards.seen, shards.missing)
         label = f"all ({len(present)} host{'s' if len(present) != 1 else ''})"
-        if shards.state is not None:
-            summed.update(failed="?", total=shards.prompts if shards.prompts is not None else "?",
-                          state=shards.state)
-            label = f"all ({len(present)} of {shards.count} shards)"
-            out.append(JobView(label, job, shards.state, JobState("", status=summed),
-                               error=f"shards not seen: {', '.join(shards.missing)}"))
-            continue
-        left = summed["total"] - summed["done"] - summed["failed"] if summed["total"] is not None else None
-        etas = [_seconds_left(st) for st in sts]
-        slowest = None if any(e is None for e in etas) else max(e or 0.0 for e in etas)
-        if left is not None and slowest:
-            summed["rate_rps"] = left / slowest
-        elif left == 0:
-            summed["rate_rps"] = 1.0
-        states = {v.state for v in present}
-        active = [s for s in ("running", "stopping", "starting") if s in states]
-        state = active[0] if active else states.pop() if len(states) == 1 else "mixed"
+        if shards.missing:
+            summed.update(failed="?", total=shards.prompts if shards.prompts is not None else "?")
+            label = f"all ({len(shards.seen)} of {shards.count} shards)"
+        running = [v.status for v in shards.seen if v.state in RUNNING]
+        etas = [_seconds_left(st) if st else None for st in running]
+        if etas and all(e is not None for e in etas):
+            summed["eta_s"] = max(e or 0.0 for e in etas)
         summed["state"] = state
         if state == "finished" and any(v.job_state.with_failures for v in present):
             summed["exit_code"] = 1
-        out.append(JobView(label, job, state, JobState("", status=summed)))
+        error = None
+        if named:
+            error = f"{state}: " + ", ".join(named)
+        out.append(JobView(label, job, state, JobState("", status=summed), error=error))
     return out
 
 

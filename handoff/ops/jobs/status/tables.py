@@ -176,7 +176,8 @@ _JOB = _Column("job", lambda v, r: console.r(v.job or "-"))
 _STATE = _Column("state", _state)
 _PROGRESS = _Column("done/fail/total", _progress, numeric=True)
 _TOKENS = _Column("tok/s", _tps, numeric=True)
-_ETA = _Column("ETA", lambda v, r: eta(v.status) if v.state in ACTIVE_STATES else "-", numeric=True)
+_ETA = _Column("ETA", lambda v, r: eta(v.status) if v.state in ACTIVE_STATES or "eta_s" in v.status
+               else "-", numeric=True)
 _CORE = {
     "generator": [_HOST, _JOB, _STATE, _PROGRESS, _TOKENS,
                   _Column("$ spent", lambda v, r: money(v.status.get("cost")), numeric=True), _ETA],

@@ -46,12 +46,13 @@ class KeyView:
     record: keyrecord.KeyRecord | None = None  # a minted child key's record, beside the file
     info: keyapi.ChildKey | None = None  # what the API says about it (None: revoked/unknown)
     error: str | None = None  # why the API could not be asked
+    own: bool = False  # the job's own key (a job with a budget), not the host's
 
     @property
     def mode(self) -> str:
         if not self.placed:
             return "none"
-        return "minted" if self.record is not None else "plain"
+        return ("job's own" if self.own else "minted") if self.record is not None else "plain"
 
     def spend(self) -> str:
         """The table's "key spend" cell."""
@@ -66,7 +67,9 @@ class KeyView:
         return self.info.describe()
 
     def record_json(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {"placed": self.placed, "mode": self.mode}
+        rec: dict[str, Any] = {"placed": self.placed, "mode": "minted" if self.own else self.mode}
+        if self.own:
+            rec["own"] = True  # the job's own key (a job with a budget), not the host's
         if self.record is not None:
             rec["hash"] = self.record.hash
             info = self.info
@@ -84,8 +87,10 @@ class KeyView:
 def key_view(job_state: JobState, lookup: KeyLookup | None, target: Target | None = None) -> KeyView:
     """The host's key: placed or not (read on the host), and for a minted one its usage,
     limit and expiry from `lookup` (skipped without one, e.g. in a unit test)."""
-    view = KeyView(bool(job_state.keys_placed), job_state.key_record)
-    if view.mode != "minted" or view.record is None or lookup is None or target is None:
+    own = job_state.own_key_record if job_state.own_key else None
+    view = (KeyView(True, own, own=True) if own is not None
+            else KeyView(bool(job_state.keys_placed), job_state.key_record))
+    if view.record is None or lookup is None or target is None:
         return view
     try:
         view.info = lookup(target, view.record)
@@ -199,9 +204,14 @@ def latency_json(bins: dict[int, int] | None) -> dict[str, float] | None:
 
 
 def eta(st: dict[str, Any]) -> str:
+    """Time to finish: a host's from its rate; an `all` row's is given (`eta_s`: its slowest
+    running shard's, shards.combined)."""
+    if "eta_s" in st:
+        return units.eta(_number(st["eta_s"]), 1.0)
     total = st.get("total")
-    left = None if not total else total - (st.get("done") or 0) - (st.get("failed") or 0)
-    return units.eta(left, st.get("rate_rps"))
+    if not isinstance(total, int) or not total or not isinstance(st.get("failed", 0), int):
+        return "-"  # unknown: a shard not seen leaves the failures `?`
+    return units.eta(total - _number(st.get("done")) - _number(st.get("failed")), st.get("rate_rps"))
 
 
 def money(value: Any) -> str:
@@ -262,7 +272,10 @@ class Watcher:
         key = key_view(host.keys, self.key_lookup, s.target)  # one lookup per host, for its jobs
         if not host.jobs:
             return [JobView(label, None, "none", host.keys, key=key, role=role_of(None, own))]
-        return [JobView(label, name, current.state, current, key=key,
+        # A job with a key of its own shows that key (one more lookup each), the rest the host's.
+        return [JobView(label, name, current.state, current,
+                        key=key_view(current, self.key_lookup, s.target)
+                        if current.own_key and current.own_record else key,
                         role=role_of(current.meta, own))
                 for name, current in host.jobs.items()]
 

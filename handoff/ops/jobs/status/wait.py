@@ -39,8 +39,10 @@ def progress_lines(views: list[JobView]) -> list[str]:
                 f"{st.get('total', '?')} on {where}")
         if isinstance(st.get("cost"), (int, float)):
             text += f", {money(st.get('cost'))}"
-        if shown.state in ACTIVE_STATES:
+        if shown.state in ACTIVE_STATES or "eta_s" in st:
             text += f", ETA {eta(st)}"
+        if shown.error and shown is not v:  # an `all` row: the shards that do not run
+            text += f" ({shown.error})"
         lines.append(text)
     return lines
 

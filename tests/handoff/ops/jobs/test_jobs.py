@@ -103,21 +103,21 @@ def test_launch_plan_is_data_and_needs_no_host(ws: Workstation, tmp_path: Path) 
     p = launch.plan(ws.targets("a,b", flags={"concurrency": 7}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
     assert [[s.action for s in hp.steps] for hp in p.hosts] == \
-        [["probe", "push-input", "start-job", "check-jobs"]] * 2
+        [["probe", "check-keys", "push-input", "start-job", "check-jobs"]] * 2
     assert p.all_or_nothing  # no host starts unless every host passed its probe
     start_a = p.for_host("a")[-2]
     # One job per dataset, named after the file's stem.
     assert asdict(start_a.params) == {"job": "p", "input": "~/.handoff/data/p.jsonl", "shard": "0/2",
                               "hosts": 2, "max_cost": None, "share": None,
                               # where the shards are, for status (issue 22 #3)
-                              "shard_hosts": ("a", "b"), "prompts": 1}
+                              "shard_hosts": ("a", "b"), "prompts": 1, "exclude": None}
     assert p.for_host("b")[-2].params.shard == "1/2"
     assert "--concurrency 7" in start_a.detail and "--shard 0/2" in start_a.detail
     assert "~/.handoff/jobs/p/output.jsonl" in start_a.detail
     assert "--provider" not in start_a.detail  # the payload's own rule: OpenRouter only
-    assert [s.changes for s in p.for_host("a")] == [False, True, True, False]
+    assert [s.changes for s in p.for_host("a")] == [False, False, True, True, False]
     alone = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/x.jsonl", job_flag="b3")
-    assert [s.action for s in alone.hosts[0].steps] == ["probe", "start-job", "check-jobs"]
+    assert [s.action for s in alone.hosts[0].steps] == ["probe", "check-keys", "start-job", "check-jobs"]
     assert alone.hosts[0].steps[-2].params.job == "b3"
     assert alone.hosts[0].steps[-2].params.shard is None
     stem = launch.plan(ws.targets("a"), local_input=None, remote_input="/data/B4.jsonl", job_flag=None)
@@ -209,8 +209,14 @@ def test_launch_status_logs_stop_on_fake_hosts(ws: Workstation, tmp_path: Path,
     assert "started sleeper" in out and "shard 1/2" in out
 
     # A second copy is refused; the input, unchanged, is not pushed again.
-    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 1
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 1
     assert "already running" in capfd.readouterr().out.replace("\n", " ")
+    # So is a relaunch over fewer hosts while t still runs its shard (issue 32 #4): it would
+    # ask t's prompts again; the way out is named.
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None, flags={}) == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert "t still runs its shard" in err and "Nothing was started" in err
+    assert "fab launch --job sleeper --take-over t --host s" in err
 
     assert commands.status("s,t", None, as_json=True) == 0
     records = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
@@ -610,7 +616,7 @@ def test_status_accounts_for_every_shard_of_a_job(ws: Workstation, tmp_path: Pat
     commands.common.CONNECT = flaky
     assert commands.status("s,t", "batch") == 1
     out = capfd.readouterr()
-    assert "unknown" in out.out and "t (unreachable)" in out.out
+    assert "partial" in out.out and "t (unreachable)" in out.out
 
 
 def test_an_unknown_job_is_an_error_for_every_command_taking_job(
@@ -1058,3 +1064,29 @@ def test_status_breaks_answers_down_by_provider_and_finish_reason() -> None:
     assert all("\x1b" not in k and len(k) <= untrusted.MAX_SHOWN_NAME for k in many)
     assert many["other (9 names)"] == 9
     assert untrusted.counts_by_name({"a": 10**400}) is None
+
+
+def test_a_take_over_of_a_host_still_running_its_shard_is_refused(
+        ws: Workstation, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 #4: a take-over moves the shard of a host that is gone; one whose job still
+    runs there is refused (exit 1, nothing started), naming the way; a dry run says the move
+    and contacts no host."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"q{i}"}) + "\n" for i in range(9)))
+    deployed(ws, "s,t")
+    assert commands.launch("s,t", None, local_input=str(prompts), remote_input=None, flags={}) == 0
+    capfd.readouterr()
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "sleeper"}, take_over="t", dest=str(tmp_path / "r")) == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert "t: job sleeper still running there: a take-over moves the shard of a host that is " \
+           "gone. Stop it first (`fab stop --job sleeper --host t`)" in err
+    assert json.loads((job_dir(ws, "s") / "job.json").read_text())["shard"] == "0/2"  # unchanged
+    assert commands.launch("s", None, local_input=str(prompts), remote_input=None,
+                           flags={"job": "sleeper"}, take_over="t", dest=str(tmp_path / "r"),
+                           dry_run=True) == 0
+    cap = capfd.readouterr()
+    said = " ".join((cap.out + cap.err).split())
+    assert "shard 1/2 moves from t to s (take-over): 0 of its ids are in hand" in said
+    assert "none fetched: every id of it is asked again" in said and "runs shard 0,1/2" in said
+    assert commands.stop("s,t", None, timeout=20) == 0

@@ -97,9 +97,12 @@ def test_cleanup_plan_groups_keys_by_host() -> None:
                                  path=path, fingerprint="abcd1234", time=1.0)
 
     p = cleanup.cleanup_plan([entry("u1", "/h/k1"), entry("u2", "/h/k"), entry("u1", "/h/k2")])
-    assert [(hp.target.label, [s.params.path for s in hp.steps]) for hp in p.hosts] == \
+    assert [(hp.target.label, [s.params.path for s in hp.steps[:-1]]) for hp in p.hosts] == \
         [("u1", ["/h/k1", "/h/k2"]), ("u2", ["/h/k"])]
-    assert all(s.action == "remove-key" and s.changes for hp in p.hosts for s in hp.steps)
+    assert all(s.action == "remove-key" and s.changes for hp in p.hosts for s in hp.steps[:-1])
+    # ... and, last, every job's own key beside them (a job with a budget has one)
+    assert [hp.steps[-1].params.folders for hp in p.hosts] == [("/h/jobs",), ("/h/jobs",)]
+    assert all(hp.steps[-1].action == "remove-job-keys" for hp in p.hosts)
 
 
 def test_cleanup_takes_role_and_says_which_hosts(ws: Workstation,

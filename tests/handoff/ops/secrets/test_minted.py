@@ -237,9 +237,11 @@ def test_cleanup_revokes_the_key_of_an_unreachable_host(
     assert not keyfile(ws, "a").exists()
 
 
-def test_cleanup_warns_about_a_job_running_on_the_key(
+def test_cleanup_refuses_a_host_with_a_running_job_unless_forced(
         ws: Workstation, minted: KeyedAPI, tmp_path: Path,
         capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 #7: revoking the key under a running job kills it with 401: the host is
+    left as it is (file and child key), exit 1 naming the job; --force goes on, warning."""
     from handoff.ops.jobs import launch
 
     prompts = tmp_path / "in.jsonl"
@@ -249,10 +251,17 @@ def test_cleanup_warns_about_a_job_running_on_the_key(
     started = plan.execute(launch.plan(ws.targets("s"), local_input=str(prompts), remote_input=None,
                                        job_flag=None), connect=ws.connect)
     assert all(r.ok for r in started), [r.error for r in started]
-    assert commands.cleanup_secrets("s") == 0
-    out = capfd.readouterr().out.replace("\n", " ")
-    assert "warning:" in out and "sleeper (pid" in out and "still running on s" in out
+    capfd.readouterr()
+    assert commands.cleanup_secrets("s") == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert "s: job sleeper (pid" in err and "still runs there: nothing was removed or revoked" in err
+    assert "fab stop --host s" in err and "--force" in err
+    assert keyfile(ws, "s").exists() and len(minted.keys.live()) == 1  # untouched
+    assert commands.cleanup_secrets("s", force=True) == 0
+    out = " ".join(capfd.readouterr().out.split())
+    assert "warning (--force):" in out and "sleeper (pid" in out and "still running on s" in out
     assert "stops, resumable (exit 3)" in out and "fab push-key --host s" in out
+    assert not keyfile(ws, "s").exists() and minted.keys.live() == []
 
 
 def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
@@ -285,9 +294,13 @@ def test_status_shows_each_hosts_key(ws: Workstation, minted: KeyedAPI) -> None:
     assert view.key is not None and "REVOKED" in view.key.spend()
 
 
-def test_launch_budget_limits_the_child_key_to_the_hosts_share(
-        ws: Workstation, minted: KeyedAPI, tmp_path: Path) -> None:
-    from handoff.ops.jobs import launch
+def test_a_budget_is_its_jobs_own_child_key(ws: Workstation, minted: KeyedAPI, tmp_path: Path,
+                                            capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 #1, #5: a job with a budget runs on a child key of its own, limited to its
+    host's share; the host's key (what jobs without a budget run on) is never changed; a
+    relaunch reuses the job's key; one whose key would have nothing left is refused before
+    anything starts, naming host, job, used and limit; forget revokes it."""
+    from handoff.ops.jobs import forget, launch
 
     assert budget.host_share(10.0, 4) == 2.5
     assert budget.new_limit(usage=0.5, share=2.5, spent=1.0) == 2.0
@@ -296,15 +309,58 @@ def test_launch_budget_limits_the_child_key_to_the_hosts_share(
     prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
     assert all(r.ok for r in plan.execute(deploy.build(ws.targets("s,t"), key=creds(minted)),
                                           connect=ws.connect))
+    host_keys = {k.hash for k in minted.keys.live()}
+
+    def launched(max_cost: float) -> list[Any]:
+        p = launch.plan(ws.targets("s,t", flags={"max_cost": max_cost, "mode": "finish"}),
+                        local_input=str(prompts), remote_input=None, job_flag=None)
+        launch.private_of(p).management = minted_keys.JobKeys()
+        return plan.execute(p, connect=ws.connect)
+
+    from handoff.ops.secrets import minted as minted_keys
+
     p = launch.plan(ws.targets("s,t", flags={"max_cost": 0.5}), local_input=str(prompts),
                     remote_input=None, job_flag=None)
-    assert [s.action for s in p.hosts[0].steps] == ["probe", "push-input", "set-key-limit",
+    assert [s.action for s in p.hosts[0].steps] == ["probe", "check-keys", "push-input", "job-key",
                                                    "start-job", "check-jobs"]
-    launch.private_of(p).management = settings.ManagementKeys()
-    reports = plan.execute(p, connect=ws.connect)
+    reports = launched(0.5)
     assert all(r.ok for r in reports), [r.error for r in reports]
-    assert sorted(k.limit for k in minted.keys.live()) == [0.25, 0.25]  # $0.50 over 2 hosts
-    assert any("limit $2.0000 -> $0.2500" in str(line) for line in reports[0].lines)
+    live = minted.keys.live()
+    own = [k for k in live if k.hash not in host_keys]
+    assert sorted(k.limit for k in own) == [0.25, 0.25]  # $0.50 over 2 hosts, one key each
+    assert {k.limit for k in live if k.hash in host_keys} == {LIMIT}  # the hosts' keys untouched
+    assert sorted(k.name.rsplit(":", 2)[1:] for k in own) == [["s", "sleeper"], ["t", "sleeper"]]
+    job_key = keyfile(ws, "s").parent / "jobs" / "sleeper.key"
+    assert stat.S_IMODE(job_key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(job_key.parent.stat().st_mode) == 0o700
+    assert job_key.read_text() in {k.key for k in own}
+    meta = json.loads((ws.remote_dir("s") / "jobs" / "sleeper" / "job.json").read_text())
+    assert meta["key"] == "job"
+
+    again = launched(0.5)  # finished already: nothing started, no key minted
+    assert all(r.ok for r in again) and len(minted.keys.live()) == 4, [r.error for r in again]
+
+    # The job spent its share (its status says so): a relaunch with that budget is refused
+    # before anything starts anywhere, naming host, job, used and limit.
+    status_file = ws.remote_dir("s") / "jobs" / "sleeper" / "status.json"
+    st = json.loads(status_file.read_text())
+    status_file.write_text(json.dumps({**st, "state": "stopped", "cost": 0.3}))
+    capfd.readouterr()
+    refused = launched(0.5)
+    assert not any(r.ok for r in refused)
+    [bad] = [r for r in refused if "nothing changed" not in str(r.error)]
+    assert bad.target.label == "s" and "job sleeper's key has nothing left: used $0.0000 of " \
+        "$0.0000 (the job's share of the budget here is $0.2500, and it spent $0.3000)" \
+        in str(bad.error), bad.error
+    assert "Nothing was started on any host" in str(bad.error)
+    assert all("start-job" not in str(line) for r in refused for line in r.lines)
+
+    # forget revokes the job's own keys and removes the files; the hosts' keys live on.
+    p = forget.plan(ws.targets("s,t"), job_flag="sleeper")
+    p.private = forget.ForgetPrivate(minted_keys.JobKeys())
+    done = plan.execute(p, connect=ws.connect)
+    assert all(r.ok for r in done), [r.error for r in done]
+    assert {k.hash for k in minted.keys.live()} == host_keys and not job_key.exists()
 
 
 def test_the_job_runs_on_the_child_key(ws: Workstation, minted: KeyedAPI) -> None:
@@ -328,3 +384,26 @@ def test_plans_say_what_minting_does(ws: Workstation, minted: KeyedAPI) -> None:
     assert f"POST {minted.url}/keys" in step.detail and "DELETE every earlier key" in step.detail
     assert minted.management_key not in repr(p.hosts)
     assert isinstance(Skipped("x"), str)
+
+
+def test_jobs_on_a_used_up_host_key_are_refused_before_anything_starts(
+        ws: Workstation, minted: KeyedAPI, tmp_path: Path) -> None:
+    """Issue 32 #5, a host's key: jobs without a budget run on it; used up to its key_limit,
+    the launch is refused naming host, job, used and limit, and starts nothing."""
+    from handoff.ops.jobs import launch
+    from handoff.ops.secrets import minted as minted_keys
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": 1, "messages": [{"role": "user", "content": "hi"}]}\n')
+    assert all(r.ok for r in plan.execute(deploy.build(ws.targets("s"), key=creds(minted)),
+                                          connect=ws.connect))
+    [key] = minted.keys.live()
+    key.usage = LIMIT  # spent to its limit
+    p = launch.plan(ws.targets("s"), local_input=str(prompts), remote_input=None, job_flag=None)
+    launch.private_of(p).management = minted_keys.JobKeys()
+    [report] = plan.execute(p, connect=ws.connect)
+    assert not report.ok
+    assert ("s: the host's key has nothing left for job sleeper: used $2.0000 of $2.0000 "
+            "(key_limit); nothing was started on any host") in str(report.error)
+    assert not (ws.remote_dir("s") / "jobs" / "sleeper").exists()
+    assert not (ws.remote_dir("s") / "data" / "in.jsonl").exists()  # not even pushed
