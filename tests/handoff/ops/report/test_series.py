@@ -20,8 +20,9 @@ def test_every_field_optional_and_typed(tmp_path: Path) -> None:
         {"t": 100.0, "role": "generator", "done": 5, "cost": 0.5, "in_flight": 3,
          "latency_s": {"p50": 1.5, "p90": 2.5, "p99": "slow"}, "errors_by_kind": {"timeout": 2}},
         {"t": 110.0},  # an older payload's line: only the time
-        {"t": 120.0, "done": "7", "cost": -1, "failed": 1.5, "retries": 10 ** 400,
+        {"t": 120.0, "done": "7", "cost": -1, "failed": 1.5, "retries": -5,
          "errors_by_kind": {"x": -1}, "state": "r" * 100},
+        {"t": 125.0, "done": 10 ** 400},  # past the bounded reader's digits: the line refused
         {"done": 9},  # no time: not a point
         [1, 2, 3],
         b"{not json",
@@ -38,7 +39,7 @@ def test_every_field_optional_and_typed(tmp_path: Path) -> None:
     assert (bad.done, bad.cost, bad.failed, bad.retries, bad.errors_by_kind) == (None,) * 5
     assert bad.state == "r" * 32 + "… (68 more characters)"
     assert huge.done is None
-    assert s.skipped == 4  # no time, a list, not JSON, NaN time
+    assert s.skipped == 5  # no time, a list, not JSON, NaN time, a 401-digit number
     assert s.end == path.stat().st_size - len(b'{"t": 140, "done": 99')  # the torn line comes next
 
 
