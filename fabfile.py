@@ -157,6 +157,9 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
                 "'{\"require_parameters\": true}'; null sends none (overrides the provider var)",
     "turns": "last (regenerate the final assistant turn) or all (every assistant turn, in order)",
     "max_timeouts": "times a prompt whose request timed out is asked again (default 1)",
+    "mode": "sync (one request per prompt, the default), batch (the provider's Batch API: about "
+            "half the price, answers within 24 h; fab stop cancels its batches) or auto (batch "
+            "when the server has a Batch API, else sync); overrides the mode var",
     "no_shard": "run the whole input on every host instead of sharding it i/n",
     "take_over": "HOST: move that host's shard of --job to the one --host (a host that died): "
                  "only the ids its last fetched copy lacks are asked there",
@@ -169,8 +172,9 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
            base_url: str | None = None, concurrency: str | None = None, max_cost: str | None = None,
            max_tokens: str | None = None, temperature: str | None = None, top_p: str | None = None,
            seed: str | None = None, reasoning: str | None = None, provider: str | None = None,
-           turns: str | None = None, max_timeouts: str | None = None, no_shard: bool = False,
-           take_over: str | None = None, dest: str | None = None, dry_run: bool = False) -> None:
+           turns: str | None = None, max_timeouts: str | None = None, mode: str | None = None,
+           no_shard: bool = False, take_over: str | None = None, dest: str | None = None,
+           dry_run: bool = False) -> None:
     """Start one job per dataset on each host, sharded i/n."""
     from handoff.cli import commands
 
@@ -179,7 +183,7 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
     flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
              "max_cost": max_cost, "max_tokens": max_tokens, "job": job,
              "temperature": temperature, "top_p": top_p, "seed": seed, "reasoning": reasoning,
-             "provider": provider, "turns": turns, "max_timeouts": max_timeouts}
+             "provider": provider, "turns": turns, "max_timeouts": max_timeouts, "mode": mode}
     _done(commands.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
                           shard=not no_shard, dry_run=dry_run, take_over=take_over, dest=dest))
 

@@ -51,6 +51,14 @@ _UNSET: Any = object()
 
 
 class _Parser(argparse.ArgumentParser):
+    """Every parser of the payload, subcommands included (`parser_class`): no abbreviated
+    flags (argparse would take `--mode` for `--model`, silently, and a flag added later would
+    change what an old command line means), and a redacted usage error, exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> Any:  # argparse exits 2 too; keep its message redacted
         self.print_usage(sys.stderr)
         _REPORT.say(f"{self.prog}: error: {message}")
@@ -140,6 +148,60 @@ def _add_key_args(p: argparse.ArgumentParser) -> None:
                         "none elsewhere)")
 
 
+def _size(text: str) -> int:
+    """A byte count: `200000000`, `200MB`, `190MiB`."""
+    t = text.strip().upper().replace(" ", "")
+    units = {"KIB": 1024, "MIB": 1024 ** 2, "GIB": 1024 ** 3, "KB": 1000, "MB": 1000 ** 2,
+             "GB": 1000 ** 3, "B": 1}
+    for suffix, factor in units.items():
+        if t.endswith(suffix):
+            t, scale = t[: -len(suffix)], factor
+            break
+    else:
+        scale = 1
+    try:
+        value = int(float(t) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 200MB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _add_batch_args(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--mode", choices=("sync", "batch", "auto"), default="sync",
+                   help="sync (default): one request per prompt, answers in minutes; batch: "
+                        "the provider's Batch API (OpenAI's /files + /batches), about half "
+                        "the price, answers within 24 h; auto: batch when the server has a "
+                        "Batch API, else sync (docs/generator.md, \"Batch mode\")")
+    g.add_argument("--batches-file", type=Path,
+                   help="the job's batch ledger (default: OUT with .jsonl replaced by "
+                        ".batches.json); a rerun re-attaches to the batches it names")
+    g.add_argument("--batch-requests", type=_positive(int), default=5000,
+                   help="requests per batch at most (default 5000, OpenRouter's limit; "
+                        "OpenAI takes 50000)")
+    g.add_argument("--batch-bytes", type=_size, default=200_000_000,
+                   help="bytes of requests per batch at most (default 200MB)")
+    g.add_argument("--batch-poll", type=_positive(float), default=15.0,
+                   help="seconds between polls of the live batches at first (default 15), "
+                        "growing x1.5 while nothing changes ...")
+    g.add_argument("--batch-poll-max", type=_positive(float),
+                   help="... up to this (default: 20 x --batch-poll, at most 300)")
+    g.add_argument("--batch-price", type=_share, default=0.5,
+                   help="the batch price as a share of the synchronous one, for the "
+                        "budget's expectation before the first answers (default 0.5)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="payload", description="handoff payload: runs on the containers")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -207,12 +269,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--status-every", type=_positive(float), default=2.0,
                    help="seconds between status file updates (and the outage and stall "
                         "checks); default 2")
+    _add_batch_args(g)
 
     sm = sub.add_parser("smoke", help="one request: model, provider, latency, tokens, cost, "
                         "key credit left")
     _add_key_args(sm)
     sm.add_argument("--max-tokens", type=_positive(int), default=64)
     sm.add_argument("--request-timeout", type=_positive(float), default=120.0)
+
+    b = sub.add_parser("batches", help="the batches of a `generate --mode batch` job: their "
+                       "state at the provider; --cancel cancels the live ones")
+    b.add_argument("--batches-file", type=Path, required=True,
+                   help="the job's batch ledger (generate's --batches-file)")
+    b.add_argument("--api-key-file", help="file holding the key, mode 0600 "
+                   "(default: $OPENROUTER_API_KEY)")
+    b.add_argument("--consume-key", action="store_true", help=argparse.SUPPRESS)
+    b.add_argument("--base-url", default=defaults.BASE_URL)
+    b.add_argument("--cancel", action="store_true",
+                   help="cancel every live batch (refused while a run holds them)")
+    b.add_argument("--json", action="store_true", help="one JSON summary line")
 
     ex = sub.add_parser("extract", help="EAGLE-3 features from generated conversations (GPU)")
     try:
@@ -250,7 +325,12 @@ def _generate(args: argparse.Namespace) -> int:
         else parse_max_failed_arg(args.max_failed),
         preflight=not args.no_preflight, status_every=args.status_every,
         max_timeouts=args.max_timeouts, think_in_content=args.think_in_content,
-        turns=args.turns, token_ids=args.token_ids)
+        turns=args.turns, token_ids=args.token_ids, mode=args.mode,
+        batches_file=args.batches_file, batch_requests=args.batch_requests,
+        batch_bytes=args.batch_bytes, batch_poll=args.batch_poll,
+        batch_poll_max=max(args.batch_poll, args.batch_poll_max
+                           or min(300.0, 20 * args.batch_poll)),
+        batch_price=args.batch_price)
     return run(settings)
 
 
@@ -262,6 +342,15 @@ def _owned(shard: Any, exclude: Path | None) -> Any:
 
     from payload.generate.inputs import exclusions
     return dataclasses.replace(shard, skip=exclusions(exclude))
+
+
+def _batches(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from payload.generate.batch import batches_command
+    key = _load_key(args)
+    return asyncio.run(batches_command(args.batches_file, args.base_url, key,
+                                       cancel=args.cancel, as_json=args.json, say=_REPORT))
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -289,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         args, unknown = parser.parse_known_args(argv)
         if unknown and getattr(args, "_extract_missing", None) is None:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-        handler = {"generate": _generate, "smoke": _smoke, "extract": _extract}[args.command]
+        handler = {"generate": _generate, "smoke": _smoke, "extract": _extract,
+                   "batches": _batches}[args.command]
         return handler(args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE

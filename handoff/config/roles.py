@@ -5,7 +5,8 @@ project directory overrides them file by file and may add more (handoff.config.p
 
 A role says declaratively what the container needs (python version, importable
 modules, commands, CUDA GPUs, free disk), whether it gets the API key, what
-`launch` runs and with which default vars. Adding a kind of container is adding a
+`launch` runs and with which default vars, and what `cancel` runs for `fab stop` on a job
+that left work at the provider (the generator's live batches). Adding a kind of container is adding a
 file; nothing here knows about "generator" or "extractor".
 
 The launch command is a list of argv tokens with `{var}` placeholders. Every token
@@ -45,7 +46,8 @@ from handoff.config.templates import Token, render_value, switch_var, template_f
 from handoff.config.yamlfile import YamlError, line_of, load
 from handoff.errors import RoleError, did_you_mean
 
-_ROLE_KEYS = {"description", "requires", "install", "secret", "vars", "launch", "smoke", "preflight"}
+_ROLE_KEYS = {"description", "requires", "install", "secret", "vars", "launch", "smoke", "preflight",
+              "cancel"}
 _REQ_KEYS = {"python", "modules", "commands", "gpus", "disk_gb", "cuda_torch", "files"}
 _MODULE_KEYS = {"module", "when", "fix", "version"}
 _COMMAND_KEYS = {"command", "gpu_only"}
@@ -183,6 +185,9 @@ class Role:
     launch: tuple[Token, ...] = ()
     smoke: tuple[Token, ...] = ()
     preflight: Preflight | None = None
+    # What `fab stop` runs on the host for a job that left work at the provider (the
+    # generator's live batches), once the job's own process is gone: argv tokens like launch.
+    cancel: tuple[Token, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -353,6 +358,7 @@ def load_role(path: Path) -> Role:
         launch=_tokens(path, data, "launch"),
         smoke=_tokens(path, data, "smoke"),
         preflight=_preflight(path, data),
+        cancel=_tokens(path, data, "cancel"),
     )
 
 
@@ -367,6 +373,7 @@ def var_names(role: Role) -> set[str]:
 
     tokens(role.launch)
     tokens(role.smoke)
+    tokens(role.cancel)
     if role.preflight is not None:
         tokens(role.preflight.run)
         texts.extend(role.preflight.needs)

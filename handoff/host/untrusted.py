@@ -265,6 +265,30 @@ def _time(value: Any) -> Any:
     return text(value, 64) if isinstance(value, str) else _non_negative(value)
 
 
+BATCH_COUNTS = ("batches", "live", "unsent", "requests", "live_requests", "completed", "failed")
+
+
+def batch_counts(value: Any) -> dict[str, Any] | None:
+    """status.json's `batches` (generate --mode batch) or a job's batch ledger as counted on
+    the host: whole counts, and `by_state` (provider states -> batches) as names and counts;
+    None unless every field present is of its kind."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key in BATCH_COUNTS:
+        if key in value:
+            n = count(value[key])
+            if n is None:
+                return None
+            out[key] = n
+    if "by_state" in value:
+        states = counts_by_name(value["by_state"])
+        if states is None:
+            return None
+        out["by_state"] = states
+    return out
+
+
 def _samples(value: Any) -> list[dict[str, Any]] | None:
     if not isinstance(value, list):
         return None
@@ -395,6 +419,7 @@ class StatusFile(Shape):
     estimate_bytes: int | None = field(default=None, metadata=reads(count))
     retokenized_mismatch: int | None = field(default=None, metadata=reads(count))
     skipped_mismatch: int | None = field(default=None, metadata=reads(count))
+    batches: dict[str, Any] | None = field(default=None, metadata=reads(batch_counts))
 
 
 @dataclass(frozen=True)
@@ -415,6 +440,14 @@ class JobFile(Shape):
     input_sha256: str | None = field(default=None, metadata=reads(lambda v: text(v, 64)))
     max_cost: float | None = field(default=None, metadata=reads(_non_negative))
     started: float | None = field(default=None, metadata=reads(_non_negative))
+
+
+@dataclass(frozen=True)
+class CancelAnswer(Shape):
+    """The last line of a role's `cancel` command (`payload batches --cancel --json`)."""
+
+    cancelled: int | None = field(default=None, metadata=reads(count))
+    live: int | None = field(default=None, metadata=reads(count))
 
 
 S = TypeVar("S", bound=Shape)

@@ -64,6 +64,7 @@ class Counters:
     outage_s: float | None = None  # how long the server has been failing, while it is
     outages: int = 0
     window: int | None = None  # requests the limiter allows in flight now
+    batches: dict[str, Any] | None = None  # --mode batch: the batches by state, their counts
     state: str = "running"
     started: float = field(default_factory=time.time)
     _t0: float = field(default_factory=time.monotonic)
@@ -91,7 +92,8 @@ class Counters:
             "exit_code": self.exit_code, "max_failed": self.max_failed,
             "max_cost": self.max_cost, "budget_enforced": self.budget_enforced,
             "outage_s": None if self.outage_s is None else round(self.outage_s, 1),
-            "outages": self.outages, "window": self.window, "pid": os.getpid()})
+            "outages": self.outages, "window": self.window, "pid": os.getpid(),
+            **({"batches": self.batches} if self.batches is not None else {})})
 
 
 RESERVE_BYTES = 256 * 1024
@@ -188,7 +190,7 @@ class Display:
                     console=Console(file=stream), transient=False)
 
     def start(self) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is None:
             self._progress.start()
             self._task = self._progress.add_task("generate", total=self.c.total, info="")
 

@@ -30,6 +30,7 @@ import aiohttp
 from payload.errors import ExitCode, PayloadError, UsageError
 from payload.generate import client
 from payload.generate.attempts import Attempts, Endpoint
+from payload.generate.batch import BatchRun, check_mode
 from payload.generate.budget import DEFAULT_FIRST_EXPECTATION, DEFAULT_PRICES, Budget, Prices
 from payload.generate.inputs import BadLines, Survey, survey
 from payload.generate.journal import IdSet, Index, Writer, drop_failures, id_hash, load_index
@@ -224,6 +225,7 @@ class Generator:
         s, c, stop = self.s, self.c, self.stop
         token_ids_for(s.base_url, s.token_ids)  # --token-ids on for OpenRouter: exit 2
         check_paths(s)
+        mode = check_mode(s, self.say)  # --mode batch|auto: docs/generator.md "Batch mode"
         self._resume()
         self.status.hold_reserve()
         try:
@@ -258,14 +260,16 @@ class Generator:
                 if self.budget.reached:
                     self.stop.request("budget", f"budget ${s.max_cost:g} already spent "
                                       f"(${c.cost:.4f} recorded); raise --max-cost to go on")
-                else:
+                elif mode == "sync" or not await BatchRun(
+                        s, c, stop, self.budget, self.recorder, self.index, self.status,
+                        self.say, session, self.headers, display,
+                        self._first_expectation()).run():
                     url = s.base_url.rstrip("/") + "/chat/completions"
                     endpoint = Endpoint(session, url, self.headers, aiohttp.ClientTimeout(
                         total=s.request_timeout, sock_connect=60), client.env_proxy(url))
                     await self._run_pipeline(display, endpoint)
-                    if not self.stop.stopping and self.recorder.systematic.at_end():
-                        self.stop.request("systematic_error",
-                                          self.recorder.systematic.describe())
+                if not self.stop.stopping and self.recorder.systematic.at_end():
+                    self.stop.request("systematic_error", self.recorder.systematic.describe())
             completed = True
         except PayloadError as exc:  # e.g. the preflight refused the filter: say so in the status
             stop.exit_code, c.last_error = exc.exit_code, str(exc)

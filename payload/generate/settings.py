@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from payload.errors import UsageError
+from payload.generate.batchstate import default_path as default_batch_ledger
 from payload.generate.budget import Prices
 from payload.generate.turns import turns_path
 from payload.records import ALL, Shard, errors_path
@@ -120,10 +121,23 @@ class Settings:
     think_in_content: str = "split"  # <think> in content with no reasoning: split | refuse
     turns: str = "last"  # last | all: which assistant turns are regenerated
     token_ids: str = "auto"  # auto | on | off: ask the server for the sampled token ids
+    # --mode batch|auto (payload.generate.batch): the Batch API, its ledger, its limits
+    mode: str = "sync"  # sync | batch | auto
+    batches_file: Path | None = None  # the batch ledger (default: OUT.batches.json)
+    batch_requests: int = 5000  # requests per batch (OpenRouter documents 5,000)
+    batch_bytes: int = 200_000_000  # bytes of requests per batch (200 MB)
+    batch_poll: float = 15.0  # first wait between polls of the live batches (s) ...
+    batch_poll_max: float = 300.0  # ... growing while nothing changes, up to this
+    batch_price: float = 0.5  # the batch price as a share of the synchronous one (budget)
 
     @property
     def errors(self) -> Path:
         return errors_path(self.output)
+
+    @property
+    def batch_ledger(self) -> Path:
+        """The job's batch ledger (`--batches-file`, default OUT.batches.json)."""
+        return self.batches_file or default_batch_ledger(self.output)
 
     @property
     def turn_journal(self) -> Path | None:

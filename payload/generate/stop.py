@@ -30,6 +30,7 @@ class Stop:
         self.reason: str | None = None
         self.exit_code: int = ExitCode.OK
         self.workers: list[asyncio.Task[None]] = []  # the run's prompt workers, for `abandon`
+        self.signals = 0  # SIGTERM/SIGINT received (a batch run's wait for its batches ends)
 
     @property
     def stopping(self) -> bool:
@@ -59,6 +60,7 @@ class Stop:
 
     def on_signal(self, signame: str, drain_timeout: float) -> None:
         """SIGTERM/SIGINT: drain, resumable; the same signal again: stop at once."""
+        self.signals += 1
         if self.reason == "signal":
             self.say.say(f"{signame} again: not waiting for in-flight requests")
             self.cancel_workers()

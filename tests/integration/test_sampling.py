@@ -47,7 +47,8 @@ def test_launch_sampling_reaches_the_payload_and_job_json(make_sandbox, fab, tmp
         meta = json.loads((remote_dir(c) / "jobs" / "S1" / "job.json").read_text())
         assert meta["sampling"] == {"temperature": 1.0, "top_p": 0.95, "seed": None,
                                     "reasoning": {"effort": "high"}, "provider": None,
-                                    "turns": None, "max_timeouts": None, "token_ids": None}
+                                    "turns": None, "max_timeouts": None, "token_ids": None,
+                                    "mode": None}
 
     r = fab.on(sbx, "status")
     assert r.rc == 0, explain(r)

@@ -33,16 +33,16 @@ description: a job that runs until SIGTERM (tests only)
 secret: openrouter
 vars:
   job: sleeper
-  mode: run
-launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}", ["--exclude-ids", "{{exclude_ids}}"]]
+  act: run
+launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{act}}", ["--exclude-ids", "{{exclude_ids}}"]]
 """
 # Like sleeper, without a `job` var: one job per dataset, named after the input's stem.
 BATCH_ROLE = f"""\
 description: one job per dataset (tests only)
 secret: openrouter
 vars:
-  mode: answer
-launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{mode}}", ["{{shard}}"]]
+  act: answer
+launch: ["{{python}}", "{SLEEPER}", "{{job_dir}}", "{{input}}", "{{act}}", ["{{shard}}"]]
 """
 
 

@@ -121,6 +121,11 @@ def launch(
                                    int(targets[0].vars.get("concurrency") or 1), note=note))
         for warning in estimate.budget_warnings(rows, launch_plan.job_budget(targets[0])):
             console.warn(warning)
+        mode = targets[0].vars.get("mode")
+        if mode in ("batch", "auto"):
+            console.say(f"--mode {mode}: {'where the server has one, ' if mode == 'auto' else ''}"
+                        "the provider's Batch API, at about half the synchronous price this "
+                        "estimate is at; answers within 24 h, not in the time above")
     private = launch_plan.private_of(p)
     budget_line = None if extractor else launch_plan.budget_line(targets, [j.job for j in private.jobs])
     if budget_line:
@@ -295,7 +300,7 @@ def status(host: str | None, role: str | None, *, job: str | None = None, as_jso
         for part in st.status_parts(views):
             console.say(part)
     if not as_json:
-        for line in st.breakdown_notes(views):
+        for line in [*st.breakdown_notes(views), *st.batch_notes(views)]:
             console.say(console.r(line))
     for note in [*st.bad_line_notes(views), *st.table_notes(views), *st.layout_notes(views)]:
         console.warn(note)

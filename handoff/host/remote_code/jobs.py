@@ -1,7 +1,9 @@
 """One job on the host: its state, its detached start, its graceful stop (runs ON the host).
 
 A job lives in its folder `<remote_dir>/jobs/<job>/`: `job.json` (what was launched),
-`pid`, `log`, `status.json` (written by the payload) and its outputs. `op` picks what to
+`pid`, `log`, `status.json` (written by the payload), its outputs and, for a generator in
+batch mode, its batch ledger `batches.json` (counted as `ledger`: `fab stop` cancels the
+live batches of a job whose process is gone). `op` picks what to
 do; every op answers with the job's state as `state` reads it, so a start or a stop costs
 one round trip including the check that follows it.
 
@@ -103,6 +105,21 @@ def is_alive(pid: int, job_dir: str) -> bool:
     return True
 
 
+def batch_ledger(job_dir: str) -> dict[str, Any] | None:
+    """The generator's batch ledger (`batches.json`, `generate --mode batch`), counted: its
+    batches, the live ones (submitted, or uploaded: a submission whose answer was lost may
+    have made one; not collected yet, so they may still run at the provider) and their
+    requests; None when the job has none."""
+    ledger = load_json(os.path.join(job_dir, "batches.json"))
+    if not isinstance(ledger, dict) or not isinstance(ledger.get("batches"), list):
+        return None
+    live = [b for b in ledger["batches"]
+            if isinstance(b, dict) and b.get("step") in ("submitted", "uploaded")]
+    return {"batches": len(ledger["batches"]), "live": len(live),
+            "live_requests": sum(b.get("requests") or 0 for b in live
+                                 if isinstance(b.get("requests"), int))}
+
+
 def job_state(job_dir: str) -> dict[str, Any]:
     pid = read_pid(job_dir)
     return {
@@ -111,6 +128,7 @@ def job_state(job_dir: str) -> dict[str, Any]:
         "meta": load_json(os.path.join(job_dir, "job.json")),
         "pid": pid,
         "alive": bool(pid) and is_alive(pid, job_dir),  # type: ignore[arg-type]
+        "ledger": batch_ledger(job_dir),
     }
 
 
@@ -340,9 +358,16 @@ def stop_all(a: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + float(a.get("timeout", 60))
     while any(is_alive(p, d) for p, d in alive.values()) and time.monotonic() < deadline:
         time.sleep(0.25)
+    idle = [n for n in job_names(jobs_dir) if n not in alive]
+    # Idle jobs whose batch ledger names live batches: fab stop cancels them.
+    batches = {}
+    for name in idle:
+        ledger = batch_ledger(os.path.join(jobs_dir, name))
+        if ledger and ledger.get("live"):
+            batches[name] = job_state(os.path.join(jobs_dir, name))
     return {"jobs": {name: {"pid": pid, "drained": not is_alive(pid, job_dir),
                             "state": job_state(job_dir)} for name, (pid, job_dir) in alive.items()},
-            "idle": [n for n in job_names(jobs_dir) if n not in alive]}
+            "idle": idle, "batches": batches}
 
 
 def running(a: dict[str, Any]) -> dict[str, Any]:

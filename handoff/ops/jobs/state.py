@@ -70,6 +70,9 @@ class JobState:
     # record beside it (None: the job has none).
     own_key: bool = False
     own_record: dict[str, Any] | None = None
+    # The generator's batch ledger as counted on the host (batches, live, live_requests), or
+    # None: no batch mode. `fab stop` cancels the live batches of a job whose process is gone.
+    ledger: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, raw: Any) -> JobState:
@@ -83,6 +86,9 @@ class JobState:
         latency, latency_problems = _latency(raw.get("latency"))
         found = raw.get("own_key")
         own: dict[str, Any] = found if isinstance(found, dict) else {}
+        ledger = untrusted.batch_counts(raw.get("ledger"))
+        if raw.get("ledger") is not None and ledger is None:
+            meta_problems = [*meta_problems, "batches.json: its counts are not valid"]
         return cls(untrusted.text(raw.get("job_dir")) or "", status, meta,
                    untrusted.count(raw.get("pid")) or None, raw.get("alive") is True,
                    {str(k): v is True for k, v in keys.items()} if isinstance(keys, dict) else {},
@@ -90,7 +96,7 @@ class JobState:
                    if isinstance(records, dict) else {},
                    status_problems + meta_problems + latency_problems, latency,
                    own.get("exists") is True,
-                   own.get("record") if isinstance(own.get("record"), dict) else None)
+                   own.get("record") if isinstance(own.get("record"), dict) else None, ledger)
 
     @property
     def name(self) -> str:
@@ -125,6 +131,12 @@ class JobState:
         if file_state:
             return str(file_state)
         return "dead" if self.pid else "none"
+
+    @property
+    def live_batches(self) -> int:
+        """Batches of this job its ledger does not show collected: they may still run (and
+        cost) at the provider."""
+        return int((self.ledger or {}).get("live") or 0)
 
     @property
     def keys_placed(self) -> list[str]:

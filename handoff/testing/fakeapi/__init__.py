@@ -45,6 +45,12 @@ Modes that stand in for real servers and real trouble (all off by default):
   answered for the history before it (its visible content), as `--turns all` sends it;
   mismatches are counted (`history_mismatches`, checked turns in `history_checked`).
 
+The Batch API (`/files`, `/batches`, OpenAI's shapes; `batches=BatchPlan(...)` sets its
+timings, partial errors, expiry, failure, or turns it off) answers each line as a chat
+request would be answered, at the batch price; `fake.batches.stats` counts submissions per
+input file, so a test can prove a batch was never submitted twice. `stable_ids=True` makes
+an answer's id a function of its prompt, the same alone or in a batch.
+
 Every chat request is counted per prompt (`requests_by_prompt`, by the request's
 `derive_id(messages)`), answered or not.
 
@@ -54,9 +60,10 @@ Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-fi
 
 The package: `faults` (fault kinds, `FaultPlan`, `FakeStats`, `answer_digest`), `answers`
 (what each answer and fault looks like on the wire), `server` (`FakeOpenRouter`: which
-answer a request gets), `__main__` (run alone). Its names are re-exported here.
+answer a request gets), `batches` (the Batch API), `__main__` (run alone). Its names are re-exported here.
 """
 
+from handoff.testing.fakeapi.batches import BatchPlan, BatchService
 from handoff.testing.fakeapi.faults import (
     ALL_FAULTS,
     DEFAULT_ENDPOINTS,
@@ -71,4 +78,4 @@ from handoff.testing.fakeapi.faults import (
 from handoff.testing.fakeapi.server import FakeOpenRouter
 
 __all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS",
-           "FakeOpenRouter", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]
+           "BatchPlan", "BatchService", "FakeOpenRouter", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]

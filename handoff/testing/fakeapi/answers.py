@@ -45,6 +45,7 @@ class AnswerShapes:
     error_null: bool
     token_ids: bool
     token_vocab: int
+    stable_ids: bool
     _answered: dict[str, str]
 
     def _error(self, status: int, message: str | None = None, *,
@@ -70,8 +71,8 @@ class AnswerShapes:
             result.pop("id", None)
         return web.json_response(result, headers=headers)
 
-    def _thinking_answer(self, body: dict[str, Any], messages: list[dict[str, Any]],
-                         answer: str) -> web.Response:
+    def _thinking_result(self, body: dict[str, Any], messages: list[dict[str, Any]],
+                         answer: str) -> dict[str, Any]:
         """`reasoning_tokens` of reasoning (one word a token), then the answer; cut where the
         request's max_tokens ends, as a thinking model served by OpenRouter is."""
         words = [f"r{i}" for i in range(self.reasoning_tokens)]
@@ -95,7 +96,7 @@ class AnswerShapes:
             "reasoning_tokens": min(used, len(words))}
         if self.check_history:
             self._answered[derive_id(messages)] = content
-        return self._json(result)
+        return result
 
     def _check_history(self, messages: list[dict[str, Any]]) -> None:
         for j, m in enumerate(messages):
@@ -139,7 +140,8 @@ class AnswerShapes:
         if self.report_cost:
             usage["cost"] = self.cost_per_request if content or completion else 0.0
         result: dict[str, Any] = {
-            "id": f"gen-{self.stats.requests}", "object": "chat.completion",
+            "id": (f"gen-{answer_digest(body['messages'])}" if self.stable_ids
+                   else f"gen-{self.stats.requests}"), "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", "fake/model"),
             "provider": provider, "system_fingerprint": None, "choices": [choice],
             "usage": usage}

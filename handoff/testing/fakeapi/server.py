@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from handoff.testing.fakeapi.answers import AnswerShapes
+from handoff.testing.fakeapi.batches import BatchPlan, BatchService
 from handoff.testing.fakeapi.faults import (
     DEFAULT_ENDPOINTS,
     PREFIX,
@@ -46,7 +47,8 @@ class FakeOpenRouter(AnswerShapes):
                  generation_header: bool = False, body_id: bool = True,
                  providers: list[str] | None = None, check_history: bool = False,
                  token_ids: bool = False, token_vocab: int = 100,
-                 refuse_fields: tuple[str, ...] = ()) -> None:
+                 refuse_fields: tuple[str, ...] = (), batches: BatchPlan | None = None,
+                 stable_ids: bool = False) -> None:
         if not host.startswith("127.") and host not in ("localhost", "::1"):
             raise ValueError("the fake API only listens on loopback")
         self.api_key = api_key
@@ -90,6 +92,10 @@ class FakeOpenRouter(AnswerShapes):
         self.token_ids = token_ids  # answer vLLM's token_ids when asked (return_token_ids)
         self.token_vocab = token_vocab
         self.refuse_fields = refuse_fields  # body fields refused with OpenAI's 400
+        # The Batch API (/files, /batches: handoff.testing.fakeapi.batches); `stable_ids`: an
+        # answer's id is its prompt's digest, the same whether asked alone or in a batch.
+        self.batches = BatchService(self, batches)
+        self.stable_ids = stable_ids
         self._answered: dict[str, str] = {}  # derive_id(history) -> the visible answer given
         self.serving = 0  # requests past the capacity gate
         self._t0: float | None = None  # first chat request (monotonic)
@@ -110,6 +116,7 @@ class FakeOpenRouter(AnswerShapes):
         app.router.add_get(PREFIX + "/models/{author}/{slug}/endpoints", self._endpoints)
         app.router.add_get("/_fake/stats", self._stats)
         self.keys.add_routes(app, PREFIX)
+        self.batches.add_routes(app, PREFIX)
         return app
 
     async def start(self) -> str:
@@ -308,7 +315,7 @@ class FakeOpenRouter(AnswerShapes):
         if self.stream_only:
             return self._sse(body, content)
         if self.thinking is not None:
-            return self._thinking_answer(body, messages, content)
+            return self._json(self._thinking_result(body, messages, content))
         if self.check_history:
             self._answered[prompt_id] = content
         return self._json(self._result(body, content, "stop", provider=self._provider(messages)))
@@ -357,7 +364,7 @@ class FakeOpenRouter(AnswerShapes):
                                            "endpoints": endpoints}})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats.as_dict())
+        return web.json_response({**self.stats.as_dict(), "batches": self.batches.stats.as_dict()})
 
 
 __all__ = ["FakeOpenRouter"]

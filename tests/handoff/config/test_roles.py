@@ -65,6 +65,28 @@ def test_generator_launch_with_shard_and_budget() -> None:
     assert argv[argv.index("--max-cost") + 1] == "2.5"
 
 
+def test_generator_batch_mode_and_cancel_parse_as_the_payload_reads_them() -> None:
+    """`mode` and the batch vars reach `payload generate`; the job's ledger is always named
+    (a relaunch re-attaches to it); the role's `cancel` command (what `fab stop` runs for a
+    job whose process is gone) is a `payload batches --cancel` on that same ledger."""
+    from payload.cli import build_parser
+
+    role = get_role("generator")
+    v = generator_vars(mode="batch", batch_requests=100, batch_poll=0.5)
+    argv = shlex.split(render_command(role.launch, v, "launch"))
+    args = build_parser().parse_args(argv[2:])
+    assert (args.mode, args.batch_requests, args.batch_poll) == ("batch", 100, 0.5)
+    assert str(args.batches_file) == "/home/u/.handoff/jobs/generator/batches.json"
+    plain = build_parser().parse_args(shlex.split(render_command(role.launch, generator_vars(),
+                                                                 "launch"))[2:])
+    assert plain.mode == "sync" and str(plain.batches_file).endswith("/batches.json")
+    cancel = build_parser().parse_args(shlex.split(render_command(role.cancel, v, "cancel"))[2:])
+    assert (cancel.command, cancel.cancel, cancel.json) == ("batches", True, True)
+    assert cancel.batches_file == args.batches_file
+    assert cancel.api_key_file == args.api_key_file and cancel.base_url == args.base_url
+    assert not get_role("extractor").cancel
+
+
 def test_missing_required_var_names_it() -> None:
     with pytest.raises(RoleError, match="needs var input"):
         render_command(get_role("generator").launch, generator_vars(input=None), "launch")

@@ -111,7 +111,7 @@ def test_jobs_start_of_a_command_that_dies_at_once_returns_the_log(tmp_path: Pat
 def test_jobs_state_of_a_folder_that_does_not_exist(tmp_path: Path) -> None:
     state = jobs.state({"job_dir": str(tmp_path / "none")})
     assert state == {"job_dir": str(tmp_path / "none"), "status": None, "meta": None, "pid": None,
-                     "alive": False, "keys": {}, "records": {}}
+                     "alive": False, "ledger": None, "keys": {}, "records": {}}
 
 
 def test_jobs_running_lists_only_live_jobs_and_state_returns_key_records(tmp_path: Path) -> None:
@@ -187,11 +187,35 @@ def test_jobs_list_and_stop_all_read_every_job_in_one_call(tmp_path: Path) -> No
         assert listed["keys"] == {str(tmp_path / "k"): False}
         stopped = jobs.stop_all({"jobs_dir": str(jobs_dir), "timeout": 10})
         assert list(stopped["jobs"]) == ["B4"] and stopped["jobs"]["B4"]["drained"] is True
-        assert stopped["idle"] == ["B3"]
+        assert stopped["idle"] == ["B3"] and stopped["batches"] == {}
     finally:
         proc.kill()
         proc.wait()
     assert jobs.list_jobs({"jobs_dir": str(tmp_path / "none")})["jobs"] == {}
+
+
+def test_a_batch_ledger_is_counted_and_stop_all_names_idle_jobs_with_live_batches(
+        tmp_path: Path) -> None:
+    """A generator job in batch mode: its ledger's live batches (not collected: they may
+    still run at the provider) are counted in its state; `stop_all` names an idle job that
+    has some, so `fab stop` cancels them; a torn or foreign ledger counts as none."""
+    jobs_dir = tmp_path / "jobs"
+    for name in ("B1", "B2", "B3"):
+        (jobs_dir / name).mkdir(parents=True)
+    (jobs_dir / "B1" / "batches.json").write_text(json.dumps({"batches": [
+        {"step": "done", "requests": 5}, {"step": "submitted", "requests": 7},
+        {"step": "uploaded", "requests": 3}, {"step": "prepared", "requests": 2}]}))
+    (jobs_dir / "B2" / "batches.json").write_text(json.dumps({"batches": [
+        {"step": "done", "requests": 5}]}))
+    (jobs_dir / "B3" / "batches.json").write_text('{"batches": [')
+    assert jobs.state({"job_dir": str(jobs_dir / "B1")})["ledger"] == {
+        "batches": 4, "live": 2, "live_requests": 10}
+    assert jobs.state({"job_dir": str(jobs_dir / "B2")})["ledger"] == {
+        "batches": 1, "live": 0, "live_requests": 0}
+    assert jobs.state({"job_dir": str(jobs_dir / "B3")})["ledger"] is None
+    stopped = jobs.stop_all({"jobs_dir": str(jobs_dir), "timeout": 1})
+    assert stopped["jobs"] == {} and list(stopped["batches"]) == ["B1"]
+    assert stopped["batches"]["B1"]["ledger"]["live"] == 2
 
 
 def test_fetch_list_of_every_job(tmp_path: Path) -> None:

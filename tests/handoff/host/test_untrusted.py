@@ -232,3 +232,17 @@ def test_declared_shapes_bound_the_shard_layout_a_host_gives() -> None:
     assert status == {"state": "running", "done": 3, "extra_field": 1.5} and problems == []
     shape, _ = u.read_shape(u.StatusFile, {"done": "3"}, "status.json")
     assert shape is not None and shape.done is None
+
+
+def test_batch_counts_are_whole_counts_and_named_states() -> None:
+    good = {"batches": 3, "live": 1, "requests": 12, "live_requests": 4, "completed": 7,
+            "failed": 1, "by_state": {"completed": 2, "in_progress": 1}, "extra": "kept out"}
+    got = u.batch_counts(good)
+    assert got == {k: v for k, v in good.items() if k != "extra"}
+    for bad in ({"live": -1}, {"batches": "3"}, {"by_state": ["x"]},
+                {"by_state": {"a": 1.5}}, [], None, {"failed": float("nan")}):
+        assert u.batch_counts(bad) is None, bad
+    st, problems = u.status({"state": "running", "batches": {"live": "many"}})
+    assert st == {"state": "running"} and problems and "batches" in problems[0]
+    shown = u.batch_counts({"by_state": {"\x1b[31mred": 1}})
+    assert shown == {"by_state": {"?[31mred": 1}}

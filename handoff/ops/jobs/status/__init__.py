@@ -31,6 +31,7 @@ use):
 from handoff.ops.jobs.status.shards import Shards, combined, layout_notes, shards_of, unaccounted
 from handoff.ops.jobs.status.tables import (
     bad_line_notes,
+    batch_notes,
     breakdown_notes,
     jobs_table,
     note,
@@ -55,7 +56,7 @@ from handoff.ops.jobs.status.views import (
 from handoff.ops.jobs.status.wait import progress_lines, watch
 
 __all__ = ["BREAKDOWNS", "COUNTS", "STATUS_FIELDS", "WITH_FAILURES", "JobView", "KeyLookup",
-           "KeyView", "Shards", "Watcher", "answers", "bad_line_notes", "breakdown_notes",
-           "combined", "eta", "fitted", "jobs_table", "key_view", "layout_notes", "money", "note",
-           "progress_lines", "shards_of", "status_parts", "table", "table_notes", "unaccounted",
-           "watch"]
+           "KeyView", "Shards", "Watcher", "answers", "bad_line_notes", "batch_notes",
+           "breakdown_notes", "combined", "eta", "fitted", "jobs_table", "key_view", "layout_notes",
+           "money", "note", "progress_lines", "shards_of", "status_parts", "table", "table_notes",
+           "unaccounted", "watch"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handoff import console
-from handoff.host.untrusted import count
+from handoff.host.untrusted import batch_counts, count
 from handoff.ops.jobs.state import ACTIVE_STATES, latency_quantiles
 from handoff.ops.jobs.status.shards import _summed, combined, shards_of
 from handoff.ops.jobs.status.views import ROLES, JobView, _number, answers, eta, money
@@ -46,6 +46,29 @@ def breakdown_notes(views: list[JobView]) -> list[str]:
             parts.append(f"{sum(cut)} cut by max_tokens (recorded, not asked again)")
         where = shards[0].host if len(shards) == 1 else f"{len(shards)} hosts"
         lines.append(f"{job} ({where}) answers: " + "; ".join(parts))
+    return lines
+
+
+def batch_notes(views: list[JobView]) -> list[str]:
+    """Per job in batch mode (`generate --mode batch`, its status's `batches`): its batches by
+    the provider's state and their requests; and a job whose process is gone while batches
+    of its ledger are live, which only a relaunch or `fab stop` ends."""
+    lines = []
+    for v in views:
+        b = batch_counts(v.status.get("batches")) if v.status else None
+        where = f"{v.job} ({v.host})"
+        if b and b.get("batches"):
+            states = _ranked(b.get("by_state") or {})
+            at = b.get("live_requests") or 0
+            lines.append(f"{where} batches: {b['batches']} ({states}); requests "
+                         f"{b.get('requests', 0)}: {b.get('completed', 0)} answered, "
+                         f"{b.get('failed', 0)} errors"
+                         + (f", {at} at the provider" if at else ""))
+        live = v.job_state.live_batches
+        if live and not v.job_state.alive:
+            lines.append(f"{where}: its process is gone but {live} batch(es) are live at the "
+                         f"provider: relaunch the job to collect them, or `fab stop` to "
+                         f"cancel them")
     return lines
 
 

@@ -103,7 +103,7 @@ def key_view(job_state: JobState, lookup: KeyLookup | None, target: Target | Non
 STATUS_FIELDS = ("done", "failed", "total", "cost", "tokens_per_s", "rate_rps", "updated",
                  "last_error", "exit_code", "stop_reason", "max_failed", "max_cost",
                  "budget_enforced", "bad_lines", "bad_line_samples", "duplicates", "in_flight",
-                 "window", "outage_s", "started", "retries")
+                 "window", "outage_s", "started", "retries", "batches")
 # An extractor's own (payload/extract/status.py), in `--json` for its jobs.
 EXTRACTOR_FIELDS = ("tokens_written", "bytes_written", "estimate_bytes", "retokenized_mismatch",
                     "skipped_mismatch")

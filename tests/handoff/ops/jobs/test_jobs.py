@@ -94,6 +94,29 @@ def test_status_record_has_the_contract_fields() -> None:
     assert rec["secrets_placed"] == ["/k"]
 
 
+def test_batch_notes_show_the_batches_and_a_dead_job_with_live_ones() -> None:
+    running = status.JobView("h1", "B1", "running", JobState.from_json({
+        "job_dir": "/j/B1", "alive": True, "pid": 7, "ledger": {"batches": 2, "live": 1,
+                                                                "live_requests": 5},
+        "status": {"state": "running", "batches": {
+            "batches": 2, "live": 1, "requests": 9, "live_requests": 5, "completed": 4,
+            "failed": 0, "by_state": {"completed": 1, "in_progress": 1}}}}))
+    dead = status.JobView("h2", "B1", "dead", JobState.from_json({
+        "job_dir": "/j/B1", "alive": False, "pid": 8, "ledger": {"batches": 1, "live": 1,
+                                                                 "live_requests": 3},
+        "status": {"state": "running"}}))
+    sync = status.JobView("h3", "B2", "running", JobState.from_json({
+        "job_dir": "/j/B2", "alive": True, "status": {"state": "running"}}))
+    assert status.batch_notes([running, dead, sync]) == [
+        "B1 (h1) batches: 2 (completed 1, in_progress 1); requests 9: 4 answered, 0 errors, "
+        "5 at the provider",
+        "B1 (h2): its process is gone but 1 batch(es) are live at the provider: relaunch the "
+        "job to collect them, or `fab stop` to cancel them"]
+    assert running.record()["batches"]["live"] == 1 and sync.record()["batches"] is None
+    assert JobState.from_json({"job_dir": "/j", "ledger": {"live": -2}}).problems == [
+        "batches.json: its counts are not valid"]
+
+
 # --- plans as data ------------------------------------------------------------------------
 
 
@@ -313,7 +336,7 @@ def test_launch_reports_an_instant_crash_with_the_log(ws: Workstation,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
     rc = commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
-                         flags={"mode": "crash", "start_watch_s": WATCH_S})
+                         flags={"act": "crash", "start_watch_s": WATCH_S})
     assert rc == 1
     out = capfd.readouterr().out.replace("\n", " ")
     assert "exited right after start" in out and "simulated failure" in out
@@ -323,7 +346,7 @@ def test_launch_of_a_job_that_finishes_at_once_is_fine(ws: Workstation,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
     deployed(ws, "s")
     assert commands.launch("s", None, local_input=None, remote_input=remote_input(ws, "s"),
-                           flags={"mode": "finish", "start_watch_s": WATCH_S}) == 0
+                           flags={"act": "finish", "start_watch_s": WATCH_S}) == 0
     assert "ran and finished already" in capfd.readouterr().out
     assert commands.status("s", None) == 0
 
@@ -333,7 +356,7 @@ def test_a_finished_job_relaunched_says_so_and_starts_no_process(
     """A finished job relaunched "resumed" and started a process that found nothing to do
     (issue 32 #11): now no process starts, the launch says the job finished, exit 0."""
     deployed(ws, "s")
-    flags = {"mode": "finish", "start_watch_s": WATCH_S}
+    flags = {"act": "finish", "start_watch_s": WATCH_S}
     given = remote_input(ws, "s")
     assert commands.launch("s", None, local_input=None, remote_input=given, flags=flags) == 0
     pid_file = ws.remote_dir("s") / "jobs" / "sleeper" / "pid"
@@ -542,7 +565,7 @@ def test_stop_and_logs_act_on_every_job(ws: Workstation, tmp_path: Path,
     dataset(data, "B4", 2)
     deployed(ws, "s")
     assert commands.launch("s", "batch", local_input=[str(data / "B*.jsonl")], remote_input=None,
-                           flags={"mode": "run"}) == 0
+                           flags={"act": "run"}) == 0
     pids = [int((job_dir(ws, "s", j) / "pid").read_text()) for j in ("B3", "B4")]
     assert wait_for(lambda: all((job_dir(ws, "s", j) / "status.json").exists() for j in ("B3", "B4")))
     assert commands.logs("s", "batch", lines=5) == 0

@@ -312,7 +312,7 @@ def test_a_budget_is_its_jobs_own_child_key(ws: Workstation, minted: KeyedAPI, t
     host_keys = {k.hash for k in minted.keys.live()}
 
     def launched(max_cost: float) -> list[Any]:
-        p = launch.plan(ws.targets("s,t", flags={"max_cost": max_cost, "mode": "finish"}),
+        p = launch.plan(ws.targets("s,t", flags={"max_cost": max_cost, "act": "finish"}),
                         local_input=str(prompts), remote_input=None, job_flag=None)
         launch.private_of(p).management = minted_keys.JobKeys()
         return plan.execute(p, connect=ws.connect)
