@@ -55,7 +55,6 @@ import collections
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from payload.generate.client import Kind, Outcome
 from payload.generate.evidence import BIN_S, Evidence
@@ -68,9 +67,6 @@ INITIAL_WINDOW = 32
 # a step past the cap is read on its first refusals (`_test_stamps`, (2)), so it costs
 # about the step's excess once; a start against a full server is damped.
 SLOW_START_GAIN = 15.0
-# Slow start stops growing fast once this share of a round trip's answers says
-# "Retry-After": far above the noise of a few percent of sporadic 429s.
-SLOW_START_EXIT_SHARE = 0.3
 
 # The capacity estimate (see the module docstring, "Capacity").
 FULL_SAMPLES = 32  # the level: the third fewest of the last this many refusals...
@@ -90,24 +86,12 @@ STAMP_MIN = 32
 TOP_MIN = 8
 TOP_SHARE = 0.9
 TOP_BELOW = 32
-
-
-@dataclass
-class _Round:
-    """One round of slow start's delivery rate: its successes and refusals, when it began
-    and the window then."""
-
-    ok: int = 0
-    refused: int = 0
-    start: float = -1.0
-    window: float = 0.0
-
-
-ROUND_MIN_S = 0.5  # a round lasts max(this, a round trip)
-WINDOW_GROWTH = 1.5  # a window this much larger than at the best rate so far...
-RATE_GROWTH = 1.1  # ...that served less than this much more...
-SHARE_GROWTH = 0.15  # ...with this much more of its answers refused...
-FLAT_ROUNDS = 2  # ...this many rounds: a capacity
+ROUND_MIN_S = 0.5  # "lately": the last max(this, two round trips)
+# A capacity holds while the requests sent lately with fewer than its level at the server
+# were refused under this share of the rate of those sent with more (a cap refuses none
+# below, random throttling its share at every count), judged on LEVEL_EVIDENCE each side.
+LEVEL_SHARE = 0.5
+LEVEL_EVIDENCE = 16
 
 
 class Limiter(Slots):
@@ -129,7 +113,7 @@ class Limiter(Slots):
         self.evidence = Evidence()
         self._refreshed_at = -1.0
         self.capacity_events = 0  # times a capacity was found (the window set to it)
-        self._exited_at: float | None = None  # slow start's fast growth stopped (unconfirmed)
+        self.capacity_dropped = 0  # times a capacity was found not to be one (dropped)
         self._capped_at = -1e9
         self._throttled_at = -1e9  # the last throttled answer
         self._ok_since_throttle = 0  # successes answered since
@@ -141,18 +125,15 @@ class Limiter(Slots):
         self._sends: collections.deque[tuple[float, int]] = collections.deque()
         self._stamps_new = 0  # refusals since the stamps were last tested
         self._stamps_at = -1.0
-        self._random_share = 0.0  # a share of refusals the retries showed to be random
+        # (sent at, requests at the server then, refused) of the requests answered lately,
+        # capped or not: does the level still refuse what reaches it (`_set_to_level`)?
+        self._answers: collections.deque[tuple[float, int, bool]] = collections.deque(
+            maxlen=8192)
         self._longest_wait = 0.0
         self._wait_hi = (0.0, -1e9)  # (the longest recent throttle wait, when)
         self._pre_outage_window = float(max_in_flight)
         # Throttled prompts waiting on a kept slot, by id (every Hold equals "hold").
         self._holds: dict[int, Hold] = {}
-        # Slow start's delivery rate, round by round: has a larger window served more?
-        self._round = _Round()
-        self._best_rate = 0.0
-        self._best_window = 0.0  # the window when the best rate was served
-        self._best_share = 0.0  # the share of that round's answers refused
-        self._flat = 0  # rounds since with a larger window and no more served (and refusals)
         # Prompts not yet answered, where the run knows: no probe for a higher cap in the
         # run's last round trips (`_probe_pays`).
         self._left = left or (lambda: None)
@@ -194,10 +175,13 @@ class Limiter(Slots):
             self.capped = self.probing = False
             self._refused.clear()
             self._sends.clear()
+            self._answers.clear()
             self.evidence.reset()
             self._wake()
         now = self.breaker.clock()
         self._count(outcome, repeat, now)
+        if n_send is not None and (outcome.kind is Kind.OK or outcome.throttled):
+            self._answers.append((now - outcome.latency_s, n_send, outcome.throttled))
         if outcome.kind is Kind.OK:
             self._ok_since_throttle += 1
             if not self._waiters and self.in_flight + self._woken < self._allowed() - 1:
@@ -236,17 +220,8 @@ class Limiter(Slots):
                 self.window = max(float(self.min_window), min(self.window, float(n_send)))
                 self.full_level = float(n_send)  # where `place` lets requests go, until
                 # the refusals at the new cap say more
-        if (not self.capped and self.window < self.ssthresh and self._exited_at is None
-                and self.evidence.share > max(SLOW_START_EXIT_SHARE, self._random_share + 0.25)):
-            # Told to wait by a large share of a round trip's answers: stop growing fast
-            # until refused retries confirm (or not) a full server.
-            self.ssthresh = self.window
-            self._exited_at = now
-        if not self.capped and repeat and self.evidence.full_server():
-            # Refused again after waiting, as a full server refuses: a capacity.
-            self._found_capacity(now)
-        elif (not self.capped and self._stamps_new >= TOP_MIN
-              and now - self._stamps_at >= 0.005):
+        if (not self.capped and self._stamps_new >= TOP_MIN
+                and now - self._stamps_at >= 0.005):
             self._test_stamps(now)
         if self.in_flight > self._allowed():
             # Beyond the window (it shrank while this prompt waited, or a start overshot):
@@ -255,7 +230,12 @@ class Limiter(Slots):
             self._wake()
             return YIELD
         wait = outcome.retry_after if outcome.retry_after is not None else 0.0
-        if wait > HOLD_MAX_S:
+        if wait > HOLD_MAX_S or not (self.capped or self.window < self.max_in_flight):
+            # (a window at --concurrency and no capacity found: the refusal says nothing
+            # of the server's load, and a slot kept through the wait is one request fewer
+            # at the server; at 20% refused with Retry-After 1 on a fast server the waits
+            # would hold most of the slots. Below it, slow start may just have stepped
+            # past a cap: refilled slots would be refused at once, over and over.)
             self.in_flight -= 1
             self._wake()
             return RELEASE
@@ -292,9 +272,6 @@ class Limiter(Slots):
     def _count(self, outcome: Outcome, repeat: bool, now: float) -> None:
         if outcome.kind is Kind.OK:
             self.srtt += (outcome.latency_s - self.srtt) / (8 if self.srtt else 1)
-            self._round.ok += 1
-        elif outcome.throttled:
-            self._round.refused += 1
         self.evidence.count(outcome, repeat, now)
         # Every 25 ms, or every 1/20 of a round trip where that is longer (a walk back over
         # a round trip of bins, up to 0.25 s apart: seconds-long answers, thousands of them
@@ -308,51 +285,8 @@ class Limiter(Slots):
         self._refreshed_at = now
         self._probe_limit = self.window + max(PROBE_MIN, PROBE_STEP * self.window)
         self.evidence.refresh(now, max(self.srtt, BIN_S))
-        # A stop of fast growth that no refused retry confirmed was a false alarm (sporadic
-        # 429s): grow fast again (after the stop's refused prompts have waited, asked again
-        # and been answered, with a round trip to spare).
-        quiet = max(2.0, 2.0 * self._longest_wait + 2.0 * self.srtt, 4.0 * self.srtt)
-        if self._exited_at is not None and not self.capped:
-            if self.evidence.not_full():
-                # Random throttling at this share: only a clearly larger one stops slow
-                # start again.
-                self._random_share = self.evidence.share
-            if self._random_share or now - self._exited_at > quiet:
-                self.ssthresh = float(self.max_in_flight)
-                self._exited_at = None
-        if not self.capped and now - self._round.start >= max(ROUND_MIN_S, self.srtt):
-            self._end_round(now)
         if self.capped:
             self._follow(now)
-
-    def _end_round(self, now: float) -> None:
-        """A capacity by the delivery rate (before the retries can tell, which a busy
-        machine, its answers unread for a second, delays for many seconds): rounds in
-        which the window was half as large again as at the best rate so far but the
-        server served under 10% more while it refused a larger share of the answers (by
-        SHARE_GROWTH), twice, say it is full. Sporadic throttling refuses the same share
-        whatever the window, even where the rate stops growing because the client's own
-        CPU is the limit (a loaded machine); the window then
-        goes to the refusals' level like any capacity's. (Not to Little's law on a round's
-        rate: a round in which a busy client read few answers reads a tiny capacity.)"""
-        rnd, self._round = self._round, _Round(start=now, window=self.window)
-        if rnd.start < 0:
-            return
-        rate = rnd.ok / (now - rnd.start)
-        share = rnd.refused / max(1, rnd.ok + rnd.refused)
-        # This round's answers are to requests sent in about the last: the window then.
-        grown = rnd.window / max(1.0, self._best_window)
-        if (not rnd.refused or grown < WINDOW_GROWTH or rate >= RATE_GROWTH * self._best_rate
-                or share < self._best_share + SHARE_GROWTH):
-            if rate >= RATE_GROWTH * self._best_rate:  # (noise at a plateau is no growth)
-                self._best_rate, self._best_window = rate, rnd.window
-                self._best_share = share
-            if grown >= WINDOW_GROWTH:
-                self._flat = 0
-            return
-        self._flat += 1
-        if self._flat >= FLAT_ROUNDS:
-            self._found_capacity(now)
 
     def _place_limit(self) -> float:
         """Once a capacity is found (and not while probing for a cap that rose): a request
@@ -366,8 +300,6 @@ class Limiter(Slots):
         self.capped = True
         self.capacity_events += 1
         self._capped_at = now
-        self._exited_at = None
-        self._random_share = 0.0
         self._sends.clear()
         self._stamps_new = 0
         if level is None:
@@ -445,7 +377,7 @@ class Limiter(Slots):
         if left is None:
             return True
         rtt = max(self.srtt, BIN_S)
-        return left > self.window * (2.0 + wait / rtt)
+        return left > self.window * (3.0 + wait / rtt)
 
     def _set_to_level(self, now: float) -> None:
         """The window to the full level (of the last FULL_SAMPLES refusals sent lately)
@@ -458,7 +390,45 @@ class Limiter(Slots):
         # A low quantile: every refusal was sent with at least K at the server, more when
         # answers the server has written sat unread on a busy machine (they are counted
         # until read); the fewest is the nearest to K.
-        self._to_level(float(xs[len(xs) // 16]))
+        level = float(xs[len(xs) // 16])
+        if self._refuses_at(level, since):
+            self._to_level(level)
+        else:
+            self._drop_capacity()
+
+    def _refuses_at(self, level: float, since: float) -> bool:
+        """Do the refusals still cluster at `level`: of the requests sent since `since`,
+        were those sent with fewer than `level` of ours at the server refused at most
+        half as often as those sent with more? A cap refuses next to none below its
+        level (a refusal's stamp is at least K) and most above it; random throttling
+        refuses its share at every count. (Not "acceptances never reach the level":
+        refusals still at the door count among ours, so an accepted request's stamp can
+        sit above K.) Undecided (yes) on fewer than LEVEL_EVIDENCE requests either side."""
+        above = refused_above = below = refused_below = 0
+        for t, x, was_refused in reversed(self._answers):
+            if t < since:
+                break
+            if x >= level:
+                above += 1
+                refused_above += was_refused
+            else:
+                below += 1
+                refused_below += was_refused
+        if above < LEVEL_EVIDENCE or below < LEVEL_EVIDENCE or not refused_above:
+            return True
+        return refused_below / below < LEVEL_SHARE * refused_above / above
+
+    def _drop_capacity(self) -> None:
+        """The refusals were not a cap (acceptances reach their level): back to slow start
+        up to --concurrency, as before the capacity was found."""
+        self.capped = self.probing = False
+        self.capacity_dropped += 1
+        self.full_level = 0.0
+        self.ssthresh = float(self.max_in_flight)
+        self._refused.clear()
+        self._stamps_new = 0
+        self._wake_places()
+        self._wake()
 
     def _to_level(self, level: float) -> None:
         """The window to `level` plus the probe margin (kept slots above it are taken back)."""
