@@ -619,6 +619,7 @@ def scenario_random(tmp: Path, key_file: Path, env: dict[str, str], args: argpar
     ratios: dict[str, list[float]] = {label: [] for label, _, _ in RANDOM_CASES}
     success: dict[str, list[float]] = {label: [] for label, _, _ in RANDOM_CASES}
     clean_rates: list[float] = []
+    drift: list[float] = []
     try:
         for rep in range(args.random_reps):
             # (the clean server before and after the refusing ones, against their mean:
@@ -635,6 +636,9 @@ def scenario_random(tmp: Path, key_file: Path, env: dict[str, str], args: argpar
             clean, clean_ok = (statistics.mean(c[0] for c in cleans),
                                statistics.mean(c[1] for c in cleans))
             clean_rates.append(clean)
+            # (A/A: the second clean run against the first, the noise floor of this machine)
+            drift.append(cleans[1][0] / cleans[0][0])
+            print(f"random rep {rep} clean after / before: {drift[-1]:.2f}x", flush=True)
             for label, r, rate, ok, t90 in runs:
                 ratios[label].append(rate / clean)
                 success[label].append(ok / clean_ok)
@@ -661,6 +665,9 @@ def scenario_random(tmp: Path, key_file: Path, env: dict[str, str], args: argpar
         lines.append(f"| {label} | {min(v):.2f}x | {statistics.median(v):.2f}x | "
                      f"{sum(x >= 0.9 for x in v)}/{len(v)} | "
                      f"{statistics.median(success[label]):.2f}x |")
+    lines.append(f"| A/A: the rep's second clean run against its first | {min(drift):.2f}x | "
+                 f"{statistics.median(drift):.2f}x | {sum(x >= 0.9 for x in drift)}/"
+                 f"{len(drift)} | (noise floor) |")
     return [*lines, ""], held
 
 

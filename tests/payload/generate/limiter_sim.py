@@ -286,12 +286,11 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
     async def tracer() -> None:
         while True:
             await asyncio.sleep(trace)
-            t = lim.evidence.settled
             print(f"t={loop.time():6.1f} window {lim.window:7.1f} ssthresh {lim.ssthresh:7.1f} "
                   f"capped {lim.capped:d} level {lim.full_level:6.0f} "
-                  f"slots {lim.in_flight:5d} holds {len(lim._holds):4d} at server {lim.at_server:5d} serving {server.serving:5d} share {lim.evidence.share:.2f} "
-                  f"repeats {t[7]}/{t[6]} first {t[5]}/{t[4]} done {done} "
-                  f"refusals {server.refusals}")
+                  f"slots {lim.in_flight:5d} holds {len(lim._holds):4d} at server "
+                  f"{lim.at_server:5d} serving {server.serving:5d} "
+                  f"share {lim.evidence.share:.2f} done {done} refusals {server.refusals}")
 
     spares: list[asyncio.Future[None]] = []
 
