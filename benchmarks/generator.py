@@ -28,9 +28,10 @@ Scenarios (`--scenarios`, default all):
   Retry-After 1, 50% 429 without Retry-After (refused at the door, as a rate limiter does);
 - `random`: independent random 429s (5% and 20%, with and without Retry-After 1) on a
   server answering as fast as its CPU allows (benchmarks/capped.py `random-ra`/`random`),
-  each rep against the same server refusing nothing in the same run; 3k prompts at 200 in
-  flight, `--random-reps` (20), `--load N` busy loops beside it; exits 1 if any rep
-  answered under 0.9x the clean run's requests per second (not in the default set);
+  each refusing run side by side with the same server refusing nothing (a shared machine's
+  load drifts 2-3x within seconds: runs in turn would measure that); 3k prompts at 200 in
+  flight, `--random-reps` (20), `--load N` busy loops beside it; exits 1 if any refusing
+  run answered under 0.9x its clean run's requests per second (not in the default set);
 - `index`: the resume index of a synthetic 1 GB output (built in a fresh process).
 
     .venv/bin/python benchmarks/generator.py                         # everything, 3 reps
@@ -595,79 +596,67 @@ def body_rate(stats: dict[str, Any], n: int) -> tuple[float, float, float]:
     return float("nan"), float("nan"), float("nan")
 
 
-def clean_run(tmp: Path, key_file: Path, env: dict[str, str], n: int, conc: int, rep: int,
-              when: str) -> tuple[float, float]:
-    """The payload against the random scenario's server refusing nothing: body_rate's
-    (requests/s, successes/s)."""
-    r, stats = run_client("payload", tmp, key_file, [], n, conc, env,
-                          capped=["--shape", "clean", "--latency", "0"])
-    rate, ok, t90 = body_rate(stats, n)
-    print(f"random rep {rep} clean ({when}): {rate:.0f} req/s to 90% in {t90:.1f}s, wall "
-          f"{r.wall_s:.1f}s, {r.unique}/{n} ids", flush=True)
-    return rate, ok
-
-
 def scenario_random(tmp: Path, key_file: Path, env: dict[str, str], args: argparse.Namespace
                     ) -> tuple[list[str], bool]:
     """Independent random 429s on a server answering as fast as its CPU allows
-    (benchmarks/capped.py, shapes random-ra / random / clean): per rep, the clean server
-    and each refusing one, the payload against each; the ratio of requests answered per
-    second over the run's body. Returns the section and whether every rep held 0.9x."""
+    (benchmarks/capped.py, shapes random-ra / random / clean). Each refusing run goes at
+    the same time as a clean one (each its own server and client process): on a shared
+    machine whose load drifts by 2-3x within seconds, runs in turn measure the drift, runs
+    side by side share it. Ratio: requests answered per second over the run's body,
+    refusing / clean; and an A/A pair (clean beside clean) per rep, the noise floor.
+    Returns the section and whether every refusing run held 0.9x."""
+    from concurrent.futures import ThreadPoolExecutor
+
     n, conc = args.random_prompts, args.random_concurrency
     busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"])
             for _ in range(args.load)]
-    ratios: dict[str, list[float]] = {label: [] for label, _, _ in RANDOM_CASES}
-    success: dict[str, list[float]] = {label: [] for label, _, _ in RANDOM_CASES}
+    cases = [*RANDOM_CASES, ("A/A: clean beside clean (noise floor)", "clean", 0.0)]
+    ratios: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    success: dict[str, list[float]] = {label: [] for label, _, _ in cases}
     clean_rates: list[float] = []
-    drift: list[float] = []
+    clean = ["--shape", "clean", "--latency", "0"]
+
+    def one(server: list[str]) -> tuple[Run, tuple[float, float, float]]:
+        r, stats = run_client("payload", tmp, key_file, [], n, conc, env, capped=server)
+        return r, body_rate(stats, n)
+
     try:
-        for rep in range(args.random_reps):
-            # (the clean server before and after the refusing ones, against their mean:
-            # the machine is shared, and its load drifts within a rep)
-            cleans = [clean_run(tmp, key_file, env, n, conc, rep, "before")]
-            runs = []
-            for label, shape, share in RANDOM_CASES:
-                server = ["--shape", shape, "--latency", "0", "--refuse-share", str(share),
-                          "--seed", str(rep + 1)]
-                r, stats = run_client("payload", tmp, key_file, [], n, conc, env,
-                                      capped=server)
-                runs.append((label, r, *body_rate(stats, n)))
-            cleans.append(clean_run(tmp, key_file, env, n, conc, rep, "after"))
-            clean, clean_ok = (statistics.mean(c[0] for c in cleans),
-                               statistics.mean(c[1] for c in cleans))
-            clean_rates.append(clean)
-            # (A/A: the second clean run against the first, the noise floor of this machine)
-            drift.append(cleans[1][0] / cleans[0][0])
-            print(f"random rep {rep} clean after / before: {drift[-1]:.2f}x", flush=True)
-            for label, r, rate, ok, t90 in runs:
-                ratios[label].append(rate / clean)
-                success[label].append(ok / clean_ok)
-                print(f"random rep {rep} {label:24s} {rate:.0f} req/s ({rate / clean:.2f}x "
-                      f"clean; successes {ok / clean_ok:.2f}x) to 90% in {t90:.1f}s, wall "
-                      f"{r.wall_s:.1f}s, {r.unique}/{n} ids, rc {r.rc}", flush=True)
+        with ThreadPoolExecutor(2) as pool:
+            for rep in range(args.random_reps):
+                for label, shape, share in cases:
+                    server = ["--shape", shape, "--latency", "0", "--refuse-share", str(share),
+                              "--seed", str(rep + 1)]
+                    f_clean, f_case = pool.submit(one, clean), pool.submit(one, server)
+                    (rc_, (c_rate, c_ok, _)), (r, (rate, ok, t90)) = (f_clean.result(),
+                                                                       f_case.result())
+                    clean_rates.append(c_rate)
+                    ratios[label].append(rate / c_rate)
+                    success[label].append(ok / c_ok)
+                    print(f"random rep {rep} {label:24s} {rate:.0f} req/s beside clean "
+                          f"{c_rate:.0f}: {rate / c_rate:.2f}x (successes {ok / c_ok:.2f}x); "
+                          f"to 90% in {t90:.1f}s, wall {r.wall_s:.1f}s (clean "
+                          f"{rc_.wall_s:.1f}s), {r.unique}/{n} ids, rc {r.rc}", flush=True)
     finally:
         for p in busy:
             p.kill()
             p.wait()
-    held = all(min(v) >= 0.9 for v in ratios.values())
-    load = f", {args.load} busy loops beside it" if args.load else ", no busy loops of ours"
+    held = all(min(ratios[label]) >= 0.9 for label, _, _ in RANDOM_CASES)
+    load = (f", {args.load} busy loops (`while 1: pass`) beside it" if args.load
+            else ", no busy loops of ours (other sessions share the machine)")
     lines = [f"### Random refusals{' (loaded)' if args.load else ''}\n\n{n} prompts, "
              f"--concurrency {conc}, on benchmarks/capped.py answering as fast as its CPU "
-             f"allows (latency 0) with independent random 429s{load}; {args.random_reps} "
-             f"reps, each the clean server, the four refusing ones and the clean one again "
-             f"(fresh processes). Ratio: requests answered per second until 90% of the "
-             f"prompts were served, against the mean of the rep's two clean runs (median "
-             f"{statistics.median(clean_rates):.0f}/s).\n",
+             f"allows (latency 0) with independent random 429s{load}. Each refusing run "
+             f"goes side by side with a clean one (its own server and client), "
+             f"{args.random_reps} reps. Ratio: requests answered per second until 90% of "
+             f"the prompts were served, refusing / clean (clean median "
+             f"{statistics.median(clean_rates):.0f}/s); the A/A row pairs two clean runs.\n",
              "| case | ratio min | median | reps >= 0.9x | successes/s vs clean, median |",
              "|---|---:|---:|---:|---:|"]
-    for label, _, _ in RANDOM_CASES:
+    for label, _, _ in cases:
         v = ratios[label]
         lines.append(f"| {label} | {min(v):.2f}x | {statistics.median(v):.2f}x | "
                      f"{sum(x >= 0.9 for x in v)}/{len(v)} | "
                      f"{statistics.median(success[label]):.2f}x |")
-    lines.append(f"| A/A: the rep's second clean run against its first | {min(drift):.2f}x | "
-                 f"{statistics.median(drift):.2f}x | {sum(x >= 0.9 for x in drift)}/"
-                 f"{len(drift)} | (noise floor) |")
     return [*lines, ""], held
 
 
