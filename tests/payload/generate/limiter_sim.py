@@ -168,9 +168,11 @@ class Server:
         finally:
             self.serving -= 1
         refused = bool(self.throttle_share) and self.rng.random() < self.throttle_share
+        # (the client measures the latency as it parses the answer; a busy loop then gets
+        # to the limiter later: the answer's time less its latency is not its send time)
+        took = loop.time() - sent
         if self.read_gap:
             await self._read(loop)
-        took = loop.time() - sent
         if refused:
             self.refusals += 1
             self._row(loop.time())[2] += 1
