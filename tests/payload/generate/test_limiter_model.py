@@ -132,8 +132,9 @@ def test_slow_start_sends_a_few_dozen_before_the_first_answers():
 
 def _body_rate(r, n: int) -> float:
     """Requests the server answered per second until 90% of the prompts were served (as
-    benchmarks/generator.py --scenarios random reads its server's timeline): the run's
-    tail, prompts refused last waiting out their Retry-After, is left out."""
+    benchmarks/generator.py --scenarios random reads its server's timeline, there to 80%:
+    its 2000-prompt runs are shorter): the run's tail, prompts refused last waiting out
+    their Retry-After, is left out."""
     tl = r.server.timeline
     served = answered = 0
     for b in sorted(tl):
