@@ -19,7 +19,8 @@ Capacity, in two sentences: a capacity is read only where refusals cluster at th
 the in-flight stamps (`_test_stamps`: every request sent with at least L of ours at the
 server refused, the many sent with fewer accepted), and it holds only while they still do
 (`_refuses_at`: requests sent below its level refused under half as often as those above;
-else it is dropped, the window back to where it was, and slow start resumes); random
+where they are refused as often, on ample evidence, it is dropped, the window back to
+where it was, and slow start resumes); random
 throttling refuses its share at every count, so at any share it never shrinks the window.
 The window is then the level plus a probe margin, re-read from the refusals every 25 ms
 while the server refuses (lowered only where that test says the refusals cluster at the
@@ -461,7 +462,16 @@ class Limiter(Slots):
                 refused_below += 1
         if above < LEVEL_EVIDENCE or below < LEVEL_EVIDENCE or not refused_above:
             return None
-        return refused_below / below < LEVEL_SHARE * refused_above / above
+        ratio = (refused_below / below) / (refused_above / above)
+        if ratio < LEVEL_SHARE:
+            return True
+        # Dropped only where the refusals do not sit higher at all, on four times the
+        # evidence: on a loaded client a cap's stamps spread with its unread answers (a
+        # refusal sent "with 550" may have found 500), which blurs the cluster but does
+        # not flatten it; random throttling's is flat.
+        if ratio >= 1.0 and min(above, below) >= 4 * LEVEL_EVIDENCE:
+            return False
+        return None
 
     def _drop_capacity(self) -> None:
         """The refusals were not a cap (they do not cluster at its level): the window as

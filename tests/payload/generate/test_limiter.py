@@ -221,8 +221,8 @@ def test_a_capacity_whose_refusals_do_not_cluster_at_its_level_is_dropped():
     lim = Limiter(200, breaker=Breaker(clock=lambda: now[0]))
     lim.window, lim.capped, lim.full_level = 45.0, True, 43.0
     lim._window_before_cap = 200.0  # (where it was when the capacity was read)
-    for i in range(400):
-        now[0] += 0.002
+    for i in range(2000):
+        now[0] += 0.0005
         stamp = sent_with(lim, 1 + i % 43)
         if i % 20 == 0:
             lim.answered(throttle(1.0), n_send=stamp)
