@@ -11,46 +11,14 @@ which the resume index cannot count, go on from the previous run's last line.
 from __future__ import annotations
 
 import os
-import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from payload.generate.progress import Counters
 from payload.metrics import NAME, Line, MetricsFile, run_id
 
-if TYPE_CHECKING:
-    from payload.generate.progress import Counters
-
 MAX_KINDS = 32  # error kinds on a line; the rest are summed as "other"
-SAMPLE = 4096  # latencies kept per interval (a uniform reservoir beyond)
 CARRIED = ("reasoning_tokens", "cancelled")  # this run's count + the previous run's total
-
-
-class Latencies:
-    """The latencies of one interval's answers: a bounded uniform sample and the count."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.sample: list[float] = []
-
-    def add(self, seconds: float) -> None:
-        self.count += 1
-        if len(self.sample) < SAMPLE:
-            self.sample.append(seconds)
-        else:
-            j = random.randrange(self.count)
-            if j < SAMPLE:
-                self.sample[j] = seconds
-
-    def take(self) -> tuple[int, dict[str, float] | None]:
-        """(answers, {p50, p90, p99}) of the interval, and a new interval begins."""
-        count, xs = self.count, sorted(self.sample)
-        self.count, self.sample = 0, []
-        if not xs:
-            return count, None
-        def q(p: float) -> float:
-            return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3)
-        return count, {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
 def _kinds(errors: dict[str, int]) -> dict[str, int]:
@@ -117,4 +85,4 @@ def metrics_for(status_file: Path | None, every_s: float, output: Path, errors: 
                                                               (output, errors))
 
 
-__all__ = ["GeneratorMetrics", "Latencies", "metrics_for"]
+__all__ = ["GeneratorMetrics", "metrics_for"]

@@ -18,16 +18,46 @@ import collections
 import contextlib
 import errno
 import os
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from payload import atomic, units
-from payload.generate.metrics import GeneratorMetrics, Latencies
 from payload.redact import REDACTOR
 from payload.report import Reporter
+
+SAMPLE = 4096  # latencies kept per interval (a uniform reservoir beyond)
+
+
+class Latencies:
+    """The latencies of one interval's answers: a bounded uniform sample and the count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sample: list[float] = []
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        if len(self.sample) < SAMPLE:
+            self.sample.append(seconds)
+        else:
+            j = random.randrange(self.count)
+            if j < SAMPLE:
+                self.sample[j] = seconds
+
+    def take(self) -> tuple[int, dict[str, float] | None]:
+        """(answers, {p50, p90, p99}) of the interval, and a new interval begins."""
+        count, xs = self.count, sorted(self.sample)
+        self.count, self.sample = 0, []
+        if not xs:
+            return count, None
+        def q(p: float) -> float:
+            return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3)
+        return count, {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
 def _iso(ts: float) -> str:
@@ -111,10 +141,11 @@ class StatusWriter:
     """Writes the status file; holds the disk-space reserve that guarantees the last one."""
 
     def __init__(self, path: Path | None, reporter: Reporter,
-                 metrics: GeneratorMetrics | None = None) -> None:
+                 after_write: Callable[[Counters, bool], object] | None = None) -> None:
         self.path = path
         self.say = reporter
-        self.metrics = metrics  # a metrics.jsonl line goes with the status when one is due
+        # called after each status written (with `final`): the metrics line, when one is due
+        self.after_write = after_write
         self.reserve = None if path is None else path.with_name(f".{path.name}.reserve")
         self._warned: set[int] = set()
         self.disk_full = False
@@ -153,8 +184,8 @@ class StatusWriter:
                 self._warned.add(exc.errno or 0)
                 self.say.warn(f"cannot write status file {self.path}: {exc.strerror}")
             return exc
-        if self.metrics is not None:
-            self.metrics.tick(counters, final=final)
+        if self.after_write is not None:
+            self.after_write(counters, final)
         return None
 
 

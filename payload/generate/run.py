@@ -64,8 +64,9 @@ class Generator:
         self.prices: Prices | None = s.prices
         self.index = Index()
         self.claimed = IdSet()
-        self.status = StatusWriter(s.status_file, self.say, metrics_for(
-            s.status_file, s.status_every, s.output, s.errors))
+        metrics = metrics_for(s.status_file, s.status_every, s.output, s.errors)
+        self.status = StatusWriter(s.status_file, self.say,
+                                   metrics.tick if metrics is not None else None)
         self.bad = BadLines(s.input, self.say)
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from payload.generate.metrics import SAMPLE, Latencies
+from payload.generate.progress import SAMPLE, Latencies
 from tests.payload.helpers import gen_args, read_jsonl, run_payload, write_prompts
 
 
