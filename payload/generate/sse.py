@@ -31,8 +31,17 @@ class EventStream:
     """Feed it bytes (`feed`), get the events completed by them. `comments` counts the
     comment lines seen (the keep-alives a server sends while its answer is queued)."""
 
-    __slots__ = ("_buf", "_skip_lf", "_started", "_data", "_has_data", "_type", "last_id",
-                 "retry_ms", "comments")
+    __slots__ = (
+        "_buf",
+        "_data",
+        "_has_data",
+        "_skip_lf",
+        "_started",
+        "_type",
+        "comments",
+        "last_id",
+        "retry_ms",
+    )
 
     def __init__(self) -> None:
         self._buf = b""  # an unfinished line (or, at the start, a possible BOM's first bytes)
@@ -99,7 +108,6 @@ class EventStream:
         elif name == "id":
             if "\x00" not in value:
                 self.last_id = value
-        elif name == "retry":
-            if value.isascii() and value.isdigit():
-                self.retry_ms = int(value)
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self.retry_ms = int(value)
         # any other field is ignored (the standard)
