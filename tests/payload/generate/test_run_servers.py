@@ -217,7 +217,7 @@ def test_streaming_only_server_is_answered_when_streaming(fake_factory, key_file
     ids = write_prompts(inp, 50)
     proc = run_payload(*gen_args(fake, key_file, inp, out))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    done, failed = assert_exactly_once(ids, out)
+    _, failed = assert_exactly_once(ids, out)
     assert not failed and fake.stats.streams_completed == 50 == fake.stats.requests
 
 
