@@ -26,17 +26,18 @@ from tests.payload.helpers import (
 
 pytestmark = pytest.mark.timeout(180)
 
-LATENCY = re.compile(rb',"latency_s":[0-9.e+-]+')
+# When and how fast: measures of the run, not of the answer.
+TIMES = re.compile(rb',"(latency_s|answered_at)":[0-9.e+-]+')
 
 
 def records(out: Path, *, attempts: bool = True) -> dict[str, bytes]:
-    """Each output line by id, its latency (a measure of the run, not of the answer)
-    removed, and its attempts count too unless `attempts`."""
+    """Each output line by id, its latency and answered_at removed, and its attempts count
+    too unless `attempts`."""
     got: dict[str, bytes] = {}
     for line in out.read_bytes().splitlines():
         m = re.search(rb'^\{"id":("?[^,]*"?),', line)
         assert m is not None, line[:200]
-        line = LATENCY.sub(b"", line)
+        line = TIMES.sub(b"", line)
         if not attempts:
             line = re.sub(rb',"attempts":\d+', b"", line)
         got[m.group(1).decode()] = line
