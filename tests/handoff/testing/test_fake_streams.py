@@ -80,7 +80,9 @@ async def read_stream(resp: aiohttp.ClientResponse, *, stop_after: int | None = 
 
 def rebuild(read: Read) -> dict[str, Any]:
     """The chat.completion a client would assemble from the stream's events."""
-    reasoning, content, ids = [], [], []
+    reasoning: list[str] = []
+    content: list[str] = []
+    ids: list[int] = []
     result: dict[str, Any] = {}
     finish: dict[str, Any] = {}
     for _, ev in read.events:
@@ -112,7 +114,7 @@ def flatten(answer: dict[str, Any]) -> dict[str, Any]:
     content = choice["message"]["content"]
     if isinstance(content, list):
         content = "".join(p["text"] for p in content)
-    out = {k: answer[k] for k in ("id", "model", "provider", "usage") if k in answer}
+    out: dict[str, Any] = {k: answer[k] for k in ("id", "model", "provider", "usage") if k in answer}
     out["message"] = {"content": content or "", "reasoning": choice["message"]["reasoning"]}
     out["finish_reason"] = choice["finish_reason"]
     out["native_finish_reason"] = choice["native_finish_reason"]
@@ -166,8 +168,9 @@ def test_the_stream_is_the_non_streaming_answer(settings: dict[str, Any]) -> Non
     fake = FakeOpenRouter(api_key=KEY, stable_ids=True, stream=FAST, **settings)
 
     async def work(session: aiohttp.ClientSession, url: str) -> None:
-        for i, extra in enumerate([{}, {"return_token_ids": True}, {"max_tokens": 7},
-                                   {"max_tokens": 290}]):
+        extras: list[dict[str, Any]] = [{}, {"return_token_ids": True}, {"max_tokens": 7},
+                                        {"max_tokens": 290}]
+        for i, extra in enumerate(extras):
             request = body(f"prompt {i}", **extra)
             async with session.post(url, json=request) as resp:
                 whole = await resp.json()
