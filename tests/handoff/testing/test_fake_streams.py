@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from handoff.testing.fakeapi import FakeOpenRouter, StreamPlan
-from handoff.testing.fakeapi.streams import pieces, token_plan
+from handoff.testing.fakeapi.streams import chunked, token_plan
 
 KEY = "sk-or-v1-fake-stream-test-key"
 
@@ -381,17 +381,20 @@ def flatten_digest(prompt: str) -> str:
     return answer_digest(body(prompt)["messages"])
 
 
-def test_pieces_and_the_token_plan() -> None:
+def test_chunked_and_the_token_plan() -> None:
+    """Chunks concatenate to the text and carry n tokens in all; words when there are n."""
     rng = random.Random(5)
-    for _ in range(200):
+    for _ in range(300):
         text = "".join(rng.choice("ab  \n") for _ in range(rng.randint(0, 30)))
         n = rng.randint(0, 40)
-        got = list(pieces(text, n))
+        sizes = iter([rng.randint(1, 4) for _ in range(50)])
+        got = list(chunked(text, n, sizes))
         assert "".join(p for p, _ in got) == text
-        assert sum(c for _, c in got) == n
-    assert list(pieces("r0 r1 r2", 3)) == [("r0", 1), (" r1", 1), (" r2", 1)]
+        assert sum(c for _, c in got) == n and all(c <= 4 for _, c in got)
+    assert list(chunked("r0 r1 r2 r3", 4, iter([1, 2, 3]))) == [("r0", 1), (" r1 r2", 2),
+                                                               (" r3", 1)]
+    assert list(chunked("hi", 0, iter([1]))) == [("hi", 0)]
     answer = {"choices": [{"message": {"reasoning": "r0 r1", "content": "hi"}}],
-              "usage": {"completion_tokens": 4,
+              "usage": {"completion_tokens": 5,
                         "completion_tokens_details": {"reasoning_tokens": 2}}}
-    assert list(token_plan(answer)) == [("reasoning", "r0", 1), ("reasoning", " r1", 1),
-                                        ("content", "h", 1), ("content", "i", 1)]
+    assert token_plan(answer) == ("r0 r1", 2, "hi", 3)
