@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,6 +153,7 @@ class RefusesStreaming:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                answer: dict[str, Any]
                 if "stream_options" in body:
                     server.streamed += 1
                     status, answer = 400, {"error": {
