@@ -209,3 +209,27 @@ def test_a_server_that_refuses_streaming(key_file, tmp_path, mode):
     else:
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert "stream_options" in proc.stderr and server.plain == 0
+
+
+def test_queue_comments_past_the_first_token_timeout_are_retried(fake_factory, key_file,
+                                                                 tmp_path):
+    """Queued streams send `: OPENROUTER PROCESSING` every 0.1 s, well inside the idle
+    timeout, for a log-normal time (mean 1 s): the ones still queued at the 1.5 s
+    first-token timeout are closed and asked again; every prompt is recorded once, whole."""
+    fake = fake_factory(thinking="field", reasoning_tokens=20, stable_ids=True,
+                        stream=StreamPlan(queue_s=1.0, queue_sigma=1.0, comment_every_s=0.1,
+                                          tokens_per_s=1000, seed=11))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 40)
+    proc = run_payload(*gen_args(fake, key_file, inp, out, "--first-token-timeout", "1.5",
+                                 "--idle-timeout", "0.5", "--max-attempts", "10"), timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done, failed = assert_exactly_once(ids, out)
+    assert not failed
+    # (not "completed": "cancelled", or "" where the fake has not yet seen the close)
+    given_up = [r for r in fake.stats.stream_log if r.outcome != "completed"]
+    assert given_up and all(r.tokens_billed == 0 and r.outcome in ("cancelled", "")
+                            for r in given_up)  # closed while queued
+    st = status_of(out)
+    assert st["errors_by_kind"] == {"first_token_timeout": len(given_up)}, st["errors_by_kind"]
+    assert sum(r["attempts"] for r in done) == 40 + len(given_up)
