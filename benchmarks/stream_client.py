@@ -1,7 +1,8 @@
 """Streamed answers, client CPU: the payload's streamed attempt (payload/generate/streaming.py:
 the spec-compliant SSE reader, the assembly, the watchdog's deadlines) against a bare aiohttp
-SSE loop (`async for line in resp.content`, json.loads of every `data:` line, nothing else)
-and the payload's plain attempt (one JSON body), on the same fake server in the same run.
+SSE loop (`async for line in resp.content`, json.loads of every `data:` line, nothing else),
+a floor (`readany`, split at LF, json.loads), the openai SDK's streaming client, and the
+payload's plain attempt (one JSON body), on the same fake server in the same run.
 
 The fake OpenRouter runs in a subprocess (its CPU is not counted) and streams thinking-size
 answers: `--tokens` reasoning tokens in chunks of 1-4 tokens (about tokens/2.5 SSE events an
@@ -81,11 +82,44 @@ async def bare_sse(session: aiohttp.ClientSession, url: str, i: int) -> int:
     return n
 
 
+async def bare_chunks(session: aiohttp.ClientSession, url: str, i: int) -> int:
+    """A floor: whatever arrived, split at LF, json.loads of every data line (LF only, no
+    comments, no multi-line events: not the standard)."""
+    n, buf = 0, b""
+    async with session.post(url, data=body(i, True), headers=HEADERS) as resp:
+        while chunk := await resp.content.readany():
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                if line.startswith(b"data: {"):
+                    json.loads(line[6:])
+                    n += 1
+    return n
+
+
+async def openai_sdk(oc: object, i: int) -> int:
+    """The openai SDK's streaming client (httpx), joining the reasoning and content."""
+    stream = await oc.chat.completions.create(  # type: ignore[attr-defined]
+        model="moonshotai/kimi-k2.5", messages=[{"role": "user",
+                                                 "content": f"question number {i}"}],
+        stream=True, stream_options={"include_usage": True})
+    parts: list[str] = []
+    async for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            parts.append(delta.content or (delta.model_extra or {}).get("reasoning") or "")
+    return len("".join(parts))
+
+
 async def run_one(kind: str, url: str, answers: int, concurrency: int) -> float:
     """CPU seconds of this process for `answers` answers by `kind`."""
     dog = streaming.Watchdog(streaming.Timeouts())
     conn = aiohttp.TCPConnector(limit=concurrency)
     sem = asyncio.Semaphore(concurrency)
+    oc = None
+    if kind == "openai SDK streaming":
+        import openai  # its own default connection pool (1,000 connections)
+        oc = openai.AsyncOpenAI(base_url=url.rsplit("/chat/completions", 1)[0], api_key=KEY,
+                                max_retries=0, timeout=600)
     async with aiohttp.ClientSession(connector=conn) as session:
         async def one(i: int) -> None:
             async with sem:
@@ -93,6 +127,10 @@ async def run_one(kind: str, url: str, answers: int, concurrency: int) -> float:
                     await payload_streamed(session, url, i, dog)
                 elif kind == "payload plain":
                     await payload_plain(session, url, i)
+                elif kind == "bare readany loop":
+                    await bare_chunks(session, url, i)
+                elif kind == "openai SDK streaming":
+                    await openai_sdk(oc, i)
                 else:
                     await bare_sse(session, url, i)
         t0 = cpu()
@@ -114,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--write", action="store_true", help="record the section in BENCHMARKS.md")
     args = ap.parse_args(argv)
-    kinds = ["payload streamed", "bare aiohttp SSE loop", "payload plain"]
+    kinds = ["payload streamed", "bare aiohttp SSE loop", "bare readany loop",
+             "openai SDK streaming", "payload plain"]
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         key = Path(tmp) / "key"
