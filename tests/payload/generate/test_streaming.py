@@ -294,3 +294,17 @@ def test_the_watchdog_task_ends_with_the_last_stream():
             await asyncio.sleep(0.05)
             assert dog._task is None and not dog._open
     asyncio.run(main())
+
+
+def test_null_usage_members_are_left_out_streamed_or_not():
+    """vLLM's plain usage has `"prompt_tokens_details": null`; its stream's usage chunk
+    leaves nulls out (`exclude_none`): both record the same usage."""
+    plain = json.loads(json.dumps(ANSWER))
+    plain["usage"].update(prompt_tokens_details=None, completion_tokens_details={
+        "reasoning_tokens": 3, "audio_tokens": None})
+    streamed = json.loads(json.dumps(ANSWER))
+    want = client.classify_body(200, json.dumps(plain).encode(), None)
+    assert "prompt_tokens_details" not in want.result["usage"]
+    assert want.result["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+    got = asyncio.run(one(streamed_by(sse_of(streamed), 2)))
+    assert record_of(got) == record_of(want)
