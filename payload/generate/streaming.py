@@ -90,6 +90,9 @@ class Watchdog:
             1.0, max(0.005, min(timeouts.idle, timeouts.first_token, timeouts.total) / 8))
         self._open: set[_Watch] = set()
         self._task: asyncio.Task[None] | None = None
+        # When a stream last received a byte of its answer (seen at a tick): the run's
+        # stall watch counts that as liveness, as it counts an answer.
+        self.progress_at = 0.0
 
     def watch(self, content: aiohttp.StreamReader, started: float) -> _Watch:
         w = _Watch(content, started, self.t)
@@ -106,6 +109,8 @@ class Watchdog:
             while self._open:
                 await asyncio.sleep(self.tick)
                 now = time.monotonic()
+                self.progress_at = max(self.progress_at, max(
+                    (w.last for w in self._open if w.began), default=0.0))
                 for w in [w for w in self._open if now > w.end_by or (
                         now - w.last > w.idle if w.began else now > w.first_by)]:
                     self._open.discard(w)
