@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from array import array
 from dataclasses import dataclass
@@ -380,6 +381,17 @@ def _whole_body(status: int, raw: bytes, h: Any, think: str) -> Outcome:
         h.get("Content-Type"), gen_id, think)
 
 
+async def _headers(request: Any, within: float) -> aiohttp.ClientResponse:
+    """The response's headers, within `within` s. `asyncio.timeout` (3.11+), not
+    `wait_for`: before 3.12, `wait_for` returns the result when the response and a
+    cancellation arrive together, swallowing the cancellation (a stop's cancelled stream
+    would then be read to its end)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(within):
+            return await request
+    return await asyncio.wait_for(request, within)
+
+
 def session_timeout() -> aiohttp.ClientTimeout:
     """aiohttp's own timeouts for streamed requests: the connect only (the watchdog keeps
     the rest; a `sock_read` would re-arm a timer on every chunk)."""
@@ -398,9 +410,9 @@ async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
     whole = False  # read to its end: the connection may be reused
     try:
         try:
-            resp = await asyncio.wait_for(
-                session.post(url, data=body, headers=headers, timeout=session_timeout(),
-                             proxy=proxy), min(t.first_token, t.total))
+            resp = await _headers(session.post(url, data=body, headers=headers,
+                                               timeout=session_timeout(), proxy=proxy),
+                                  min(t.first_token, t.total))
         except asyncio.TimeoutError as exc:
             if isinstance(exc, aiohttp.ServerTimeoutError):
                 raise  # aiohttp's connect timeout: below
