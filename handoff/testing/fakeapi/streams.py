@@ -105,15 +105,15 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
 
 
-def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int]]:
-    """`text` as n tokens, in chunks of next(sizes) tokens: (piece, tokens) pairs whose pieces
-    concatenate to `text`. A token is a word (with the space before it) when the text has
-    exactly n words, else an even share of its characters (empty when it is shorter than n);
-    a text given no token at all is one (text, 0). One regex match or slice per chunk, not
-    per token: thousands of streams are cut up at once."""
+def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int, bool]]:
+    """`text` as n tokens, in chunks of next(sizes) tokens: (piece, tokens, last) triples whose
+    pieces concatenate to `text`. A token is a word (with the space before it) when the text
+    has exactly n words, else an even share of its characters (empty when it is shorter than
+    n); a text given no token at all is one (text, 0, True). One regex match or slice per
+    chunk, not per token: thousands of streams are cut up at once."""
     if n <= 0:
         if text:
-            yield text, 0
+            yield text, 0, True
         return
     left = n
     if not text[-1:].isspace() and len(text.split()) == n:
@@ -122,13 +122,14 @@ def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int]
             k = min(next(sizes), left)
             words = _WORDS.get(k) or _WORDS.setdefault(k, re.compile(rf"(?:\s*\S+){{{k}}}"))
             end = words.match(text, pos).end()  # type: ignore[union-attr]  # n words are there
-            yield text[pos:end], k
-            pos, left = end, left - k
+            left -= k
+            yield text[pos:end], k, not left
+            pos = end
         return
     size, t = len(text), 0
     while t < n:
         k = min(next(sizes), n - t)
-        yield text[t * size // n:(t + k) * size // n], k
+        yield text[t * size // n:(t + k) * size // n], k, t + k == n
         t += k
 
 
@@ -227,21 +228,15 @@ class Streamer:
                 x -= share
         return None if kind == "none" else kind
 
-    def _chunks(self, result: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
-        """(field, text, tokens) chunks of the answer, reasoning first, never mixing fields.
-        Chunk sizes cycle through a table drawn once per `chunk_tokens` from a random start:
-        a draw per chunk would cost more than the rest of the chunk."""
+    def _sizes(self) -> Iterator[int]:
+        """Chunk sizes: a table drawn once per `chunk_tokens`, cycled from a random start (a
+        draw per chunk would cost more than the rest of the chunk)."""
         table = self._size_tables.get(self.plan.chunk_tokens)
         if table is None:
             lo, hi = self.plan.chunk_tokens
             table = [self.rng.randint(lo, hi) for _ in range(1024)]
             self._size_tables[self.plan.chunk_tokens] = table
-        sizes = itertools.islice(itertools.cycle(table), self.rng.randrange(1024), None)
-        reasoning, r_n, content, c_n = token_plan(result)
-        for text, k in chunked(reasoning, r_n, sizes):
-            yield "reasoning", text, k
-        for text, k in chunked(content, c_n, sizes):
-            yield "content", text, k
+        return itertools.islice(itertools.cycle(table), self.rng.randrange(1024), None)
 
     async def serve(self, request: web.Request, body: dict[str, Any], result: dict[str, Any],
                     *, header_id: str, prompt_id: str) -> web.StreamResponse:
@@ -279,39 +274,47 @@ class Streamer:
             buf: list[str] = [frames.first]
             buf_tokens = sent = 0  # sent: tokens written or in buf
             now, last_write = loop.time(), -math.inf
-            chunks = self._chunks(result)
-            pending: tuple[str, str, int] | None = next(chunks, None) or ("content", "", 0)
-            while pending is not None:
-                field_, text, count = pending
-                following = next(chunks, None)
-                if trouble and sent >= strike_at:
-                    if buf and not await self._write(request, resp, record, "".join(buf),
-                                                     buf_tokens):
-                        return resp
-                    buf, buf_tokens = [], 0
-                    if trouble != "stall":
-                        return await self._break(request, resp, record, trouble, frames)
-                    trouble = None
-                    stats.streams_stalled += 1
-                    record.stalled = True
-                    until = None if plan.stall_s is None else loop.time() + plan.stall_s / scale
-                    if not await self._sleep_until(request, record, until):
-                        return resp
-                    base += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
-                due = base + max(sent + count - 1, 0) * per
-                if due > now and (now := loop.time()) < due:
-                    if buf:
-                        if not await self._write(request, resp, record, "".join(buf),
-                                                 buf_tokens):
+            reasoning, r_n, content, c_n = token_plan(result)
+            fields = [(f, text, n) for f, text, n in (("reasoning", reasoning, r_n),
+                                                       ("content", content, c_n)) if text or n]
+            sizes, ids, middle = self._sizes(), frames.ids, frames.middle + "}]}\n\n"
+            for i, (field_, whole, n) in enumerate(fields):
+                opening, final_field = frames.open[field_], i == len(fields) - 1
+                for text, count, end in chunked(whole, n, sizes):
+                    if trouble and sent >= strike_at:
+                        if buf and not await self._write(request, resp, record, "".join(buf),
+                                                         buf_tokens):
                             return resp
-                        buf, buf_tokens, last_write = [], 0, now
-                    if not await self._sleep_until(request, record, max(due, last_write + every)):
-                        return resp
-                    now = loop.time()
-                buf.append(frames.chunk(field_, text, sent, count, following is None))
-                buf_tokens += count
-                sent += count
-                pending = following
+                        buf, buf_tokens = [], 0
+                        if trouble != "stall":
+                            return await self._break(request, resp, record, trouble, frames)
+                        trouble = None
+                        stats.streams_stalled += 1
+                        record.stalled = True
+                        until = (None if plan.stall_s is None
+                                 else loop.time() + plan.stall_s / scale)
+                        if not await self._sleep_until(request, record, until):
+                            return resp
+                        base += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
+                    due = base + max(sent + count - 1, 0) * per
+                    if due > now and (now := loop.time()) < due:
+                        if buf:
+                            if not await self._write(request, resp, record, "".join(buf),
+                                                     buf_tokens):
+                                return resp
+                            buf, buf_tokens, last_write = [], 0, now
+                        if not await self._sleep_until(request, record,
+                                                       max(due, last_write + every)):
+                            return resp
+                        now = loop.time()
+                    if ids is None and not (end and final_field):  # the common case, inline
+                        buf.append(opening + _encode(text) + middle)
+                    else:
+                        buf.append(frames.chunk(field_, text, sent, count, end and final_field))
+                    buf_tokens += count
+                    sent += count
+            if not fields:  # no token and no text at all: one empty final chunk
+                buf.append(frames.chunk("content", "", 0, 0, True))
             include = plan.usage_always or bool(
                 (body.get("stream_options") or {}).get("include_usage"))
             if include and result.get("usage") is not None:

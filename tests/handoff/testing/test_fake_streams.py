@@ -389,11 +389,12 @@ def test_chunked_and_the_token_plan() -> None:
         n = rng.randint(0, 40)
         sizes = iter([rng.randint(1, 4) for _ in range(50)])
         got = list(chunked(text, n, sizes))
-        assert "".join(p for p, _ in got) == text
-        assert sum(c for _, c in got) == n and all(c <= 4 for _, c in got)
-    assert list(chunked("r0 r1 r2 r3", 4, iter([1, 2, 3]))) == [("r0", 1), (" r1 r2", 2),
-                                                               (" r3", 1)]
-    assert list(chunked("hi", 0, iter([1]))) == [("hi", 0)]
+        assert "".join(p for p, _, _ in got) == text
+        assert sum(c for _, c, _ in got) == n and all(c <= 4 for _, c, _ in got)
+        assert [last for _, _, last in got] == [False] * (len(got) - 1) + [True] * bool(got)
+    assert list(chunked("r0 r1 r2 r3", 4, iter([1, 2, 3]))) == [
+        ("r0", 1, False), (" r1 r2", 2, False), (" r3", 1, True)]
+    assert list(chunked("hi", 0, iter([1]))) == [("hi", 0, True)]
     answer = {"choices": [{"message": {"reasoning": "r0 r1", "content": "hi"}}],
               "usage": {"completion_tokens": 5,
                         "completion_tokens_details": {"reasoning_tokens": 2}}}
