@@ -53,7 +53,8 @@ class StreamPlan:
     comment goes out at once and then every `comment_every_s`. Trouble per stream, drawn by
     share or forced: `error` (a mid-stream `error` event, `finish_reason: "error"`, no
     `[DONE]`), `cut` (the connection closed before `[DONE]`), `stall` (no byte for `stall_s`,
-    then the rest; `stall_s=None`: until the client gives up); each strikes after a uniform
+    then the rest; `stall_s=None`: until the client gives up; `stall_comments`: comment lines
+    go on meanwhile, a stall a client must not take for progress); each strikes after a uniform
     share of the answer's tokens (at least one chunk in). `schedule` forces it on the n-th
     stream (1-based), `first_attempt` on every prompt's first stream."""
 
@@ -69,6 +70,7 @@ class StreamPlan:
     cut_share: float = 0.0
     stall_share: float = 0.0
     stall_s: float | None = 30.0
+    stall_comments: bool = False  # comments go on through a stall, as OpenRouter's keep-alive
     schedule: dict[int, str] = field(default_factory=dict)
     first_attempt: str | None = None
     usage_always: bool = True  # OpenRouter always sends it; vLLM only with include_usage
@@ -263,13 +265,8 @@ class Streamer:
         t0 = loop.time()
         try:
             await resp.prepare(request)
-            if queue > 0:  # queued: a comment at once and every comment_every_s till then
-                t = 0.0
-                while t < queue:
-                    t = min(t + plan.comment_every_s, queue)
-                    if not (await self._write(request, resp, record, _COMMENT, 0)
-                            and await self._sleep_until(request, record, t0 + t / scale)):
-                        return resp
+            if queue > 0 and not await self._comments(request, resp, record, t0, queue):
+                return resp  # the client left while queued
             base, per = t0 + queue / scale, 1.0 / (rate * scale)  # loop time of token 1; a token
             buf: list[str] = [frames.first]
             buf_tokens = sent = 0  # sent: tokens written or in buf
@@ -291,9 +288,13 @@ class Streamer:
                         trouble = None
                         stats.streams_stalled += 1
                         record.stalled = True
-                        until = (None if plan.stall_s is None
-                                 else loop.time() + plan.stall_s / scale)
-                        if not await self._sleep_until(request, record, until):
+                        if plan.stall_comments:
+                            alive = await self._comments(request, resp, record, loop.time(),
+                                                         plan.stall_s)
+                        else:
+                            alive = await self._sleep_until(request, record, None if (
+                                plan.stall_s is None) else loop.time() + plan.stall_s / scale)
+                        if not alive:
                             return resp
                         base += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
                     due = base + max(sent + count - 1, 0) * per
@@ -365,6 +366,18 @@ class Streamer:
         if tokens:
             self.stats.bill(tokens)
             record.tokens_billed += tokens
+        return True
+
+    async def _comments(self, request: web.Request, resp: web.StreamResponse,
+                        record: StreamRecord, start: float, span: float | None) -> bool:
+        """`: OPENROUTER PROCESSING` at once and every comment_every_s (fake) for `span` fake
+        seconds from loop time `start` (None: until the client leaves); False once it has."""
+        every, scale, t = self.plan.comment_every_s, self.plan.time_scale, 0.0
+        while span is None or t < span:
+            t = t + every if span is None else min(t + every, span)
+            if not (await self._write(request, resp, record, _COMMENT, 0)
+                    and await self._sleep_until(request, record, start + t / scale)):
+                return False
         return True
 
     def _gone(self, record: StreamRecord) -> None:

@@ -293,6 +293,24 @@ def test_a_stall_then_the_rest_and_a_stall_the_client_gives_up_on() -> None:
     assert log[1].outcome == "cancelled" and fake.stats.streams_cancelled_by_client == 1
 
 
+def test_a_stall_with_comments_sends_only_comments_meanwhile() -> None:
+    """stall_comments: the keep-alive goes on through the stall (0.1 s apart for 0.6 s), no
+    token; a client that takes comments for progress would wait forever on stall_s=None."""
+    plan = StreamPlan(tokens_per_s=2000, stall_share=1.0, stall_s=0.6, stall_comments=True,
+                      comment_every_s=0.1, seed=1)
+    fake = FakeOpenRouter(api_key=KEY, thinking="field", reasoning_tokens=200, stream=plan)
+
+    async def work(session: aiohttp.ClientSession, url: str) -> Read:
+        return await stream(session, url, body())
+    read = serve(fake, work)
+    times = [t for t, _ in read.events]
+    gap = max(range(len(times) - 1), key=lambda i: times[i + 1] - times[i])
+    inside = [t for t, _ in read.comments if times[gap] <= t <= times[gap + 1]]
+    assert read.done and times[gap + 1] - times[gap] >= 0.55
+    assert len(inside) == len(read.comments) == 6
+    assert rebuild(read)["message"]["reasoning"] == " ".join(f"r{i}" for i in range(200))
+
+
 def test_the_bill_stops_when_the_client_closes() -> None:
     """A 4000-token answer at 2000 tokens/s: the client closes after 40 events; the fake bills
     nothing after that moment (give or take the write in flight), also read over HTTP."""
