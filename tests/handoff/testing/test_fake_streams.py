@@ -417,3 +417,21 @@ def test_chunked_and_the_token_plan() -> None:
               "usage": {"completion_tokens": 5,
                         "completion_tokens_details": {"reasoning_tokens": 2}}}
     assert token_plan(answer) == ("r0 r1", 2, "hi", 3)
+
+
+def test_tokens_billed_after_a_moment() -> None:
+    """The bill log answers "how many tokens after t" to within a millisecond's writes."""
+    from handoff.testing.fakeapi import FakeStats
+    stats = FakeStats()
+    before = time.monotonic()
+    stats.bill(3)
+    stats.bill(4)
+    time.sleep(0.01)
+    middle = time.monotonic()
+    time.sleep(0.01)
+    stats.bill(5)
+    assert stats.tokens_billed == 12 and len(stats.bill_times) <= 3
+    assert stats.tokens_billed_after(before) == 12
+    assert stats.tokens_billed_after(middle) == 5
+    assert stats.tokens_billed_after(time.monotonic()) == 0
+    assert "bill_times" not in stats.as_dict() and stats.as_dict()["tokens_billed"] == 12
