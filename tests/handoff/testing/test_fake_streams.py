@@ -435,3 +435,20 @@ def test_tokens_billed_after_a_moment() -> None:
     assert stats.tokens_billed_after(middle) == 5
     assert stats.tokens_billed_after(time.monotonic()) == 0
     assert "bill_times" not in stats.as_dict() and stats.as_dict()["tokens_billed"] == 12
+
+
+def test_fault_answers_stream_as_they_answer() -> None:
+    """A choice error, an empty answer and one cut empty by length, asked streamed: the same
+    answers as SSE (the choice's error at the chunk's top level, as OpenRouter sends it)."""
+    from handoff.testing.fakeapi import FaultPlan
+    fake = FakeOpenRouter(api_key=KEY, stream=FAST, faults=FaultPlan(schedule={
+        1: "choice_error", 2: "empty", 3: "length_empty"}))
+
+    async def work(session: aiohttp.ClientSession, url: str) -> list[Read]:
+        return [await stream(session, url, body(str(i))) for i in range(3)]
+    error, empty, cut = serve(fake, work)
+    last = error.events[-2][1]
+    assert last["error"]["code"] == 502 and last["choices"][0]["finish_reason"] == "error"
+    assert rebuild(empty)["message"] == {"content": "", "reasoning": None}
+    assert rebuild(empty)["finish_reason"] == "stop" and rebuild(cut)["finish_reason"] == "length"
+    assert all(r.done for r in (error, empty, cut))
