@@ -46,7 +46,8 @@ _WORDS: dict[int, re.Pattern[str]] = {}  # k -> k words, each with the space bef
 class StreamPlan:
     """How streams are paced and broken. Fake seconds (real = fake / `time_scale`) except
     `write_every_s`, which is real: the least gap between two writes to one stream (chunks that
-    fall due in between go out in one write, which keeps thousands of streams cheap).
+    fall due in between go out in one write, which keeps thousands of streams cheap: ~2.5 µs
+    of the fake's CPU an event at 2000 streams and 0.25 s, benchmarks/fake_stream.py).
 
     `tokens_per_s` is the mean of a per-request decode rate drawn log-normal (`rate_sigma`);
     `queue_s` the mean time before the first token (log-normal, `queue_sigma`), during which a
