@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         plan_fields["stall_comments"] = True
     if args.usage_when_asked:
         plan_fields["usage_always"] = False
-    stream_plan = StreamPlan.from_json(json.dumps(plan_fields))
+    # No streaming flag: the server's own default plan, as FakeOpenRouter() gets it.
+    stream_plan = StreamPlan.from_json(json.dumps(plan_fields)) if plan_fields else None
     plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
         args.faults)
     fake = FakeOpenRouter(api_key=_read_key(args.key_file), host=args.host, port=args.port,
