@@ -81,6 +81,7 @@ class AnswerShapes:
         the stream renders this very dict (streams.py), so both carry the same answer."""
         if body.get("stream") is not True:
             return self._json(result)
+        # X-Generation-Id: what the JSON path sends (gen-h-<n>) where it sends one, else the id
         header = (f"gen-h-{self.stats.requests}" if self.generation_header or not self.body_id
                   else str(result.get("id")))
         if not self.body_id:
@@ -227,12 +228,12 @@ class AnswerShapes:
             return web.Response(status=200, text='{"id": "gen-x", "choices": [{"mess',
                                 content_type="application/json")
         body = await request.json()
-        if fault in ("choice_error", "finish_error", "empty", "length_empty"):
-            result = (self._result(body, None, "error",
-                                   {"code": 502, "message": "upstream provider error"})
-                      if fault == "choice_error" else
-                      self._result(body, "", {"finish_error": "error", "empty": "stop",
-                                              "length_empty": "length"}[fault]))
+        finishes = {"choice_error": "error", "finish_error": "error", "empty": "stop",
+                    "length_empty": "length"}  # answers that are not one, streamed when asked
+        if fault in finishes:
+            error = ({"code": 502, "message": "upstream provider error"}
+                     if fault == "choice_error" else None)
+            result = self._result(body, None if error else "", finishes[fault], error)
             if body.get("stream") is True:
                 return await self._answer(request, body, result)
             return web.json_response(result)

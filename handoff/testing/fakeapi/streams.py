@@ -46,14 +46,16 @@ _WORDS: dict[int, re.Pattern[str]] = {}  # k -> k words, each with the space bef
 class StreamPlan:
     """How streams are paced and broken. Fake seconds (real = fake / `time_scale`) except
     `write_every_s`, which is real: the least gap between two writes to one stream (chunks that
-    fall due in between go out in one write, which keeps thousands of streams cheap).
+    fall due in between go out in one write, which keeps thousands of streams cheap: ~2.5 µs
+    of the fake's CPU an event at 2000 streams and 0.25 s, benchmarks/fake_stream.py).
 
     `tokens_per_s` is the mean of a per-request decode rate drawn log-normal (`rate_sigma`);
     `queue_s` the mean time before the first token (log-normal, `queue_sigma`), during which a
     comment goes out at once and then every `comment_every_s`. Trouble per stream, drawn by
     share or forced: `error` (a mid-stream `error` event, `finish_reason: "error"`, no
     `[DONE]`), `cut` (the connection closed before `[DONE]`), `stall` (no byte for `stall_s`,
-    then the rest; `stall_s=None`: until the client gives up); each strikes after a uniform
+    then the rest; `stall_s=None`: until the client gives up; `stall_comments`: comment lines
+    go on meanwhile, a stall a client must not take for progress); each strikes after a uniform
     share of the answer's tokens (at least one chunk in). `schedule` forces it on the n-th
     stream (1-based), `first_attempt` on every prompt's first stream."""
 
@@ -69,6 +71,7 @@ class StreamPlan:
     cut_share: float = 0.0
     stall_share: float = 0.0
     stall_s: float | None = 30.0
+    stall_comments: bool = False  # comments go on through a stall, as OpenRouter's keep-alive
     schedule: dict[int, str] = field(default_factory=dict)
     first_attempt: str | None = None
     usage_always: bool = True  # OpenRouter always sends it; vLLM only with include_usage
@@ -105,15 +108,15 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
 
 
-def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int]]:
-    """`text` as n tokens, in chunks of next(sizes) tokens: (piece, tokens) pairs whose pieces
-    concatenate to `text`. A token is a word (with the space before it) when the text has
-    exactly n words, else an even share of its characters (empty when it is shorter than n);
-    a text given no token at all is one (text, 0). One regex match or slice per chunk, not
-    per token: thousands of streams are cut up at once."""
+def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int, bool]]:
+    """`text` as n tokens, in chunks of next(sizes) tokens: (piece, tokens, last) triples whose
+    pieces concatenate to `text`. A token is a word (with the space before it) when the text
+    has exactly n words, else an even share of its characters (empty when it is shorter than
+    n); a text given no token at all is one (text, 0, True). One regex match or slice per
+    chunk, not per token: thousands of streams are cut up at once."""
     if n <= 0:
         if text:
-            yield text, 0
+            yield text, 0, True
         return
     left = n
     if not text[-1:].isspace() and len(text.split()) == n:
@@ -122,13 +125,14 @@ def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int]
             k = min(next(sizes), left)
             words = _WORDS.get(k) or _WORDS.setdefault(k, re.compile(rf"(?:\s*\S+){{{k}}}"))
             end = words.match(text, pos).end()  # type: ignore[union-attr]  # n words are there
-            yield text[pos:end], k
-            pos, left = end, left - k
+            left -= k
+            yield text[pos:end], k, not left
+            pos = end
         return
     size, t = len(text), 0
     while t < n:
         k = min(next(sizes), n - t)
-        yield text[t * size // n:(t + k) * size // n], k
+        yield text[t * size // n:(t + k) * size // n], k, t + k == n
         t += k
 
 
@@ -227,21 +231,15 @@ class Streamer:
                 x -= share
         return None if kind == "none" else kind
 
-    def _chunks(self, result: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
-        """(field, text, tokens) chunks of the answer, reasoning first, never mixing fields.
-        Chunk sizes cycle through a table drawn once per `chunk_tokens` from a random start:
-        a draw per chunk would cost more than the rest of the chunk."""
+    def _sizes(self) -> Iterator[int]:
+        """Chunk sizes: a table drawn once per `chunk_tokens`, cycled from a random start (a
+        draw per chunk would cost more than the rest of the chunk)."""
         table = self._size_tables.get(self.plan.chunk_tokens)
         if table is None:
             lo, hi = self.plan.chunk_tokens
             table = [self.rng.randint(lo, hi) for _ in range(1024)]
             self._size_tables[self.plan.chunk_tokens] = table
-        sizes = itertools.islice(itertools.cycle(table), self.rng.randrange(1024), None)
-        reasoning, r_n, content, c_n = token_plan(result)
-        for text, k in chunked(reasoning, r_n, sizes):
-            yield "reasoning", text, k
-        for text, k in chunked(content, c_n, sizes):
-            yield "content", text, k
+        return itertools.islice(itertools.cycle(table), self.rng.randrange(1024), None)
 
     async def serve(self, request: web.Request, body: dict[str, Any], result: dict[str, Any],
                     *, header_id: str, prompt_id: str) -> web.StreamResponse:
@@ -268,50 +266,57 @@ class Streamer:
         t0 = loop.time()
         try:
             await resp.prepare(request)
-            if queue > 0:  # queued: a comment at once and every comment_every_s till then
-                t = 0.0
-                while t < queue:
-                    t = min(t + plan.comment_every_s, queue)
-                    if not (await self._write(request, resp, record, _COMMENT, 0)
-                            and await self._sleep_until(request, record, t0 + t / scale)):
-                        return resp
+            if queue > 0 and not await self._comments(request, resp, record, t0, queue):
+                return resp  # the client left while queued
             base, per = t0 + queue / scale, 1.0 / (rate * scale)  # loop time of token 1; a token
             buf: list[str] = [frames.first]
             buf_tokens = sent = 0  # sent: tokens written or in buf
             now, last_write = loop.time(), -math.inf
-            chunks = self._chunks(result)
-            pending: tuple[str, str, int] | None = next(chunks, None) or ("content", "", 0)
-            while pending is not None:
-                field_, text, count = pending
-                following = next(chunks, None)
-                if trouble and sent >= strike_at:
-                    if buf and not await self._write(request, resp, record, "".join(buf),
-                                                     buf_tokens):
-                        return resp
-                    buf, buf_tokens = [], 0
-                    if trouble != "stall":
-                        return await self._break(request, resp, record, trouble, frames)
-                    trouble = None
-                    stats.streams_stalled += 1
-                    record.stalled = True
-                    until = None if plan.stall_s is None else loop.time() + plan.stall_s / scale
-                    if not await self._sleep_until(request, record, until):
-                        return resp
-                    base += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
-                due = base + max(sent + count - 1, 0) * per
-                if due > now and (now := loop.time()) < due:
-                    if buf:
-                        if not await self._write(request, resp, record, "".join(buf),
-                                                 buf_tokens):
+            reasoning, r_n, content, c_n = token_plan(result)
+            fields = [(f, text, n) for f, text, n in (("reasoning", reasoning, r_n),
+                                                       ("content", content, c_n)) if text or n]
+            sizes, ids, middle = self._sizes(), frames.ids, frames.middle + "}]}\n\n"
+            for i, (field_, whole, n) in enumerate(fields):
+                opening, final_field = frames.open[field_], i == len(fields) - 1
+                for text, count, end in chunked(whole, n, sizes):
+                    if trouble and sent >= strike_at:
+                        if buf and not await self._write(request, resp, record, "".join(buf),
+                                                         buf_tokens):
                             return resp
-                        buf, buf_tokens, last_write = [], 0, now
-                    if not await self._sleep_until(request, record, max(due, last_write + every)):
-                        return resp
-                    now = loop.time()
-                buf.append(frames.chunk(field_, text, sent, count, following is None))
-                buf_tokens += count
-                sent += count
-                pending = following
+                        buf, buf_tokens = [], 0
+                        if trouble != "stall":
+                            return await self._break(request, resp, record, trouble, frames)
+                        trouble = None
+                        stats.streams_stalled += 1
+                        record.stalled = True
+                        if plan.stall_comments:
+                            alive = await self._comments(request, resp, record, loop.time(),
+                                                         plan.stall_s)
+                        else:
+                            alive = await self._sleep_until(request, record, None if (
+                                plan.stall_s is None) else loop.time() + plan.stall_s / scale)
+                        if not alive:
+                            return resp
+                        base += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
+                    due = base + max(sent + count - 1, 0) * per
+                    if due > now and (now := loop.time()) < due:
+                        if buf:
+                            if not await self._write(request, resp, record, "".join(buf),
+                                                     buf_tokens):
+                                return resp
+                            buf, buf_tokens, last_write = [], 0, now
+                        if not await self._sleep_until(request, record,
+                                                       max(due, last_write + every)):
+                            return resp
+                        now = loop.time()
+                    if ids is None and not (end and final_field):  # the common case, inline
+                        buf.append(opening + _encode(text) + middle)
+                    else:
+                        buf.append(frames.chunk(field_, text, sent, count, end and final_field))
+                    buf_tokens += count
+                    sent += count
+            if not fields:  # no token and no text at all: one empty final chunk
+                buf.append(frames.chunk("content", "", 0, 0, True))
             include = plan.usage_always or bool(
                 (body.get("stream_options") or {}).get("include_usage"))
             if include and result.get("usage") is not None:
@@ -362,6 +367,18 @@ class Streamer:
         if tokens:
             self.stats.bill(tokens)
             record.tokens_billed += tokens
+        return True
+
+    async def _comments(self, request: web.Request, resp: web.StreamResponse,
+                        record: StreamRecord, start: float, span: float | None) -> bool:
+        """`: OPENROUTER PROCESSING` at once and every comment_every_s (fake) for `span` fake
+        seconds from loop time `start` (None: until the client leaves); False once it has."""
+        every, scale, t = self.plan.comment_every_s, self.plan.time_scale, 0.0
+        while span is None or t < span:
+            t = t + every if span is None else min(t + every, span)
+            if not (await self._write(request, resp, record, _COMMENT, 0)
+                    and await self._sleep_until(request, record, start + t / scale)):
+                return False
         return True
 
     def _gone(self, record: StreamRecord) -> None:
