@@ -21,10 +21,10 @@ from handoff.testing.fakeapi.faults import (
     answer_digest,
 )
 from handoff.testing.fakeapi.streams import Streamer, StreamPlan
-
-UNPACED = 1e6  # a time_scale at which a default stream goes out as fast as it is written
 from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
+
+UNPACED = 1e6  # a time_scale at which a default stream goes out as fast as it is written
 
 _ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
                  "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
