@@ -47,6 +47,7 @@ from payload.generate.settings import (
     token_ids_for,
 )
 from payload.generate.stop import Stop
+from payload.generate.streaming import Timeouts, Watchdog
 from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
 from payload.report import Reporter
@@ -71,6 +72,9 @@ class Generator:
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}
         self.recorder: Recorder | None = None
+        # The streams' timeouts (--stream auto/on); its streams' progress is liveness too.
+        self.streams = None if s.stream == "off" else Watchdog(Timeouts(
+            s.idle_timeout, s.first_token_timeout, s.request_timeout))
         self.resumed: dict[int, list[Turn]] = {}  # --turns all: journaled turns by id hash
         self._mean_line_bytes = 0
 
@@ -136,7 +140,8 @@ class Generator:
         rec = self.recorder
         if rec is None:
             return
-        stalled = now - rec.last_success
+        # A stream still answering is no stall: an answer may take longer than the limit.
+        stalled = now - max(rec.last_success, self.streams.progress_at if self.streams else 0.0)
         if (b.is_open and b.open_for(now) > self.s.outage_timeout) or (
                 rec.failures_since_success and stalled > self.s.outage_timeout):
             what = "failing" if b.is_open else "answering only errors"
@@ -270,7 +275,8 @@ class Generator:
                         self._first_expectation()).run():
                     url = s.base_url.rstrip("/") + "/chat/completions"
                     endpoint = Endpoint(session, url, self.headers, aiohttp.ClientTimeout(
-                        total=s.request_timeout, sock_connect=60), client.env_proxy(url))
+                        total=s.request_timeout, sock_connect=60), client.env_proxy(url),
+                        self.streams)
                     await self._run_pipeline(display, endpoint)
                 if not self.stop.stopping and self.recorder.systematic.at_end():
                     self.stop.request("systematic_error", self.recorder.systematic.describe())
