@@ -56,8 +56,8 @@ class StreamPlan:
     `[DONE]`), `cut` (the connection closed before `[DONE]`), `stall` (no byte for `stall_s`,
     then the rest; `stall_s=None`: until the client gives up; `stall_comments`: comment lines
     go on meanwhile, a stall a client must not take for progress); each strikes after a uniform
-    share of the answer's tokens (at least one chunk in). `schedule` forces it on the n-th
-    stream (1-based), `first_attempt` on every prompt's first stream."""
+    share of the answer's tokens (at least one in, where it has two). `schedule` forces it on
+    the n-th stream (1-based), `first_attempt` on every prompt's first stream."""
 
     chunk_tokens: tuple[int, int] = (1, 4)
     tokens_per_s: float = 40.0
@@ -254,7 +254,6 @@ class Streamer:
                               tokens_total=completion)
         stats.stream_log.append(record)
         trouble = self._trouble(number, prompt_id)
-        strike_at = rng.randint(1, max(1, completion - 1)) if trouble else 0
         rate = lognormal(rng, plan.tokens_per_s, plan.rate_sigma)
         queue = lognormal(rng, plan.queue_s, plan.queue_sigma) if plan.queue_s > 0 else 0.0
         scale, every = plan.time_scale, plan.write_every_s
@@ -273,6 +272,10 @@ class Streamer:
             buf_tokens = sent = 0  # sent: tokens written or in buf
             now, last_write = loop.time(), -math.inf
             reasoning, r_n, content, c_n = token_plan(result)
+            # strikes after a uniform share of the tokens the stream will carry (before the
+            # first one in an answer of one token), so every trouble asked for happens
+            planned = r_n + c_n
+            strike_at = rng.randint(1, planned - 1) if trouble and planned >= 2 else 0
             fields = [(f, text, n) for f, text, n in (("reasoning", reasoning, r_n),
                                                        ("content", content, c_n)) if text or n]
             sizes, ids, middle = self._sizes(), frames.ids, frames.middle + "}]}\n\n"
