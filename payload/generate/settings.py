@@ -112,7 +112,7 @@ class Settings:
     request_timeout: float = 600.0
     max_attempts: int = 6
     backoff_base: float = 1.0
-    drain_timeout: float = 60.0
+    drain_timeout: float = 30.0  # SIGTERM: seconds before in-flight requests are closed
     outage_timeout: float = 600.0
     max_failed: MaxFailed = MaxFailed(fraction=0.01)
     preflight: bool = True
