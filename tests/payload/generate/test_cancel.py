@@ -3,8 +3,9 @@ flight are closed by a stop (SIGTERM after `--drain-timeout`, at once on a budge
 a 402), counted `cancelled` in the status, kept in the budget at their reserve, and asked
 again by the next run, so every id still ends in exactly one file.
 
-These use non-streamed requests that hang at the fake (its `hang` fault): what the payload
-does. test_cancel_streams.py proves the same at a streaming fake, with the tokens it bills.
+These use non-streamed requests (`--stream off`) that hang at the fake (its `hang` fault):
+what the payload does. test_cancel_streams.py proves the same with streamed answers, at a
+fake that counts the tokens it bills.
 """
 
 from __future__ import annotations
@@ -119,8 +120,8 @@ def test_sigterm_drains_then_closes_and_the_next_run_asks_them_again(fake_factor
     fake = fake_factory(faults=_hanging(5, 20))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 40)
-    args = gen_args(fake, key_file, inp, out, "--concurrency", "15", "--request-timeout", "120",
-                    "--drain-timeout", "1")
+    args = gen_args(fake, key_file, inp, out, "--stream", "off", "--concurrency", "15",
+                    "--request-timeout", "120", "--drain-timeout", "1")
     proc = subprocess.Popen(payload_cmd(*args), cwd=REPO, env=payload_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_status(out, lambda st: st.get("done", 0) >= 5 and st.get("in_flight", 0) >= 15)
@@ -154,8 +155,9 @@ def test_budget_reached_closes_the_requests_in_flight_at_once(fake_factory, key_
     fake = fake_factory(cost_per_request=0.001, faults=_hanging(5, 20))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 30)
-    args = gen_args(fake, key_file, inp, out, "--concurrency", "20", "--request-timeout", "120",
-                    "--drain-timeout", "60", "--prices", "0,0,0.0000001", "--max-cost", "0.0045")
+    args = gen_args(fake, key_file, inp, out, "--stream", "off", "--concurrency", "20",
+                    "--request-timeout", "120", "--drain-timeout", "60",
+                    "--prices", "0,0,0.0000001", "--max-cost", "0.0045")
     t0 = time.monotonic()
     proc = run_payload(*args, timeout=60)
     assert proc.returncode == 3, proc.stderr
@@ -182,8 +184,8 @@ def test_402_closes_the_requests_in_flight_at_once(fake_factory, key_file, tmp_p
     fake = fake_factory(cost_per_request=0.001, credit_limit=0.0045, faults=_hanging(5, 20))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_prompts(inp, 30)
-    args = gen_args(fake, key_file, inp, out, "--concurrency", "20", "--request-timeout", "120",
-                    "--drain-timeout", "60")
+    args = gen_args(fake, key_file, inp, out, "--stream", "off", "--concurrency", "20",
+                    "--request-timeout", "120", "--drain-timeout", "60")
     t0 = time.monotonic()
     proc = run_payload(*args, timeout=60)
     assert proc.returncode == 3, proc.stderr
