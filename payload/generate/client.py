@@ -58,6 +58,7 @@ class Outcome:
     type: str = ""  # short machine name: rate_limited, server_error, timeout, ...
     message: str = ""
     retry_after: float | None = None  # seconds, already capped at MAX_RETRY_AFTER_S
+    answered_at: float | None = None  # epoch s the answer was complete, where not "now"
     throttled: bool = False  # 429 / 402 with Retry-After: the server asks for less load
     server_failure: bool = False  # no connection, timeout, 5xx: the server may be down
     result: dict[str, Any] = field(default_factory=dict)  # fields for the output record

@@ -35,6 +35,7 @@ from payload.generate.budget import DEFAULT_FIRST_EXPECTATION, DEFAULT_PRICES, B
 from payload.generate.inputs import BadLines, Survey, survey
 from payload.generate.journal import IdSet, Index, Writer, drop_failures, id_hash, load_index
 from payload.generate.limiter import Limiter
+from payload.generate.metrics import metrics_for
 from payload.generate.outage import Breaker
 from payload.generate.preflight import check_endpoints
 from payload.generate.progress import Counters, Display, StatusWriter, carried
@@ -68,7 +69,8 @@ class Generator:
         self.prices: Prices | None = s.prices
         self.index = Index()
         self.claimed = IdSet()
-        self.status = StatusWriter(s.status_file, self.say)
+        self.status = StatusWriter(s.status_file, self.say, metrics_for(
+            s.status_file, s.status_every, s.output, s.errors))
         self.bad = BadLines(s.input, self.say)
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}
@@ -129,6 +131,7 @@ class Generator:
         """Outage and stall limits, and the live gauges of the status file."""
         c, b, now = self.c, self.breaker, time.monotonic()
         c.window = self.limiter.allowed
+        c.capacity = self.limiter.found_capacity
         c.outages = b.outages
         if b.is_open:
             c.outage_s = b.open_for(now)

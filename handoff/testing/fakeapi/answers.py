@@ -100,13 +100,13 @@ class AnswerShapes:
                          answer: str) -> dict[str, Any]:
         """`reasoning_tokens` of reasoning (one word a token), then the answer; cut where the
         request's max_tokens ends, as a thinking model served by OpenRouter is."""
-        words = [f"r{i}" for i in range(self._reasoning_length(messages))]
+        length = self._reasoning_length(messages)
         asked = body.get("max_tokens")
-        whole = len(words) + self.completion_tokens
+        whole = length + self.completion_tokens
         used = asked if isinstance(asked, int) and asked < whole else whole
         cut = used < whole
-        reasoning = " ".join(words[:used])
-        in_reasoning = used <= len(words)  # the budget ran out before the answer began
+        reasoning = " ".join(map("r{}".format, range(min(used, length))))
+        in_reasoning = used <= length  # the budget ran out before the answer began
         content = "" if in_reasoning else answer
         finish = "length" if cut else "stop"
         if self.thinking == "tags":
@@ -118,7 +118,7 @@ class AnswerShapes:
             result = self._result(body, content, finish, provider=self._provider(messages),
                                   reasoning=reasoning, completion=used)
         result["usage"]["completion_tokens_details"] = {
-            "reasoning_tokens": min(used, len(words))}
+            "reasoning_tokens": min(used, length)}
         if self.check_history:
             self._answered[derive_id(messages)] = content
         return result
