@@ -72,10 +72,9 @@ class Counters:
     outages: int = 0
     window: int | None = None  # requests the limiter allows in flight now
     batches: dict[str, Any] | None = None  # --mode batch: the batches by state, their counts
-    # For metrics.jsonl only: this run's reasoning tokens, requests cancelled in flight, the
-    # capacity the limiter found, and the latencies of the answers since the last line.
+    # For metrics.jsonl only: this run's reasoning tokens, the capacity the limiter found,
+    # and the latencies of the answers since the last line.
     reasoning_tokens: int = 0
-    cancelled: int = 0
     capacity: int | None = None
     latencies: Latencies = field(default_factory=Latencies)
     state: str = "running"
