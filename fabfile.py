@@ -236,16 +236,18 @@ def logs(c: Context, host: str | None = None, role: str | None = None, job: str 
 @task(auto_shortflags=False, help={
     "host": HOST, "role": ROLE, "job": JOB,
     "timeout": "seconds to wait for the graceful drain (default 60; 0 = do not wait)",
+    "now": "no drain: the requests in flight are closed at once, which stops their bill "
+           "(a second SIGTERM); a relaunch asks them again",
     "dry_run": DRY,
 })
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
-         timeout: str | None = None, dry_run: bool = False) -> None:
-    """SIGTERM the jobs: graceful drain, stays resumable."""
+         timeout: str | None = None, now: bool = False, dry_run: bool = False) -> None:
+    """SIGTERM the jobs: graceful drain (--now: none), stays resumable."""
     from handoff.cli import commands
 
     host = _host(c, host)
 
-    _done(commands.stop(host, role, job=job, timeout=timeout, dry_run=dry_run))
+    _done(commands.stop(host, role, job=job, timeout=timeout, now=now, dry_run=dry_run))
 
 
 @task(auto_shortflags=False, help={"host": HOST, "role": ROLE})

@@ -177,10 +177,15 @@ def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest
 def test_stop_plan(ws: Workstation) -> None:
     p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)  # every running job
     assert [(hp.steps[0].action, asdict(hp.steps[0].params)) for hp in p.hosts] == \
-        [("stop-jobs", {"job": None, "timeout": 0.0})] * 2
+        [("stop-jobs", {"job": None, "timeout": 0.0, "now": False})] * 2
     assert "do not wait" in p.hosts[0].steps[0].description
     one = stop.plan(ws.targets("a"), job_flag="B3", timeout=5)
-    assert asdict(one.hosts[0].steps[0].params) == {"job": "B3", "timeout": 5.0}
+    assert asdict(one.hosts[0].steps[0].params) == {"job": "B3", "timeout": 5.0, "now": False}
+    # --now: a second SIGTERM, on which the payload closes its requests in flight at once.
+    now = stop.plan(ws.targets("a"), job_flag="B3", timeout=5, now=True).hosts[0].steps[0]
+    assert asdict(now.params) == {"job": "B3", "timeout": 5.0, "now": True}
+    assert "SIGTERM again 0.5 s later (requests in flight closed at once)" in now.description
+    assert "kill -TERM twice" in now.detail
 
 
 # --- on fake hosts -------------------------------------------------------------------------
