@@ -218,9 +218,9 @@ class Attempts:
                 return None  # not sent, or closed by a stop: asked again by the next run
             outcome, n_send = got
             cost = self.rec.settle(outcome)
-            if self.budget.reached and not stop.stopping:
-                # What is still in flight is beyond the budget: closed now, not paid for to
-                # its end (this answer is kept: it is paid already).
+            if self.budget.reached and (len(stop.requests) or not stop.stopping):
+                # What is still in flight is beyond the budget, also during a drain: closed
+                # now, not paid for to its end (this answer is kept: it is paid already).
                 stop.close("budget", f"stopping: budget ${self.budget.max_cost:g} reached "
                            f"(spent ${self.budget.spent:.4f}); the {len(stop.requests)} "
                            "requests in flight are closed; the run is resumable (raise "
