@@ -354,7 +354,10 @@ async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
             resp = await asyncio.wait_for(
                 session.post(url, data=body, headers=headers, timeout=session_timeout(),
                              proxy=proxy), min(t.first_token, t.total))
-        except asyncio.TimeoutError:  # no headers by the first of the two deadlines
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, aiohttp.ServerTimeoutError):
+                raise  # aiohttp's connect timeout: below
+            # no headers by the first of the two deadlines
             expired = watchdog.expired(began=False, first_token_due=t.first_token < t.total)
             outcome = _failure(expired.kind, str(expired))
         else:

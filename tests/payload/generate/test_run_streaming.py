@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,100 @@ def test_a_broken_stream_is_retried_and_never_recorded_in_part(fake_factory, key
     st = status_of(streamed)
     assert st["errors_by_kind"] == {kind: len(broke)}, st["errors_by_kind"]
     assert st["retries"] == len(broke)
+
+
+class RefusesStreaming:
+    """A loopback OpenAI-compatible server that refuses the streaming fields (400, as
+    OpenAI refuses an argument it does not know) and answers plain requests."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.streamed = self.plain = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                answer: dict[str, Any]
+                if "stream_options" in body:
+                    server.streamed += 1
+                    status, answer = 400, {"error": {
+                        "message": "Unrecognized request argument supplied: stream_options",
+                        "type": "invalid_request_error", "code": None}}
+                else:
+                    server.plain += 1
+                    status, answer = 200, {
+                        "id": "x", "model": body["model"], "choices": [{
+                            "index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "plain answer"}}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                                  "total_tokens": 5}}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_server_that_refuses_streaming(key_file, tmp_path, mode):
+    """`auto` stops streaming to it (said once) and every prompt is answered; `on` keeps
+    asking: a permanent error on every prompt, which the systematic-error stop ends early."""
+    server = RefusesStreaming()
+    try:
+        inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        ids = write_prompts(inp, 30)
+        proc = run_payload("generate", "--input", str(inp), "--output", str(out),
+                           "--base-url", server.base, "--api-key-file", str(key_file),
+                           "--no-preflight", "--concurrency", "4", "--stream", mode,
+                           "--backoff-base", "0.02", "--status-every", "0.2")
+    finally:
+        server.close()
+    if mode == "auto":
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        done, failed = assert_exactly_once(ids, out)
+        assert not failed and all(r["response"] == "plain answer" for r in done)
+        assert proc.stderr.count("refused a streamed request") == 1
+        assert server.streamed <= 4 and server.plain == 30
+    else:
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        assert "stream_options" in proc.stderr and server.plain == 0
+
+
+def test_queue_comments_past_the_first_token_timeout_are_retried(fake_factory, key_file,
+                                                                 tmp_path):
+    """Queued streams send `: OPENROUTER PROCESSING` every 0.1 s, well inside the idle
+    timeout, for a log-normal time (mean 1 s): the ones still queued at the 1.5 s
+    first-token timeout are closed and asked again; every prompt is recorded once, whole."""
+    fake = fake_factory(thinking="field", reasoning_tokens=20, stable_ids=True,
+                        stream=StreamPlan(queue_s=1.0, queue_sigma=1.0, comment_every_s=0.1,
+                                          tokens_per_s=1000, seed=11))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 40)
+    proc = run_payload(*gen_args(fake, key_file, inp, out, "--first-token-timeout", "1.5",
+                                 "--idle-timeout", "0.5", "--max-attempts", "10"), timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done, failed = assert_exactly_once(ids, out)
+    assert not failed
+    # (not "completed": "cancelled", or "" where the fake has not yet seen the close)
+    given_up = [r for r in fake.stats.stream_log if r.outcome != "completed"]
+    assert given_up and all(r.tokens_billed == 0 and r.outcome in ("cancelled", "")
+                            for r in given_up)  # closed while queued
+    st = status_of(out)
+    assert st["errors_by_kind"] == {"first_token_timeout": len(given_up)}, st["errors_by_kind"]
+    assert sum(r["attempts"] for r in done) == 40 + len(given_up)
