@@ -78,7 +78,7 @@ PAYLOAD_LAYERS: list[tuple[str, set[str]]] = [
 PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
     "generate": [{"__init__"}, *({m} for m in [
         "sse", "client", "streaming", "batchapi", "outage", "evidence", "slots", "limiter", "budget", "systematic",
-        "journal", "inputs", "turns", "batchstate", "preflight", "progress", "settings", "stop",
+        "journal", "inputs", "turns", "batchstate", "preflight", "progress", "settings", "inflight", "stop",
         "recorder", "attempts", "batch", "smoke", "run"])],
     "extract": [
         {"rendering"},                                    # the completion form
