@@ -11,10 +11,10 @@ The policy per answer (docs/generator.md "How requests are paced" and "Error tax
   outage breaker says the server as a whole was down (then the failure is free).
 
 Every request in flight holds one limiter slot and one budget admission; both are given
-back on every path, cancellation included. A request runs as its own task (`InFlight`),
-so a stop can close it without cancelling the worker: the worker counts it `cancelled`,
-keeps its budget reserve (it may have been billed) and records nothing, so the next run
-asks the prompt again.
+back on every path, cancellation included. A request is awaited through `InFlight`, so a
+stop can close it (its connection aborted) and the worker goes on: it counts it
+`cancelled`, keeps its budget reserve (it may have been billed) and records nothing, so
+the next run asks the prompt again.
 """
 
 from __future__ import annotations
