@@ -135,7 +135,10 @@ async def run_one(kind: str, url: str, answers: int, concurrency: int) -> float:
                     await bare_sse(session, url, i)
         t0 = cpu()
         await asyncio.gather(*(one(i) for i in range(answers)))
-        return cpu() - t0
+        spent = cpu() - t0
+    if oc is not None:
+        await oc.close()  # in this loop, not at its exit
+    return spent
 
 
 def free_port() -> int:

@@ -154,7 +154,7 @@ class Attempts:
             else:
                 self.rec.success(p, messages, outcome, cost, sent, seq)
 
-    async def _send(self, body: bytes) -> tuple[Outcome, int] | None:
+    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int] | None:
         """One request, counted in flight: (its answer, how many were at the server when it
         was sent, for the limiter); None when it was not sent (the run stopped while the
         prompt waited for its place) or was closed before its answer."""
@@ -167,7 +167,7 @@ class Attempts:
         try:
             request = (streaming.attempt(ep.session, ep.url, body, ep.headers, ep.watchdog,
                                          ep.proxy, self.s.think_in_content)
-                       if self.streams and ep.watchdog is not None else
+                       if streamed and ep.watchdog is not None else  # as the body asks
                        client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
                                       ep.proxy, self.s.think_in_content))
             outcome = await stop.requests.run(request)
@@ -213,7 +213,7 @@ class Attempts:
             sent += 1
             self._dispatched += 1
             seq = self._dispatched
-            got = await self._send(body)
+            got = await self._send(body, streamed)
             if got is None:
                 return None  # not sent, or closed by a stop: asked again by the next run
             outcome, n_send = got
@@ -247,11 +247,9 @@ class Attempts:
                            "same command once credit is added.")
                 return None
             if outcome.kind is Kind.PERMANENT:
-                if asked and self._stop_asking_ids(outcome):  # asked again without the field
-                    asked, body = self.ask_ids, self.body(messages)
-                    continue
-                if streamed and self._stop_streaming(outcome):  # asked again, not streamed
-                    streamed, body = self.streams, self.body(messages)
+                if (asked and self._stop_asking_ids(outcome)) or (
+                        streamed and self._stop_streaming(outcome)):  # asked again without
+                    asked, streamed, body = self.ask_ids, self.streams, self.body(messages)
                     continue
                 if self.rec.permanent(Held(p, outcome, sent, seq)):
                     stop.request("systematic_error", self.rec.systematic.describe())

@@ -5,7 +5,8 @@ A line is the status file's counters at that moment plus what only an interval h
 answers recorded since the previous line and their latency quantiles. It goes in with each
 status write that finds the last line `every_s` old, and with the final status, so the
 synchronous and the batch paths write it alike. Reasoning tokens, which the resume index
-does not count, go on from the previous run's last line.
+cannot count, go on from the previous run's last line; the cancelled requests are the
+status's count, already cumulative (the run starts from the previous status file's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 MAX_KINDS = 32  # error kinds on a line; the rest are summed as "other"
 SAMPLE = 4096  # latencies kept per interval (a uniform reservoir beyond)
+CARRIED = ("reasoning_tokens",)  # this run's count + the previous run's total
 
 
 class Latencies:
@@ -61,6 +63,10 @@ def _kinds(errors: dict[str, int]) -> dict[str, int]:
     return kept
 
 
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _size(path: Path | None) -> int:
     try:
         return os.stat(path).st_size if path is not None else 0
@@ -76,15 +82,17 @@ class GeneratorMetrics:
         self.file = MetricsFile(status_file.with_name(NAME), every_s,
                                 run_id(f"{os.getpid()}:{self.started}"), "generate")
         self.written = written  # the output and errors files: bytes_written
-        self.reasoning_base: int | None = None  # the previous run's reasoning tokens
+        self.base: dict[str, int] | None = None  # CARRIED, from the previous run's last line
 
     def tick(self, c: Counters, final: bool = False) -> bool:
         def build(now: float, run: int, last: Line | None, before: Line | None) -> Line:
-            if self.reasoning_base is None:
-                carried = before.get("reasoning_tokens") if before else None
-                self.reasoning_base = carried if isinstance(carried, int) and carried >= 0 else 0
+            if self.base is None:
+                self.base = {k: _count(before.get(k) if before else 0) for k in CARRIED}
             return self._line(c, now, run, last)
         return self.file.tick(build, final)
+
+    def _carried(self, name: str) -> int:
+        return (self.base or {}).get(name, 0)
 
     def _line(self, c: Counters, now: float, run: int, last: Line | None) -> Line:
         answers, latency = c.latencies.take()
@@ -96,7 +104,7 @@ class GeneratorMetrics:
             "cancelled": c.cancelled, "retries": c.retries, "in_flight": c.in_flight,
             "window": c.window, "capacity": c.capacity,
             "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-            "reasoning_tokens": (self.reasoning_base or 0) + c.reasoning_tokens,
+            "reasoning_tokens": self._carried("reasoning_tokens") + c.reasoning_tokens,
             "cost": round(c.cost, 8), "errors_by_kind": _kinds(dict(c.errors_by_kind)),
             "answers": answers, "latency_s": latency,
             "bytes_written": sum(_size(p) for p in self.written),

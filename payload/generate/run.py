@@ -75,6 +75,9 @@ class Generator:
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}
         self.recorder: Recorder | None = None
+        # The streams' timeouts (--stream auto/on); its streams' progress is liveness too.
+        self.streams = None if s.stream == "off" else Watchdog(Timeouts(
+            s.idle_timeout, s.first_token_timeout, s.request_timeout))
         self.resumed: dict[int, list[Turn]] = {}  # --turns all: journaled turns by id hash
         self._mean_line_bytes = 0
 
@@ -140,7 +143,8 @@ class Generator:
         rec = self.recorder
         if rec is None:
             return
-        stalled = now - rec.last_success
+        # A stream still answering is no stall: an answer may take longer than the limit.
+        stalled = now - max(rec.last_success, self.streams.progress_at if self.streams else 0.0)
         if (b.is_open and b.open_for(now) > self.s.outage_timeout) or (
                 rec.failures_since_success and stalled > self.s.outage_timeout):
             what = "failing" if b.is_open else "answering only errors"
@@ -282,8 +286,7 @@ class Generator:
                     url = s.base_url.rstrip("/") + "/chat/completions"
                     endpoint = Endpoint(session, url, self.headers, aiohttp.ClientTimeout(
                         total=s.request_timeout, sock_connect=60), client.env_proxy(url),
-                        None if s.stream == "off" else Watchdog(Timeouts(
-                            s.idle_timeout, s.first_token_timeout, s.request_timeout)))
+                        self.streams)
                     await self._run_pipeline(display, endpoint)
                 if not self.stop.stopping and self.recorder.systematic.at_end():
                     self.stop.request("systematic_error", self.recorder.systematic.describe())

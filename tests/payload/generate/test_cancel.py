@@ -152,6 +152,7 @@ def test_sigterm_drains_then_closes_and_the_next_run_asks_them_again(fake_factor
     assert (st["state"], st["stop_reason"], st["in_flight"]) == ("stopped", "signal", 0)
     assert (st["done"], st["failed"], st["cancelled"]) == (5, 0, 15)
     assert "cancelled 15" in err.strip().splitlines()[-1]  # the final progress line
+    assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["cancelled"] == 15
     # Closed ids were recorded neither as answered nor as failed.
     assert len(read_jsonl(out)) == 5 and not read_jsonl(errors_path(out))
     again = run_payload(*args)
@@ -160,6 +161,7 @@ def test_sigterm_drains_then_closes_and_the_next_run_asks_them_again(fake_factor
     assert len(done) == 40 and not failed
     st = status_of(out)
     assert (st["state"], st["done"], st["cancelled"]) == ("finished", 40, 15)  # cumulative
+    assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["cancelled"] == 15  # counted once
 
 
 def test_budget_reached_closes_the_requests_in_flight_at_once(fake_factory, key_file,

@@ -127,9 +127,11 @@ def test_a_broken_stream_is_retried_and_never_recorded_in_part(fake_factory, key
     for r in fake.stats.stream_log:
         log.setdefault(r.prompt, []).append(r.outcome)
     # (the fake may draw the trouble's moment past a short answer's last chunk: that stream
-    # completes; every other prompt's first stream broke)
-    want_first = {"stall": "cancelled", "error": "error", "cut": "cut"}[trouble]
-    broke = [r for r in done if log[derive_id(r["messages"])] == [want_first, "completed"]]
+    # completes; every other prompt's first stream broke; a stalled one the client closed
+    # is "cancelled" once the fake has looked, every 0.25 s, "" until then)
+    want_first = {"stall": ("cancelled", ""), "error": ("error",), "cut": ("cut",)}[trouble]
+    broke = [r for r in done if log[derive_id(r["messages"])][0] in want_first
+             and log[derive_id(r["messages"])][1:] == ["completed"]]
     whole = [r for r in done if log[derive_id(r["messages"])] == ["completed"]]
     assert len(broke) + len(whole) == n and len(broke) >= n - 2, log
     assert all(r["attempts"] == 2 for r in broke) and all(r["attempts"] == 1 for r in whole)
@@ -233,3 +235,19 @@ def test_queue_comments_past_the_first_token_timeout_are_retried(fake_factory, k
     st = status_of(out)
     assert st["errors_by_kind"] == {"first_token_timeout": len(given_up)}, st["errors_by_kind"]
     assert sum(r["attempts"] for r in done) == 40 + len(given_up)
+
+
+def test_a_stream_still_answering_is_no_stall(fake_factory, key_file, tmp_path):
+    """The run's stall watch stops a run that answered only errors for --outage-timeout; a
+    stream receiving its answer is alive: one at a time, each prompt's first stream ends in
+    an error event, then its answer streams for 2 s, past a 1 s --outage-timeout."""
+    fake = fake_factory(thinking="field", reasoning_tokens=2000, stable_ids=True,
+                        stream=StreamPlan(tokens_per_s=1000, first_attempt="error", seed=2))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 2)
+    proc = run_payload(*gen_args(fake, key_file, inp, out, "--concurrency", "1",
+                                 "--outage-timeout", "1", "--idle-timeout", "0.5"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done, failed = assert_exactly_once(ids, out)
+    assert not failed and min(r["latency_s"] for r in done) > 1.5
+    assert status_of(out)["errors_by_kind"] == {"bad_gateway": 2}

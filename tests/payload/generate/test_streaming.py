@@ -294,3 +294,49 @@ def test_the_watchdog_task_ends_with_the_last_stream():
             await asyncio.sleep(0.05)
             assert dog._task is None and not dog._open
     asyncio.run(main())
+
+
+def test_null_usage_members_are_left_out_streamed_or_not():
+    """vLLM's plain usage has `"prompt_tokens_details": null`; its stream's usage chunk
+    leaves nulls out (`exclude_none`): both record the same usage."""
+    plain = json.loads(json.dumps(ANSWER))
+    plain["usage"].update(prompt_tokens_details=None, completion_tokens_details={
+        "reasoning_tokens": 3, "audio_tokens": None})
+    streamed = json.loads(json.dumps(ANSWER))
+    want = client.classify_body(200, json.dumps(plain).encode(), None)
+    assert "prompt_tokens_details" not in want.result["usage"]
+    assert want.result["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+    got = asyncio.run(one(streamed_by(sse_of(streamed), 2)))
+    assert record_of(got) == record_of(want)
+
+
+@pytest.mark.parametrize(("odd", "kept"), [([True], False), (["7"], False), ([-1], False),
+                                           ([2**70], True), ([2**63 - 1], True)])
+def test_odd_ids_are_judged_as_when_plain(odd, kept):
+    """A chunk's `token_ids` with a bool, a string, a negative, a number past 64 bits: the
+    streamed record keeps or drops the ids exactly as client.sampled_ids does for the same
+    list in a plain answer."""
+    answer = json.loads(json.dumps(ANSWER))
+    answer["choices"][0]["token_ids"] = [5, 6, 7, *odd, 9, 10]
+    want = client.classify_body(200, json.dumps(answer).encode(), None)
+    assert ("response_token_ids" in want.result) is kept
+    got = asyncio.run(one(streamed_by(sse_of(answer), 3)))
+    assert record_of(got) == record_of(want)
+
+
+def test_a_long_answer_of_many_deltas_is_joined_whole():
+    """10,000 content deltas (the text kept 64 deltas to a string while it streams)."""
+    answer = json.loads(json.dumps(ANSWER))
+    words = [f"w{i} " for i in range(10_000)]
+    answer["choices"][0]["message"]["content"] = "".join(words)
+    del answer["choices"][0]["token_ids"]
+    head = {"id": "gen-77", "model": answer["model"], "provider": answer["provider"]}
+    events = [{**head, "choices": [{"index": 0, "delta": {"reasoning": "think: 2+2\nis 4"}}]}]
+    events += [{**head, "choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
+    events.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length",
+                                        "native_finish_reason": "max_tokens"}]})
+    events.append({**head, "choices": [], "usage": answer["usage"]})
+    raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    got = asyncio.run(one(streamed_by(raw + b"data: [DONE]\n\n", 50)))
+    want = client.classify_body(200, json.dumps(answer).encode(), None)
+    assert record_of(got) == record_of(want)
