@@ -12,7 +12,7 @@ input survey: valid records, bad lines, totals) · turns (`--turns last|all`: th
 regenerated, their histories, the turn journal) · batchstate (the batch ledger,
 batches.json) · preflight (endpoint filter check, prices) · progress (counters, status
 file, progress display) · settings (what a run was asked, checked) · inflight (the
-requests on the wire, each its own task: what a stop closes) · stop (the one decision to
+requests on the wire: what a stop closes) · stop (the one decision to
 stop) · recorder (costs and records) · attempts (one prompt through its
 attempts) · batch (`--mode batch|auto`: batches submitted, polled, collected by the
 recorder) · smoke (`python -m payload smoke`: one request, the facts an engineer checks) ·
