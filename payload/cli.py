@@ -98,6 +98,16 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -256,8 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attempts per prompt before it is recorded as failed")
     g.add_argument("--backoff-base", type=_positive(float), default=1.0,
                    help="first retry delay bound in seconds (full-jitter exponential)")
-    g.add_argument("--drain-timeout", type=_positive(float), default=60.0,
-                   help="on SIGTERM/402/budget, seconds to wait for in-flight requests")
+    g.add_argument("--drain-timeout", type=_non_negative, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish "
+                        "before they are closed (asked again on resume; 0: at once); default "
+                        "30. A budget stop or a 402 closes them at once")
     g.add_argument("--no-preflight", action="store_true",
                    help="skip the endpoints check of the provider filter")
     g.add_argument("--max-timeouts", type=_count, default=1,

@@ -79,7 +79,7 @@ PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
     "generate": [{"__init__"}, *({m} for m in [
         "sse", "client", "streaming", "batchapi", "outage", "evidence", "slots", "limiter",
         "budget", "systematic", "journal", "inputs", "turns", "batchstate", "preflight",
-        "progress", "metrics", "settings", "stop",
+        "progress", "metrics", "settings", "inflight", "stop",
         "recorder", "attempts", "batch", "smoke", "run"])],
     "extract": [
         {"rendering"},                                    # the completion form

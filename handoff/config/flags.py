@@ -113,6 +113,8 @@ VARS: dict[str, Rule] = {
     "idle_timeout": Rule(above=0),
     "first_token_timeout": Rule(above=0),
     "request_timeout": Rule(above=0),
+    # seconds a stopped job's requests in flight may take before they are closed (0: at once)
+    "drain_timeout": Rule(minimum=0),
     # The generator's batch mode: requests per batch, seconds between its first polls.
     "batch_requests": Rule(whole=True, minimum=1),
     "batch_poll": Rule(above=0),
@@ -216,7 +218,7 @@ def choice(name: str, value: Any, *, flag: str | None = None, where: str = "") -
 # checked by its rule, in the order the launch plan shows them.
 SAMPLING = ("temperature", "top_p", "seed", "reasoning", "provider", "turns", "max_timeouts",
             "token_ids", "mode", "stream", "idle_timeout", "first_token_timeout",
-            "request_timeout")
+            "request_timeout", "drain_timeout")
 
 
 def sampling_var(name: str, value: Any, *, flag: str | None = None, where: str = "") -> Any:

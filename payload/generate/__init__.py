@@ -11,7 +11,8 @@ stop on one error for every prompt) · journal (resume index, single writer) · 
 input survey: valid records, bad lines, totals) · turns (`--turns last|all`: the turns
 regenerated, their histories, the turn journal) · batchstate (the batch ledger,
 batches.json) · preflight (endpoint filter check, prices) · progress (counters, status
-file, progress display) · metrics (the metrics.jsonl line) · settings (what a run was asked, checked) · stop (the one
+file, progress display) · metrics (the metrics.jsonl line) · settings (what a run was
+asked, checked) · inflight (the requests on the wire: what a stop closes) · stop (the one
 decision to stop) · recorder (costs and records) · attempts (one prompt through its
 attempts) · batch (`--mode batch|auto`: batches submitted, polled, collected by the
 recorder) · smoke (`python -m payload smoke`: one request, the facts an engineer checks) ·

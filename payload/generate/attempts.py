@@ -1,7 +1,9 @@
 """One prompt through its attempts: admit, send, classify, then answer, retry or give up.
 
 The policy per answer (docs/generator.md "How requests are paced" and "Error taxonomy"):
-- an answer is recorded; a 401 stops the run at once, a 402 stops dispatching;
+- an answer is recorded; a 401 stops the run at once; a 402, or an answer that brings the
+  spend to the budget, stops it and closes the requests in flight (docs/generator.md
+  "Cancellation");
 - a permanent error is held by the systematic-error detector (which may stop the run);
 - a throttled answer spends no attempt: the prompt waits as told, keeping its slot
   through a short wait and giving it back for a longer one;
@@ -9,11 +11,15 @@ The policy per answer (docs/generator.md "How requests are paced" and "Error tax
   outage breaker says the server as a whole was down (then the failure is free).
 
 Every request in flight holds one limiter slot and one budget admission; both are given
-back on every path, cancellation included.
+back on every path, cancellation included. A request is awaited through `InFlight`, so a
+stop can close it (its connection aborted) and the worker goes on: it counts it
+`cancelled`, keeps its budget reserve (it may have been billed) and records nothing, so
+the next run asks the prompt again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from dataclasses import dataclass
@@ -148,26 +154,42 @@ class Attempts:
             else:
                 self.rec.success(p, messages, outcome, cost, sent, seq)
 
-    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int]:
+    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int] | None:
         """One request, counted in flight: (its answer, how many were at the server when it
-        was sent, for the limiter). The budget admission is given back if it is cancelled
-        before an answer (a stop that does not wait)."""
-        c, ep = self.c, self.ep
+        was sent, for the limiter); None when it was not sent (the run stopped while the
+        prompt waited for its place) or was closed before its answer."""
+        c, ep, stop = self.c, self.ep, self.stop
+        if stop.stopping:  # nothing new goes out once the run stops
+            self.budget.cancel()
+            return None
         c.in_flight += 1
         n_send = self.limiter.sending()
         try:
-            if streamed and ep.watchdog is not None:  # as the body asks
-                return (await streaming.attempt(ep.session, ep.url, body, ep.headers,
-                                                ep.watchdog, ep.proxy, self.s.think_in_content),
-                        n_send)
-            return (await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
-                                         ep.proxy, self.s.think_in_content), n_send)
-        except BaseException:  # cancelled: never answered
+            request = (streaming.attempt(ep.session, ep.url, body, ep.headers, ep.watchdog,
+                                         ep.proxy, self.s.think_in_content)
+                       if streamed and ep.watchdog is not None else  # as the body asks
+                       client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
+                                      ep.proxy, self.s.think_in_content))
+            outcome = await stop.requests.run(request)
+        except asyncio.CancelledError:  # this worker was cancelled: its request closed too
+            self._closed()
+            raise
+        except BaseException:
             self.budget.cancel()
             raise
         finally:
             c.in_flight -= 1
             self.limiter.returned()
+        if outcome is None:
+            self._closed()
+            return None
+        return outcome, n_send
+
+    def _closed(self) -> None:
+        """A request closed before its answer: counted, and its reserve stays spent (it may
+        have been billed for what the server generated until then)."""
+        self.c.cancelled += 1
+        self.c.cancelled_cost += self.budget.closed()
 
     async def _attempts(self, p: Prompt, slot: _Slot, messages: list[dict[str, Any]]
                         ) -> tuple[Outcome, float | None, int, int] | None:
@@ -183,16 +205,26 @@ class Attempts:
             try:
                 await self.budget.admit()
             except BudgetReached as exc:
-                stop.request("budget", f"stopping: {exc}; the run is resumable "
-                             "(raise --max-cost and rerun the same command)")
+                stop.close("budget", f"stopping: {exc}; requests in flight are closed; the "
+                           "run is resumable (raise --max-cost and rerun the same command)")
                 return None
             if lim.capped and not slot.probe:
                 await lim.place()  # at a capacity: once the server has a free place
             sent += 1
             self._dispatched += 1
             seq = self._dispatched
-            outcome, n_send = await self._send(body, streamed)
+            got = await self._send(body, streamed)
+            if got is None:
+                return None  # not sent, or closed by a stop: asked again by the next run
+            outcome, n_send = got
             cost = self.rec.settle(outcome)
+            if self.budget.reached and (len(stop.requests) or not stop.stopping):
+                # What is still in flight is beyond the budget, also during a drain: closed
+                # now, not paid for to its end (this answer is kept: it is paid already).
+                stop.close("budget", f"stopping: budget ${self.budget.max_cost:g} reached "
+                           f"(spent ${self.budget.spent:.4f}); the {len(stop.requests)} "
+                           "requests in flight are closed; the run is resumable (raise "
+                           "--max-cost and rerun the same command)")
             decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send)
             slot.probe = held = False
             self._note_outage(outcome)
@@ -209,10 +241,10 @@ class Attempts:
                              "sent; the run is resumable.")
                 return None
             if outcome.kind is Kind.CREDIT:
-                stop.request("credit", "out of credit or key limit reached "
-                             f"({outcome.status} {outcome.type}: {outcome.message}); "
-                             "in-flight requests finish, the run is resumable with the "
-                             "same command once credit is added.")
+                stop.close("credit", "out of credit or key limit reached "
+                           f"({outcome.status} {outcome.type}: {outcome.message}); "
+                           "requests in flight are closed, the run is resumable with the "
+                           "same command once credit is added.")
                 return None
             if outcome.kind is Kind.PERMANENT:
                 if (asked and self._stop_asking_ids(outcome)) or (

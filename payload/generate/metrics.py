@@ -4,8 +4,9 @@ docs/records.md, "metrics.jsonl").
 A line is the status file's counters at that moment plus what only an interval has: the
 answers recorded since the previous line and their latency quantiles. It goes in with each
 status write that finds the last line `every_s` old, and with the final status, so the
-synchronous and the batch paths write it alike. Reasoning tokens and cancelled requests,
-which the resume index cannot count, go on from the previous run's last line.
+synchronous and the batch paths write it alike. Reasoning tokens, which the resume index
+cannot count, go on from the previous run's last line; the cancelled requests are the
+status's count, already cumulative (the run starts from the previous status file's).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from payload.generate.progress import Counters
 from payload.metrics import NAME, Line, MetricsFile, run_id
 
 MAX_KINDS = 32  # error kinds on a line; the rest are summed as "other"
-CARRIED = ("reasoning_tokens", "cancelled")  # this run's count + the previous run's total
+CARRIED = ("reasoning_tokens",)  # this run's count + the previous run's total
 
 
 def _kinds(errors: dict[str, int]) -> dict[str, int]:
@@ -68,7 +69,7 @@ class GeneratorMetrics:
             "interval_s": round(self.file.since(now, last, self.started), 3),
             "elapsed_s": round(now - self.started, 3), "run": run, "state": c.state,
             "done": c.done, "failed": c.failed, "cut": c.by_finish_reason.get("length", 0),
-            "cancelled": self._carried("cancelled") + c.cancelled, "retries": c.retries, "in_flight": c.in_flight,
+            "cancelled": c.cancelled, "retries": c.retries, "in_flight": c.in_flight,
             "window": c.window, "capacity": c.capacity,
             "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
             "reasoning_tokens": self._carried("reasoning_tokens") + c.reasoning_tokens,

@@ -17,6 +17,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import json
+import math
 import os
 import random
 import time
@@ -85,6 +87,10 @@ class Counters:
     by_provider: collections.Counter[str] = field(default_factory=collections.Counter)
     by_finish_reason: collections.Counter[str] = field(default_factory=collections.Counter)
     timeouts: int = 0  # requests of this run that timed out (each retried <= --max-timeouts)
+    # Requests closed by a stop before their answer (cumulative across resumed runs), and
+    # the budget reserves kept for them: what they may have cost (docs/generator.md).
+    cancelled: int = 0
+    cancelled_cost: float = 0.0
     think_split: int = 0  # answers of this run whose <think> markers were split from content
     last_error: str | None = None
     stop_reason: str | None = None  # auth, credit, budget, signal, disk_full, outage, ...
@@ -96,10 +102,9 @@ class Counters:
     outages: int = 0
     window: int | None = None  # requests the limiter allows in flight now
     batches: dict[str, Any] | None = None  # --mode batch: the batches by state, their counts
-    # For metrics.jsonl only: this run's reasoning tokens, requests cancelled in flight, the
-    # capacity the limiter found, and the latencies of the answers since the last line.
+    # For metrics.jsonl only: this run's reasoning tokens, the capacity the limiter found,
+    # and the latencies of the answers since the last line.
     reasoning_tokens: int = 0
-    cancelled: int = 0
     capacity: int | None = None
     latencies: Latencies = field(default_factory=Latencies)
     state: str = "running"
@@ -125,12 +130,37 @@ class Counters:
             "by_provider": dict(self.by_provider),
             "by_finish_reason": dict(self.by_finish_reason),
             "cut": self.by_finish_reason.get("length", 0), "timeouts": self.timeouts,
+            "cancelled": self.cancelled, "cancelled_cost": round(self.cancelled_cost, 8),
             "think_split": self.think_split,
             "exit_code": self.exit_code, "max_failed": self.max_failed,
             "max_cost": self.max_cost, "budget_enforced": self.budget_enforced,
             "outage_s": None if self.outage_s is None else round(self.outage_s, 1),
             "outages": self.outages, "window": self.window, "pid": os.getpid(),
             **({"batches": self.batches} if self.batches is not None else {})})
+
+
+def carried(path: Path | None, limit: int = 4 << 20) -> tuple[int, float]:
+    """What the previous run's status file says that no record holds: how many requests
+    the runs so far closed before their answer, and the reserves kept for them, (0, 0.0)
+    when there is none or it cannot be read. A resumed run goes on from these, so the
+    count stays cumulative and the budget keeps counting what they may have cost."""
+    if path is None:
+        return 0, 0.0
+    try:
+        with path.open("rb") as fh:
+            raw = json.loads(fh.read(limit))
+    except (OSError, ValueError, RecursionError):
+        return 0, 0.0
+    if not isinstance(raw, dict):
+        return 0, 0.0
+    n, cost = raw.get("cancelled"), raw.get("cancelled_cost")
+    if type(n) is not int or n < 0:
+        n = 0
+    if type(cost) is int:
+        cost = float(cost)
+    if not isinstance(cost, float) or not math.isfinite(cost) or cost < 0:
+        cost = 0.0
+    return n, cost
 
 
 RESERVE_BYTES = 256 * 1024
@@ -200,7 +230,8 @@ def describe(c: Counters) -> str:
     total = "?" if c.total is None else str(c.total)
     errs = " ".join(f"{k}={v}" for k, v in c.errors_by_kind.most_common(6))
     return (f"done {c.done}/{total} failed {c.failed} in-flight {c.in_flight} "
-            f"{rps:.1f} req/s {tps:.0f} tok/s ${c.cost:.4f} eta {_eta(c)}"
+            + (f"cancelled {c.cancelled} " if c.cancelled else "")
+            + f"{rps:.1f} req/s {tps:.0f} tok/s ${c.cost:.4f} eta {_eta(c)}"
             + (f" | errors: {errs}" if errs else ""))
 
 
@@ -242,7 +273,9 @@ class Display:
             rps, tps = c.rates()
             errs = " ".join(f"{k}={v}" for k, v in c.errors_by_kind.most_common(4))
             info = REDACTOR.redact(f"{rps:.1f} req/s {tps:.0f} tok/s ${c.cost:.4f} "
-                                   f"failed {c.failed} in-flight {c.in_flight} {errs}")
+                                   f"failed {c.failed} in-flight {c.in_flight} "
+                                   + (f"cancelled {c.cancelled} " if c.cancelled else "")
+                                   + errs)
             self._progress.update(self._task, completed=c.done + c.failed, total=c.total,
                                   info=info)
             return

@@ -38,7 +38,7 @@ from payload.generate.limiter import Limiter
 from payload.generate.metrics import metrics_for
 from payload.generate.outage import Breaker
 from payload.generate.preflight import check_endpoints
-from payload.generate.progress import Counters, Display, StatusWriter
+from payload.generate.progress import Counters, Display, StatusWriter, carried
 from payload.generate.recorder import Recorder
 from payload.generate.settings import (
     FIRST_COMPLETION_GUESS,
@@ -51,6 +51,10 @@ from payload.generate.streaming import Timeouts, Watchdog
 from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
 from payload.report import Reporter
+
+# Once its requests are closed, a worker records nothing more and ends within a loop turn or
+# two; one still busy after this is cancelled (it was not waiting on a request).
+CLOSE_GRACE_S = 5.0
 
 
 class Generator:
@@ -190,6 +194,7 @@ class Generator:
         c.cost, c.prompt_tokens = self.index.cost, self.index.prompt_tokens
         c.completion_tokens = self.index.completion_tokens
         c.by_provider, c.by_finish_reason = self.index.by_provider, self.index.by_finish_reason
+        c.cancelled, c.cancelled_cost = carried(s.status_file)
         if c.done or c.failed or self.resumed:
             turns = (f", {sum(map(len, self.resumed.values()))} turns of "
                      f"{len(self.resumed)} conversations" if self.resumed else "")
@@ -215,7 +220,9 @@ class Generator:
                       + pr.completion * ix.uncosted_completion_tokens
                       + pr.request * ix.uncosted_records)
             c.cost = spent
-        self.budget = Budget(s.max_cost, already_spent=spent,
+        # Requests closed before their answer by earlier runs may have been billed: their
+        # reserves stay spent (docs/generator.md "Cancellation").
+        self.budget = Budget(s.max_cost, already_spent=spent + c.cancelled_cost,
                              first_expectation=self._first_expectation())
         if s.max_cost is None:
             return
@@ -225,7 +232,9 @@ class Generator:
                          "none, the budget cannot be enforced: give --prices)")
         else:
             c.budget_enforced = True
-            self.say.say(f"budget: ${s.max_cost:g} (${spent:.4f} already spent); first "
+            held = (f", ${c.cancelled_cost:.4f} held for {c.cancelled} requests closed "
+                    "before their answer" if c.cancelled_cost else "")
+            self.say.say(f"budget: ${s.max_cost:g} (${spent:.4f} already spent{held}); first "
                          f"expectation ${self.budget.expectation:.4f} per request, then the "
                          "mean cost seen")
 
@@ -267,8 +276,10 @@ class Generator:
                 self.recorder = Recorder(s, c, writer, self.budget, self.prices, self.stop,
                                          self.say)
                 if self.budget.reached:
+                    held = (f" + ${c.cancelled_cost:.4f} held for requests closed before "
+                            "their answer" if c.cancelled_cost else "")
                     self.stop.request("budget", f"budget ${s.max_cost:g} already spent "
-                                      f"(${c.cost:.4f} recorded); raise --max-cost to go on")
+                                      f"(${c.cost:.4f} recorded{held}); raise --max-cost to go on")
                 elif mode == "sync" or not await BatchRun(
                         s, c, stop, self.budget, self.recorder, self.index, self.status,
                         self.say, session, self.headers, display,
@@ -365,7 +376,9 @@ class Generator:
     async def _drain(self, queue: asyncio.Queue[Prompt | None], producer: asyncio.Task[None],
                      feeder: asyncio.Task[None] | None, workers: list[asyncio.Task[None]]
                      ) -> None:
-        """Stop dispatching; give in-flight requests `--drain-timeout` to finish and be written."""
+        """Stop dispatching; give in-flight requests `--drain-timeout` to finish and be
+        written, then close the rest (docs/generator.md "Cancellation"). A stop that closed
+        them already (budget, credit) finds the workers ending at once."""
         producer.cancel()
         if feeder is not None:
             feeder.cancel()
@@ -375,12 +388,16 @@ class Generator:
         for _ in workers:
             queue.put_nowait(None)
         _, pending = await asyncio.wait(workers, timeout=self.s.drain_timeout)
-        if pending:
+        if not pending:
+            return
+        closed = self.stop.requests.close()
+        if closed:
+            self.say.say(f"drain: {closed} requests still in flight after "
+                         f"{self.s.drain_timeout:g}s were closed (asked again on resume)")
+        _, pending = await asyncio.wait(pending, timeout=CLOSE_GRACE_S)
+        if pending:  # not waiting on a request (a long backoff, a place at the server)
             for task in pending:
                 task.cancel()
-            self.say.say(f"drain: {len(pending)} workers still busy after "
-                         f"{self.s.drain_timeout:g}s were abandoned (their prompts are "
-                         "retried on resume)")
             await asyncio.wait(pending)
 
 

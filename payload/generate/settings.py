@@ -128,7 +128,7 @@ class Settings:
     first_token_timeout: float = 600.0  # the longest wait for a stream's first data event
     max_attempts: int = 6
     backoff_base: float = 1.0
-    drain_timeout: float = 60.0
+    drain_timeout: float = 30.0  # SIGTERM: seconds before in-flight requests are closed
     outage_timeout: float = 600.0
     max_failed: MaxFailed = MaxFailed(fraction=0.01)
     preflight: bool = True
