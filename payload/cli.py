@@ -98,6 +98,16 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -241,14 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--status-file", type=Path,
                    help="JSON status, replaced every few seconds "
                         "(default: OUT with .jsonl replaced by .status.json)")
-    g.add_argument("--request-timeout", type=_positive(float), default=600.0,
-                   help="seconds one request may take (long reasoning answers: default 600)")
+    g.add_argument("--request-timeout", type=_positive(float), default=3600.0,
+                   help="seconds one request may take in all, streamed or not (default 3600)")
+    g.add_argument("--stream", choices=("auto", "on", "off"), default="auto",
+                   help="stream the answers (server-sent events): auto (default) streams and "
+                        "stops streaming to a server that refuses it; on streams; off sends "
+                        "plain requests, each answer one JSON body")
+    g.add_argument("--idle-timeout", type=_positive(float), default=120.0,
+                   help="seconds a stream may be silent once its answer began (default 120)")
+    g.add_argument("--first-token-timeout", type=_positive(float), default=600.0,
+                   help="seconds a stream may take to begin its answer; the server's "
+                        "keep-alive comments do not extend it (default 600)")
     g.add_argument("--max-attempts", type=_positive(int), default=6,
                    help="attempts per prompt before it is recorded as failed")
     g.add_argument("--backoff-base", type=_positive(float), default=1.0,
                    help="first retry delay bound in seconds (full-jitter exponential)")
-    g.add_argument("--drain-timeout", type=_positive(float), default=60.0,
-                   help="on SIGTERM/402/budget, seconds to wait for in-flight requests")
+    g.add_argument("--drain-timeout", type=_non_negative, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish "
+                        "before they are closed (asked again on resume; 0: at once); default "
+                        "30. A budget stop or a 402 closes them at once")
     g.add_argument("--no-preflight", action="store_true",
                    help="skip the endpoints check of the provider filter")
     g.add_argument("--max-timeouts", type=_count, default=1,
@@ -319,6 +340,8 @@ def _generate(args: argparse.Namespace) -> int:
         reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices,
         shard=_owned(args.shard, args.exclude_ids),
         retry_failed=args.retry_failed, request_timeout=args.request_timeout,
+        stream=args.stream, idle_timeout=args.idle_timeout,
+        first_token_timeout=args.first_token_timeout,
         max_attempts=args.max_attempts, backoff_base=args.backoff_base,
         drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
         max_failed=args.max_failed if not isinstance(args.max_failed, str)

@@ -62,8 +62,8 @@ HANDOFF_WITHIN: dict[str, list[set[str]]] = {
 # The payload, lowest first: the common modules one by one (each imports only those before
 # it), the two features (which do not import each other), the command line on top. Every
 # module must be named (a new common module too: the test fails until it is).
-PAYLOAD_COMMON = ["errors", "defaults", "redact", "units", "atomic", "report", "records",
-                  "keyfile"]
+PAYLOAD_COMMON = ["errors", "defaults", "redact", "units", "atomic", "metrics", "report",
+                  "records", "keyfile"]
 PAYLOAD_LAYERS: list[tuple[str, set[str]]] = [
     ("the package itself (its version only)", {"__init__"}),
     *[(f"common: {name}", {name}) for name in PAYLOAD_COMMON],
@@ -77,8 +77,9 @@ PAYLOAD_LAYERS: list[tuple[str, set[str]]] = [
 # (extract's formats/, backends/) only circles are checked.
 PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
     "generate": [{"__init__"}, *({m} for m in [
-        "client", "batchapi", "outage", "evidence", "slots", "limiter", "budget", "systematic",
-        "journal", "inputs", "turns", "batchstate", "preflight", "progress", "settings", "stop",
+        "sse", "client", "streaming", "batchapi", "outage", "evidence", "slots", "limiter",
+        "budget", "systematic", "journal", "inputs", "turns", "batchstate", "preflight",
+        "progress", "metrics", "settings", "inflight", "stop",
         "recorder", "attempts", "batch", "smoke", "run"])],
     "extract": [
         {"rendering"},                                    # the completion form

@@ -410,6 +410,9 @@ class StatusFile(Shape):
     by_finish_reason: dict[str, int] | None = field(default=None, metadata=reads(counts_by_name))
     cut: int | None = field(default=None, metadata=reads(count))
     timeouts: int | None = field(default=None, metadata=reads(count))
+    # requests a stop closed before their answer, and the reserves the budget kept for them
+    cancelled: int | None = field(default=None, metadata=reads(count))
+    cancelled_cost: float | None = field(default=None, metadata=reads(_non_negative))
     think_split: int | None = field(default=None, metadata=reads(count))
     # the error mix (generator) and what an extractor reports: fab status shows them
     errors_by_kind: dict[str, int] | None = field(default=None, metadata=reads(counts_by_name))

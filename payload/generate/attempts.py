@@ -1,7 +1,9 @@
 """One prompt through its attempts: admit, send, classify, then answer, retry or give up.
 
 The policy per answer (docs/generator.md "How requests are paced" and "Error taxonomy"):
-- an answer is recorded; a 401 stops the run at once, a 402 stops dispatching;
+- an answer is recorded; a 401 stops the run at once; a 402, or an answer that brings the
+  spend to the budget, stops it and closes the requests in flight (docs/generator.md
+  "Cancellation");
 - a permanent error is held by the systematic-error detector (which may stop the run);
 - a throttled answer spends no attempt: the prompt waits as told, keeping its slot
   through a short wait and giving it back for a longer one;
@@ -9,11 +11,15 @@ The policy per answer (docs/generator.md "How requests are paced" and "Error tax
   outage breaker says the server as a whole was down (then the failure is free).
 
 Every request in flight holds one limiter slot and one budget admission; both are given
-back on every path, cancellation included.
+back on every path, cancellation included. A request is awaited through `InFlight`, so a
+stop can close it (its connection aborted) and the worker goes on: it counts it
+`cancelled`, keeps its budget reserve (it may have been billed) and records nothing, so
+the next run asks the prompt again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from dataclasses import dataclass
@@ -22,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from payload.errors import BudgetReached
-from payload.generate import client
+from payload.generate import client, streaming
 from payload.generate.budget import Budget
 from payload.generate.client import Kind, Outcome
 from payload.generate.journal import id_hash
@@ -30,7 +36,7 @@ from payload.generate.limiter import Limiter
 from payload.generate.outage import Breaker
 from payload.generate.progress import Counters
 from payload.generate.recorder import Recorder
-from payload.generate.settings import Settings, token_ids_for
+from payload.generate.settings import Settings, refuses_streaming, token_ids_for
 from payload.generate.slots import HOLD, HOLD_MAX_S
 from payload.generate.stop import Stop
 from payload.generate.systematic import Held
@@ -49,6 +55,7 @@ class Endpoint:
     headers: dict[str, str]
     timeout: aiohttp.ClientTimeout
     proxy: str | None
+    watchdog: streaming.Watchdog | None = None  # the streams' timeouts (--stream on/auto)
 
 
 @dataclass
@@ -79,14 +86,31 @@ class Attempts:
         # Whether requests ask for the sampled token ids; `auto` stops asking a server
         # that refuses the field (said once).
         self.ask_ids = token_ids_for(s.base_url, s.token_ids)
+        # Whether requests are streamed; `auto` stops streaming to a server that refuses
+        # the streaming fields (said once).
+        self.streams = s.stream != "off" and endpoint.watchdog is not None
 
     def body(self, messages: list[dict[str, Any]]) -> bytes:
         s = self.s
         return json.dumps(client.build_body(
             messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
             temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning, seed=s.seed,
-            token_ids=self.ask_ids),
+            token_ids=self.ask_ids, stream=self.streams),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def _stop_streaming(self, o: Outcome) -> bool:
+        """`--stream auto` and the server refused the streaming fields: ask without them
+        from now on (True: the prompt is asked again at no attempt's cost)."""
+        if self.s.stream != "auto" or o.kind is not Kind.PERMANENT \
+                or not refuses_streaming(o.status, o.message):
+            return False
+        if self.streams:
+            self.streams = False
+            self.say.warn(f"the server refused a streamed request ({o.status}: "
+                          f"{o.message[:200]}); asking without streaming from now on "
+                          f"(--request-timeout {self.s.request_timeout:g}s is each "
+                          "request's wall)")
+        return True
 
     def _stop_asking_ids(self, o: Outcome) -> bool:
         """`--token-ids auto` and the server refused `return_token_ids`: ask without it from
@@ -130,29 +154,49 @@ class Attempts:
             else:
                 self.rec.success(p, messages, outcome, cost, sent, seq)
 
-    async def _send(self, body: bytes) -> tuple[Outcome, int]:
+    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int] | None:
         """One request, counted in flight: (its answer, how many were at the server when it
-        was sent, for the limiter). The budget admission is given back if it is cancelled
-        before an answer (a stop that does not wait)."""
-        c, ep = self.c, self.ep
+        was sent, for the limiter); None when it was not sent (the run stopped while the
+        prompt waited for its place) or was closed before its answer."""
+        c, ep, stop = self.c, self.ep, self.stop
+        if stop.stopping:  # nothing new goes out once the run stops
+            self.budget.cancel()
+            return None
         c.in_flight += 1
         n_send = self.limiter.sending()
         try:
-            return (await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
-                                         ep.proxy, self.s.think_in_content), n_send)
-        except BaseException:  # cancelled: never answered
+            request = (streaming.attempt(ep.session, ep.url, body, ep.headers, ep.watchdog,
+                                         ep.proxy, self.s.think_in_content)
+                       if streamed and ep.watchdog is not None else  # as the body asks
+                       client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
+                                      ep.proxy, self.s.think_in_content))
+            outcome = await stop.requests.run(request)
+        except asyncio.CancelledError:  # this worker was cancelled: its request closed too
+            self._closed()
+            raise
+        except BaseException:
             self.budget.cancel()
             raise
         finally:
             c.in_flight -= 1
             self.limiter.returned()
+        if outcome is None:
+            self._closed()
+            return None
+        return outcome, n_send
+
+    def _closed(self) -> None:
+        """A request closed before its answer: counted, and its reserve stays spent (it may
+        have been billed for what the server generated until then)."""
+        self.c.cancelled += 1
+        self.c.cancelled_cost += self.budget.closed()
 
     async def _attempts(self, p: Prompt, slot: _Slot, messages: list[dict[str, Any]]
                         ) -> tuple[Outcome, float | None, int, int] | None:
         """One request through its attempts: (the answer, its cost, requests sent, its
         dispatch number), or None when the prompt ended otherwise (failed, held, stopped)."""
         s, c, lim, stop = self.s, self.c, self.limiter, self.stop
-        asked, body = self.ask_ids, self.body(messages)
+        asked, streamed, body = self.ask_ids, self.streams, self.body(messages)
         sent = charged = throttles = timeouts = 0
         held = False  # this prompt kept its slot through a throttle wait: its retry tells
         while True:
@@ -161,16 +205,26 @@ class Attempts:
             try:
                 await self.budget.admit()
             except BudgetReached as exc:
-                stop.request("budget", f"stopping: {exc}; the run is resumable "
-                             "(raise --max-cost and rerun the same command)")
+                stop.close("budget", f"stopping: {exc}; requests in flight are closed; the "
+                           "run is resumable (raise --max-cost and rerun the same command)")
                 return None
             if lim.capped and not slot.probe:
                 await lim.place()  # at a capacity: once the server has a free place
             sent += 1
             self._dispatched += 1
             seq = self._dispatched
-            outcome, n_send = await self._send(body)
+            got = await self._send(body, streamed)
+            if got is None:
+                return None  # not sent, or closed by a stop: asked again by the next run
+            outcome, n_send = got
             cost = self.rec.settle(outcome)
+            if self.budget.reached and (len(stop.requests) or not stop.stopping):
+                # What is still in flight is beyond the budget, also during a drain: closed
+                # now, not paid for to its end (this answer is kept: it is paid already).
+                stop.close("budget", f"stopping: budget ${self.budget.max_cost:g} reached "
+                           f"(spent ${self.budget.spent:.4f}); the {len(stop.requests)} "
+                           "requests in flight are closed; the run is resumable (raise "
+                           "--max-cost and rerun the same command)")
             decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send)
             slot.probe = held = False
             self._note_outage(outcome)
@@ -187,14 +241,15 @@ class Attempts:
                              "sent; the run is resumable.")
                 return None
             if outcome.kind is Kind.CREDIT:
-                stop.request("credit", "out of credit or key limit reached "
-                             f"({outcome.status} {outcome.type}: {outcome.message}); "
-                             "in-flight requests finish, the run is resumable with the "
-                             "same command once credit is added.")
+                stop.close("credit", "out of credit or key limit reached "
+                           f"({outcome.status} {outcome.type}: {outcome.message}); "
+                           "requests in flight are closed, the run is resumable with the "
+                           "same command once credit is added.")
                 return None
             if outcome.kind is Kind.PERMANENT:
-                if asked and self._stop_asking_ids(outcome):  # asked again without the field
-                    asked, body = self.ask_ids, self.body(messages)
+                if (asked and self._stop_asking_ids(outcome)) or (
+                        streamed and self._stop_streaming(outcome)):  # asked again without
+                    asked, streamed, body = self.ask_ids, self.streams, self.body(messages)
                     continue
                 if self.rec.permanent(Held(p, outcome, sent, seq)):
                     stop.request("systematic_error", self.rec.systematic.describe())

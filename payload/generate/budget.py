@@ -15,6 +15,11 @@ budget allowed 76 requests in flight where 2000 were asked for.
 What an answer cost: its `usage.cost` when the server reports one; otherwise its usage
 tokens × the endpoint prices (`Prices.of`); with neither, the budget cannot be enforced,
 which `generate` says at start and in the status file (`budget_enforced: false`).
+
+A request closed before its answer (a stop: `InFlight`) may have been billed for what the
+server generated until then: its cost is unknown but possible, so its reserve (the
+expectation) stays spent, never zero (`closed`); the run carries that sum over
+to the next one (the status file's `cancelled_cost`), as it does the recorded costs.
 """
 
 from __future__ import annotations
@@ -130,6 +135,15 @@ class Budget:
         else:
             self._seen_answers += 1  # answered at no reported cost (an error)
         self._changed.set()
+
+    def closed(self) -> float:
+        """An admitted request was closed before its answer: what it may have cost is
+        unknown, so its reserve (the expectation) stays spent; returns that reserve."""
+        self.in_flight -= 1
+        reserve = self.expectation
+        self.spent += reserve
+        self._changed.set()
+        return reserve
 
     def cancel(self) -> None:
         """An admitted attempt was never sent."""

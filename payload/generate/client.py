@@ -58,6 +58,7 @@ class Outcome:
     type: str = ""  # short machine name: rate_limited, server_error, timeout, ...
     message: str = ""
     retry_after: float | None = None  # seconds, already capped at MAX_RETRY_AFTER_S
+    answered_at: float | None = None  # epoch s the answer was complete, where not "now"
     throttled: bool = False  # 429 / 402 with Retry-After: the server asks for less load
     server_failure: bool = False  # no connection, timeout, 5xx: the server may be down
     result: dict[str, Any] = field(default_factory=dict)  # fields for the output record
@@ -92,10 +93,11 @@ def split_think(content: str) -> tuple[str, str] | None:
 def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str, Any] | None,
                max_tokens: int | None, temperature: float | None, top_p: float | None,
                reasoning: dict[str, Any] | None, seed: int | None = None,
-               token_ids: bool = False) -> dict[str, Any]:
+               token_ids: bool = False, stream: bool = False) -> dict[str, Any]:
     """The request body: only fields OpenRouter's ChatRequest schema defines, plus
     `return_token_ids` (vLLM's) when `token_ids`, which is never asked of OpenRouter
-    (settings.token_ids_for)."""
+    (settings.token_ids_for). `stream` asks for an event stream whose last chunk carries
+    the usage (OpenAI and vLLM send it only when `stream_options.include_usage` says so)."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if provider is not None:
         body["provider"] = provider
@@ -111,6 +113,9 @@ def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str
         body["seed"] = seed
     if token_ids:
         body["return_token_ids"] = True
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     return body
 
 
@@ -220,7 +225,7 @@ def classify_error(code: int, message: str, metadata: dict[str, Any],
     return Outcome(Kind.PERMANENT, code, etype, message)
 
 
-def _looks_like_sse(raw: bytes, content_type: str | None) -> bool:
+def looks_like_sse(raw: bytes, content_type: str | None) -> bool:
     if content_type and content_type.startswith("text/event-stream"):
         return True
     head = raw[:64].lstrip()
@@ -253,6 +258,15 @@ def _reasoning_of(message: dict[str, Any]) -> str | None:
     return reasoning if isinstance(reasoning, str) else None
 
 
+def without_nulls(usage: dict[str, Any]) -> dict[str, Any]:
+    """`usage` without its null members, at any depth. A null says nothing, and servers
+    differ only there between their answers: vLLM sends `"prompt_tokens_details": null` in a
+    plain answer and leaves it out of a stream's usage chunk (`exclude_none`); without
+    them the two record the same usage."""
+    return {k: without_nulls(v) if isinstance(v, dict) else v
+            for k, v in usage.items() if v is not None}
+
+
 def classify_body(status: int, raw: bytes, retry_after: float | None,
                   content_type: str | None = None, generation_id: str | None = None,
                   think: str = "split") -> Outcome:
@@ -261,7 +275,7 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
     try:
         data = json.loads(raw)
     except ValueError:
-        if status == 200 and _looks_like_sse(raw, content_type):
+        if status == 200 and looks_like_sse(raw, content_type):
             return Outcome(Kind.PERMANENT, status, "streaming_only",
                            "the server answered a non-streaming request with an event stream "
                            "(text/event-stream): it serves streaming requests only")
@@ -270,6 +284,13 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
         return classify_error(status, f"HTTP {status} with a non-JSON body", {}, retry_after)
     if not isinstance(data, dict):
         return Outcome(Kind.RETRY, status, "malformed_json", "answer was not a JSON object")
+    return classify_data(status, data, retry_after, generation_id, think)
+
+
+def classify_data(status: int, data: dict[str, Any], retry_after: float | None,
+                  generation_id: str | None = None, think: str = "split") -> Outcome:
+    """Classify a decoded answer object: a non-streaming body, or a stream assembled into
+    the body it stands for (payload.generate.streaming), so both are recorded alike."""
     err = data.get("error")
     if status != 200 or err:  # `"error": null` beside a valid choice is no error
         if err:
@@ -297,7 +318,7 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
                                    else {})
     content = _text_of(message_obj.get("content"))
     reasoning = _reasoning_of(message_obj)
-    usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
+    usage = without_nulls(data["usage"]) if isinstance(data.get("usage"), dict) else {}
     cost = usage.get("cost")
     cost_f = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \
         else None

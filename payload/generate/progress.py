@@ -17,8 +17,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import json
+import math
 import os
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +31,35 @@ from typing import Any
 from payload import atomic, units
 from payload.redact import REDACTOR
 from payload.report import Reporter
+
+SAMPLE = 4096  # latencies kept per interval (a uniform reservoir beyond)
+
+
+class Latencies:
+    """The latencies of one interval's answers: a bounded uniform sample and the count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sample: list[float] = []
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        if len(self.sample) < SAMPLE:
+            self.sample.append(seconds)
+        else:
+            j = random.randrange(self.count)
+            if j < SAMPLE:
+                self.sample[j] = seconds
+
+    def take(self) -> tuple[int, dict[str, float] | None]:
+        """(answers, {p50, p90, p99}) of the interval, and a new interval begins."""
+        count, xs = self.count, sorted(self.sample)
+        self.count, self.sample = 0, []
+        if not xs:
+            return count, None
+        def q(p: float) -> float:
+            return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3)
+        return count, {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
 def _iso(ts: float) -> str:
@@ -54,6 +87,10 @@ class Counters:
     by_provider: collections.Counter[str] = field(default_factory=collections.Counter)
     by_finish_reason: collections.Counter[str] = field(default_factory=collections.Counter)
     timeouts: int = 0  # requests of this run that timed out (each retried <= --max-timeouts)
+    # Requests closed by a stop before their answer (cumulative across resumed runs), and
+    # the budget reserves kept for them: what they may have cost (docs/generator.md).
+    cancelled: int = 0
+    cancelled_cost: float = 0.0
     think_split: int = 0  # answers of this run whose <think> markers were split from content
     last_error: str | None = None
     stop_reason: str | None = None  # auth, credit, budget, signal, disk_full, outage, ...
@@ -65,6 +102,11 @@ class Counters:
     outages: int = 0
     window: int | None = None  # requests the limiter allows in flight now
     batches: dict[str, Any] | None = None  # --mode batch: the batches by state, their counts
+    # For metrics.jsonl only: this run's reasoning tokens, the capacity the limiter found,
+    # and the latencies of the answers since the last line.
+    reasoning_tokens: int = 0
+    capacity: int | None = None
+    latencies: Latencies = field(default_factory=Latencies)
     state: str = "running"
     started: float = field(default_factory=time.time)
     _t0: float = field(default_factory=time.monotonic)
@@ -88,12 +130,37 @@ class Counters:
             "by_provider": dict(self.by_provider),
             "by_finish_reason": dict(self.by_finish_reason),
             "cut": self.by_finish_reason.get("length", 0), "timeouts": self.timeouts,
+            "cancelled": self.cancelled, "cancelled_cost": round(self.cancelled_cost, 8),
             "think_split": self.think_split,
             "exit_code": self.exit_code, "max_failed": self.max_failed,
             "max_cost": self.max_cost, "budget_enforced": self.budget_enforced,
             "outage_s": None if self.outage_s is None else round(self.outage_s, 1),
             "outages": self.outages, "window": self.window, "pid": os.getpid(),
             **({"batches": self.batches} if self.batches is not None else {})})
+
+
+def carried(path: Path | None, limit: int = 4 << 20) -> tuple[int, float]:
+    """What the previous run's status file says that no record holds: how many requests
+    the runs so far closed before their answer, and the reserves kept for them, (0, 0.0)
+    when there is none or it cannot be read. A resumed run goes on from these, so the
+    count stays cumulative and the budget keeps counting what they may have cost."""
+    if path is None:
+        return 0, 0.0
+    try:
+        with path.open("rb") as fh:
+            raw = json.loads(fh.read(limit))
+    except (OSError, ValueError, RecursionError):
+        return 0, 0.0
+    if not isinstance(raw, dict):
+        return 0, 0.0
+    n, cost = raw.get("cancelled"), raw.get("cancelled_cost")
+    if type(n) is not int or n < 0:
+        n = 0
+    if type(cost) is int:
+        cost = float(cost)
+    if not isinstance(cost, float) or not math.isfinite(cost) or cost < 0:
+        cost = 0.0
+    return n, cost
 
 
 RESERVE_BYTES = 256 * 1024
@@ -103,9 +170,12 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 class StatusWriter:
     """Writes the status file; holds the disk-space reserve that guarantees the last one."""
 
-    def __init__(self, path: Path | None, reporter: Reporter) -> None:
+    def __init__(self, path: Path | None, reporter: Reporter,
+                 after_write: Callable[[Counters, bool], object] | None = None) -> None:
         self.path = path
         self.say = reporter
+        # called after each status written (with `final`): the metrics line, when one is due
+        self.after_write = after_write
         self.reserve = None if path is None else path.with_name(f".{path.name}.reserve")
         self._warned: set[int] = set()
         self.disk_full = False
@@ -144,6 +214,8 @@ class StatusWriter:
                 self._warned.add(exc.errno or 0)
                 self.say.warn(f"cannot write status file {self.path}: {exc.strerror}")
             return exc
+        if self.after_write is not None:
+            self.after_write(counters, final)
         return None
 
 
@@ -158,7 +230,8 @@ def describe(c: Counters) -> str:
     total = "?" if c.total is None else str(c.total)
     errs = " ".join(f"{k}={v}" for k, v in c.errors_by_kind.most_common(6))
     return (f"done {c.done}/{total} failed {c.failed} in-flight {c.in_flight} "
-            f"{rps:.1f} req/s {tps:.0f} tok/s ${c.cost:.4f} eta {_eta(c)}"
+            + (f"cancelled {c.cancelled} " if c.cancelled else "")
+            + f"{rps:.1f} req/s {tps:.0f} tok/s ${c.cost:.4f} eta {_eta(c)}"
             + (f" | errors: {errs}" if errs else ""))
 
 
@@ -200,7 +273,9 @@ class Display:
             rps, tps = c.rates()
             errs = " ".join(f"{k}={v}" for k, v in c.errors_by_kind.most_common(4))
             info = REDACTOR.redact(f"{rps:.1f} req/s {tps:.0f} tok/s ${c.cost:.4f} "
-                                   f"failed {c.failed} in-flight {c.in_flight} {errs}")
+                                   f"failed {c.failed} in-flight {c.in_flight} "
+                                   + (f"cancelled {c.cancelled} " if c.cancelled else "")
+                                   + errs)
             self._progress.update(self._task, completed=c.done + c.failed, total=c.total,
                                   info=info)
             return

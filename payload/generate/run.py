@@ -35,9 +35,10 @@ from payload.generate.budget import DEFAULT_FIRST_EXPECTATION, DEFAULT_PRICES, B
 from payload.generate.inputs import BadLines, Survey, survey
 from payload.generate.journal import IdSet, Index, Writer, drop_failures, id_hash, load_index
 from payload.generate.limiter import Limiter
+from payload.generate.metrics import metrics_for
 from payload.generate.outage import Breaker
 from payload.generate.preflight import check_endpoints
-from payload.generate.progress import Counters, Display, StatusWriter
+from payload.generate.progress import Counters, Display, StatusWriter, carried
 from payload.generate.recorder import Recorder
 from payload.generate.settings import (
     FIRST_COMPLETION_GUESS,
@@ -46,6 +47,7 @@ from payload.generate.settings import (
     token_ids_for,
 )
 from payload.generate.stop import Stop
+from payload.generate.streaming import Timeouts, Watchdog
 from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
 from payload.report import Reporter
@@ -53,6 +55,9 @@ from payload.report import Reporter
 # Spare workers (`_spawn_spares`): looked for this often, at most this many per slot.
 SPARE_CHECK_S = 0.02
 SPARES_PER_SLOT = 8
+# Once its requests are closed, a worker records nothing more and ends within a loop turn or
+# two; one still busy after this is cancelled (it was not waiting on a request).
+CLOSE_GRACE_S = 5.0
 
 
 class Generator:
@@ -67,11 +72,16 @@ class Generator:
         self.prices: Prices | None = s.prices
         self.index = Index()
         self.claimed = IdSet()
-        self.status = StatusWriter(s.status_file, self.say)
+        metrics = metrics_for(s.status_file, s.status_every, s.output, s.errors)
+        self.status = StatusWriter(s.status_file, self.say,
+                                   metrics.tick if metrics is not None else None)
         self.bad = BadLines(s.input, self.say)
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}
         self.recorder: Recorder | None = None
+        # The streams' timeouts (--stream auto/on); its streams' progress is liveness too.
+        self.streams = None if s.stream == "off" else Watchdog(Timeouts(
+            s.idle_timeout, s.first_token_timeout, s.request_timeout))
         self.resumed: dict[int, list[Turn]] = {}  # --turns all: journaled turns by id hash
         self._mean_line_bytes = 0
 
@@ -128,6 +138,7 @@ class Generator:
         """Outage and stall limits, and the live gauges of the status file."""
         c, b, now = self.c, self.breaker, time.monotonic()
         c.window = self.limiter.allowed
+        c.capacity = self.limiter.found_capacity
         c.outages = b.outages
         if b.is_open:
             c.outage_s = b.open_for(now)
@@ -136,7 +147,8 @@ class Generator:
         rec = self.recorder
         if rec is None:
             return
-        stalled = now - rec.last_success
+        # A stream still answering is no stall: an answer may take longer than the limit.
+        stalled = now - max(rec.last_success, self.streams.progress_at if self.streams else 0.0)
         if (b.is_open and b.open_for(now) > self.s.outage_timeout) or (
                 rec.failures_since_success and stalled > self.s.outage_timeout):
             what = "failing" if b.is_open else "answering only errors"
@@ -185,6 +197,7 @@ class Generator:
         c.cost, c.prompt_tokens = self.index.cost, self.index.prompt_tokens
         c.completion_tokens = self.index.completion_tokens
         c.by_provider, c.by_finish_reason = self.index.by_provider, self.index.by_finish_reason
+        c.cancelled, c.cancelled_cost = carried(s.status_file)
         if c.done or c.failed or self.resumed:
             turns = (f", {sum(map(len, self.resumed.values()))} turns of "
                      f"{len(self.resumed)} conversations" if self.resumed else "")
@@ -210,7 +223,9 @@ class Generator:
                       + pr.completion * ix.uncosted_completion_tokens
                       + pr.request * ix.uncosted_records)
             c.cost = spent
-        self.budget = Budget(s.max_cost, already_spent=spent,
+        # Requests closed before their answer by earlier runs may have been billed: their
+        # reserves stay spent (docs/generator.md "Cancellation").
+        self.budget = Budget(s.max_cost, already_spent=spent + c.cancelled_cost,
                              first_expectation=self._first_expectation())
         if s.max_cost is None:
             return
@@ -220,7 +235,9 @@ class Generator:
                          "none, the budget cannot be enforced: give --prices)")
         else:
             c.budget_enforced = True
-            self.say.say(f"budget: ${s.max_cost:g} (${spent:.4f} already spent); first "
+            held = (f", ${c.cancelled_cost:.4f} held for {c.cancelled} requests closed "
+                    "before their answer" if c.cancelled_cost else "")
+            self.say.say(f"budget: ${s.max_cost:g} (${spent:.4f} already spent{held}); first "
                          f"expectation ${self.budget.expectation:.4f} per request, then the "
                          "mean cost seen")
 
@@ -262,15 +279,18 @@ class Generator:
                 self.recorder = Recorder(s, c, writer, self.budget, self.prices, self.stop,
                                          self.say)
                 if self.budget.reached:
+                    held = (f" + ${c.cancelled_cost:.4f} held for requests closed before "
+                            "their answer" if c.cancelled_cost else "")
                     self.stop.request("budget", f"budget ${s.max_cost:g} already spent "
-                                      f"(${c.cost:.4f} recorded); raise --max-cost to go on")
+                                      f"(${c.cost:.4f} recorded{held}); raise --max-cost to go on")
                 elif mode == "sync" or not await BatchRun(
                         s, c, stop, self.budget, self.recorder, self.index, self.status,
                         self.say, session, self.headers, display,
                         self._first_expectation()).run():
                     url = s.base_url.rstrip("/") + "/chat/completions"
                     endpoint = Endpoint(session, url, self.headers, aiohttp.ClientTimeout(
-                        total=s.request_timeout, sock_connect=60), client.env_proxy(url))
+                        total=s.request_timeout, sock_connect=60), client.env_proxy(url),
+                        self.streams)
                     await self._run_pipeline(display, endpoint)
                 if not self.stop.stopping and self.recorder.systematic.at_end():
                     self.stop.request("systematic_error", self.recorder.systematic.describe())
@@ -394,7 +414,9 @@ class Generator:
     async def _drain(self, queue: asyncio.Queue[Prompt | None], producer: asyncio.Task[None],
                      feeder: asyncio.Task[None] | None, workers: list[asyncio.Task[None]],
                      spares: set[asyncio.Task[None]]) -> None:
-        """Stop dispatching; give in-flight requests `--drain-timeout` to finish and be written."""
+        """Stop dispatching; give in-flight requests `--drain-timeout` to finish and be
+        written, then close the rest (docs/generator.md "Cancellation"). A stop that closed
+        them already (budget, credit) finds the workers ending at once."""
         producer.cancel()
         if feeder is not None:
             feeder.cancel()
@@ -404,12 +426,16 @@ class Generator:
         for _ in workers:
             queue.put_nowait(None)
         _, pending = await asyncio.wait([*workers, *spares], timeout=self.s.drain_timeout)
-        if pending:
+        if not pending:
+            return
+        closed = self.stop.requests.close()
+        if closed:
+            self.say.say(f"drain: {closed} requests still in flight after "
+                         f"{self.s.drain_timeout:g}s were closed (asked again on resume)")
+        _, pending = await asyncio.wait(pending, timeout=CLOSE_GRACE_S)
+        if pending:  # not waiting on a request (a long backoff, a place at the server)
             for task in pending:
                 task.cancel()
-            self.say.say(f"drain: {len(pending)} workers still busy after "
-                         f"{self.s.drain_timeout:g}s were abandoned (their prompts are "
-                         "retried on resume)")
             await asyncio.wait(pending)
 
 

@@ -4,9 +4,11 @@ Many things end a run early (a refused key, credit, the budget, a signal, a syst
 error, an outage, a full disk); each calls `Stop.request` with its reason and a message
 that names the way out. The first reason wins (it is what the status file and the exit
 code say); later ones only make sure dispatch has stopped. `request` stops dispatching
-and lets requests in flight finish (they are drained by the run); `abandon` also
-cancels the workers at once, for the stops where waiting would only cost money (the key
-is refused, answers can no longer be written).
+and lets requests in flight finish (the run drains them for `--drain-timeout`, then
+closes the rest); `close` closes the requests in flight at once (`InFlight`: the
+connection is aborted, which stops a provider's billing), for the stops where waiting
+would only cost money (the budget, credit); `abandon` also cancels the workers, for those
+where nothing they do could be kept (the key is refused, answers can no longer be written).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 
 from payload.errors import ExitCode
+from payload.generate.inflight import InFlight
 from payload.generate.limiter import Limiter
 from payload.generate.progress import Counters
 from payload.redact import redact
@@ -22,10 +25,12 @@ from payload.report import Reporter
 
 
 class Stop:
-    def __init__(self, counters: Counters, limiter: Limiter, reporter: Reporter) -> None:
+    def __init__(self, counters: Counters, limiter: Limiter, reporter: Reporter,
+                 requests: InFlight | None = None) -> None:
         self.c = counters
         self.limiter = limiter
         self.say = reporter
+        self.requests = requests or InFlight()  # the requests on the wire, for `close`
         self.event = asyncio.Event()
         self.reason: str | None = None
         self.exit_code: int = ExitCode.OK
@@ -47,9 +52,15 @@ class Stop:
         self.event.set()
         self.limiter.stop()
 
-    def abandon(self, reason: str, message: str) -> None:
-        """Stop now: requests in flight are cancelled, not waited for."""
+    def close(self, reason: str, message: str) -> None:
+        """Stop now: requests in flight are closed, not waited for (each is asked again by
+        the next run)."""
         self.request(reason, message)
+        self.requests.close()
+
+    def abandon(self, reason: str, message: str) -> None:
+        """Stop now, and cancel the workers too (nothing they do can be kept)."""
+        self.close(reason, message)
         self.cancel_workers()
 
     def cancel_workers(self) -> None:
@@ -59,14 +70,17 @@ class Stop:
                 task.cancel()
 
     def on_signal(self, signame: str, drain_timeout: float) -> None:
-        """SIGTERM/SIGINT: drain, resumable; the same signal again: stop at once."""
+        """SIGTERM/SIGINT: drain, then close what is still in flight, resumable; the same
+        signal again: close them at once."""
         self.signals += 1
         if self.reason == "signal":
-            self.say.say(f"{signame} again: not waiting for in-flight requests")
+            self.say.say(f"{signame} again: closing the {len(self.requests)} requests in "
+                         "flight now (asked again on resume)")
+            self.requests.close()
             self.cancel_workers()
             return
         self.request("signal", f"{signame}: stopping; waiting up to {drain_timeout:g}s for "
-                     "in-flight requests (resumable)")
+                     "in-flight requests, then closing them (resumable)")
 
     async def sleep(self, delay: float) -> None:
         """Wait `delay` seconds, or less if the run stops meanwhile."""

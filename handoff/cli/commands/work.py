@@ -381,10 +381,11 @@ def logs(host: str | None, role: str | None, *, job: str | None = None, follow: 
 
 @guarded
 def stop(host: str | None, role: str | None, *, job: str | None = None,
-         timeout: float | str | None = None, dry_run: bool = False) -> int:
-    """SIGTERM the job: graceful drain, stays resumable."""
+         timeout: float | str | None = None, now: bool = False, dry_run: bool = False) -> int:
+    """SIGTERM the job: graceful drain (`now`: none, its requests closed), stays resumable."""
     from handoff.ops.jobs import stop as stop_plan
 
     wait_s = _flag.real("--timeout", timeout, minimum=0, default=60.0)
     assert wait_s is not None
-    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=wait_s), dry_run)
+    return run_plan(stop_plan.plan(targets_for(host, role), job_flag=job, timeout=wait_s,
+                                   now=now), dry_run)

@@ -19,8 +19,10 @@ one round trip including the check that follows it.
   of several jobs starts each with `watch_s` 0 and then watches them all at once (`check`:
   one wait, each job's state, the log's tail of any that is no longer alive).
 - `stop`: SIGTERM to the job's pid when alive, then waits up to `timeout` s for it to
-  exit: the payload drains its in-flight requests and stays resumable. `stop_all` does so
-  for every running job under `jobs_dir` at once (`fab stop` without `--job`).
+  exit: the payload drains its in-flight requests and stays resumable. With `now`, a
+  second SIGTERM `NOW_GAP_S` later: the payload then closes its requests in flight at once
+  (`fab stop --now`). `stop_all` does so for every running job under `jobs_dir` at once
+  (`fab stop` without `--job`).
 - `running`: every job under `jobs_dir` whose process is alive (cleanup-secrets warns
   before removing the key under one).
 - `forget`: remove the job's folder, only when its process is not alive (`fab forget`: a
@@ -326,15 +328,35 @@ def check(a: dict[str, Any]) -> dict[str, Any]:
     return {"jobs": out}
 
 
+# `now`: the gap between the two SIGTERMs, so that the job's handler has taken the first
+# (two signals pending at once would be one).
+NOW_GAP_S = 0.5
+
+
+def terminate(jobs: list[tuple[int, str]], now: bool) -> None:
+    """SIGTERM each (pid, job_dir); with `now`, once more after NOW_GAP_S to those alive."""
+    for pid, _ in jobs:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    if not now or not jobs:
+        return
+    time.sleep(NOW_GAP_S)
+    for pid, job_dir in jobs:
+        if is_alive(pid, job_dir):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
 def stop(a: dict[str, Any]) -> dict[str, Any]:
     before = state(a)
     if not before["alive"]:
         return {"was_alive": False, "drained": True, "state": before}
     pid, job_dir = int(before["pid"]), before["job_dir"]
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    terminate([(pid, job_dir)], bool(a.get("now")))
     deadline = time.monotonic() + float(a.get("timeout", 60))
     while is_alive(pid, job_dir) and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -350,11 +372,8 @@ def stop_all(a: dict[str, Any]) -> dict[str, Any]:
         job_dir = os.path.join(jobs_dir, name)
         pid = read_pid(job_dir)
         if pid and is_alive(pid, job_dir):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             alive[name] = (pid, job_dir)
+    terminate(list(alive.values()), bool(a.get("now")))
     deadline = time.monotonic() + float(a.get("timeout", 60))
     while any(is_alive(p, d) for p, d in alive.values()) and time.monotonic() < deadline:
         time.sleep(0.25)

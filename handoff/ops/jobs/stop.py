@@ -2,8 +2,10 @@
 
 One step per host, one round trip (handoff.host.remote_code.jobs `stop`, or `stop_all` without
 `--job`: every running job on the host): SIGTERM its pid, then wait up to `--timeout`
-seconds for it to exit. The payload drains its in-flight requests and writes its state; a
-relaunch resumes where it stopped. A job that is not running is left alone (skipped).
+seconds for it to exit. The payload drains its in-flight requests for its `--drain-timeout`,
+closes the rest and writes its state; `--now` sends a second SIGTERM half a second later,
+on which it closes them at once. A relaunch resumes where it stopped (the closed requests
+asked again). A job that is not running is left alone (skipped).
 
 A generator in batch mode cancels its live batches itself on SIGTERM. A job whose process
 is gone (killed, crashed, the host rebooted) while its ledger still names live batches
@@ -30,34 +32,41 @@ CANCEL = ("; then, for a job whose process is gone and whose batches are live at
           "the role's cancel command (payload batches --cancel)")
 
 
-def plan(targets: list[Target], *, job_flag: str | None, timeout: float) -> Plan:
+def plan(targets: list[Target], *, job_flag: str | None, timeout: float,
+         now: bool = False) -> Plan:
     wait_s = max(0.0, float(timeout))
     result = Plan("stop", [])
     wait = f"wait up to {wait_s:.0f} s for the drain" if wait_s else "do not wait"
+    if now:
+        wait = ("SIGTERM again 0.5 s later (requests in flight closed at once), "
+                + wait.replace(" for the drain", ""))
+    term = "kill -TERM" + (" twice, 0.5 s apart," if now else "")
     for target in targets:
         if job_flag is None:
             jobs_dir = target.layout.jobs
             step = Step("stop-jobs", f"stop every running job: SIGTERM each, {wait} (stays resumable)",
-                        f"python -c <remote_code/jobs.py> stop_all: kill -TERM the pid of each job "
+                        f"python -c <remote_code/jobs.py> stop_all: {term} the pid of each job "
                         f"alive under {jobs_dir}, poll until they exit{CANCEL}",
-                        "for each job that is running", StopJobs(None, wait_s), run=_stop_all)
+                        "for each job that is running", StopJobs(None, wait_s, now), run=_stop_all)
         else:
             job = job_name(target, job_flag)
             jd = target.layout.job(job)
             step = Step("stop-job", f"stop job {job}: SIGTERM its process, {wait} (stays resumable)",
-                        f"python -c <remote_code/jobs.py> stop: kill -TERM <pid in {jd}/pid>, poll "
-                        f"until it exits{CANCEL}", "if the job is running", StopJobs(job, wait_s),
-                        run=_stop)
+                        f"python -c <remote_code/jobs.py> stop: {term} <pid in {jd}/pid>, poll "
+                        f"until it exits{CANCEL}", "if the job is running",
+                        StopJobs(job, wait_s, now), run=_stop)
         result.hosts.append(HostPlan(target, [step]))
     return result
 
 
 @dataclass(frozen=True)
 class StopJobs:
-    """One job to stop (`job`), or every running one (None), waiting `timeout` s for each."""
+    """One job to stop (`job`), or every running one (None), waiting `timeout` s for each;
+    `now`: a second SIGTERM, so requests in flight are closed without a drain."""
 
     job: str | None
     timeout: float
+    now: bool = False
 
 
 def _stop(ctx: HostContext, step: Step) -> str:
@@ -65,7 +74,8 @@ def _stop(ctx: HostContext, step: Step) -> str:
     p = step.args(StopJobs)
     job, wait_s = str(p.job), p.timeout
     answer: dict[str, Any] = s.run_code(
-        remote_code.JOBS, {"op": "stop", "job_dir": s.target.layout.job(job), "timeout": wait_s},
+        remote_code.JOBS, {"op": "stop", "job_dir": s.target.layout.job(job), "timeout": wait_s,
+                           "now": p.now},
         "stopping the job", timeout=wait_s + 30)
     after = JobState.from_json(answer.get("state") or {})
     if after.state == "none" and not answer.get("was_alive"):
@@ -90,9 +100,11 @@ def _stop(ctx: HostContext, step: Step) -> str:
 
 def _stop_all(ctx: HostContext, step: Step) -> str:
     s = ctx.session
-    wait_s = step.args(StopJobs).timeout
+    p = step.args(StopJobs)
+    wait_s = p.timeout
     answer: dict[str, Any] = s.run_code(
-        remote_code.JOBS, {"op": "stop_all", "jobs_dir": s.target.layout.jobs, "timeout": wait_s},
+        remote_code.JOBS, {"op": "stop_all", "jobs_dir": s.target.layout.jobs, "timeout": wait_s,
+                           "now": p.now},
         "stopping the jobs", timeout=wait_s + 30)
     stopped = answer.get("jobs") or {}
     # Jobs whose process was already gone but whose batches are live (`batches` of the idle).

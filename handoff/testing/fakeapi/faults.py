@@ -5,9 +5,12 @@ that ties each answer to its own prompt (`answer_digest`).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import random
+import time
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -103,6 +106,25 @@ class FaultPlan:
                    hang_s=raw.get("hang_s", 3600.0))
 
 
+@dataclass(slots=True)
+class StreamRecord:
+    """One stream the fake sent (streams.py): `outcome` is completed, cancelled (the client
+    closed first), error (a mid-stream error event), cut, or aborted (the server stopped);
+    times are `time.monotonic()`."""
+
+    number: int
+    prompt: str
+    started: float
+    tokens_total: int  # the answer's completion tokens
+    tokens_billed: int = 0  # ... of which written before the stream ended
+    stalled: bool = False
+    outcome: str = ""
+    ended: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 @dataclass
 class FakeStats:
     requests: int = 0
@@ -127,9 +149,43 @@ class FakeStats:
     # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
     timeline: dict[int, list[int]] = field(default_factory=dict)
     outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
+    # Streams ("stream": true; streams.py): how each ended, and the completion tokens written
+    # ("billed"), also as a log of (time.monotonic(), tokens) per write for tokens_billed_after.
+    streams_started: int = 0
+    streams_completed: int = 0
+    streams_cancelled_by_client: int = 0
+    streams_errored: int = 0
+    streams_cut: int = 0
+    streams_stalled: int = 0
+    tokens_billed: int = 0
+    stream_log: list[StreamRecord] = field(default_factory=list)
+    bill_times: array[float] = field(default_factory=lambda: array("d"))
+    bill_tokens: array[int] = field(default_factory=lambda: array("q"))
+    _bill_bucket: float = -1.0  # when the log's last entry began (entries cover 1 ms)
+
+    def bill(self, tokens: int) -> None:
+        """Count `tokens` written now. Writes within 1 ms of an entry's first one join it, the
+        entry stamped with its latest: an hour of 2000 streams stays tens of MB, and
+        tokens_billed_after(t) errs by at most 1 ms of writes, towards counting them."""
+        self.tokens_billed += tokens
+        now = time.monotonic()
+        if now - self._bill_bucket < 0.001:
+            self.bill_times[-1] = now
+            self.bill_tokens[-1] += tokens
+        else:
+            self._bill_bucket = now
+            self.bill_times.append(now)
+            self.bill_tokens.append(tokens)
+
+    def tokens_billed_after(self, t: float) -> int:
+        """Completion tokens written after the `time.monotonic()` moment t (that clock is
+        system-wide on Linux, so a client in another process may pass its own)."""
+        return sum(self.bill_tokens[bisect.bisect_right(self.bill_times, t):])
 
     def as_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("bill_times", "bill_tokens", "_bill_bucket")}
+        out["stream_log"] = [r.as_dict() for r in self.stream_log]
         out["faults"] = dict(self.faults)
         out["successes_by_prompt"] = dict(self.successes_by_prompt)
         out["requests_by_prompt"] = dict(self.requests_by_prompt)
@@ -146,4 +202,5 @@ DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
 ]
 
 
-__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]
+__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats",
+           "FaultPlan", "StreamRecord", "answer_digest", "fake_token_ids"]

@@ -100,6 +100,23 @@ def test_jobs_start_state_stop(tmp_path: Path) -> None:
     assert jobs.stop({"job_dir": str(jd), "timeout": 10})["was_alive"] is False
 
 
+@pytest.mark.parametrize("op", ["stop", "stop_all"])
+def test_jobs_stop_now_signals_twice(tmp_path: Path, op: str) -> None:
+    """`fab stop --now`: a second SIGTERM after NOW_GAP_S, which the payload takes as
+    "close the requests in flight at once"; the job here exits on the second only."""
+    jd = tmp_path / "jobs" / "j"
+    script = ("import signal, sys, time, pathlib; n = []; "
+              "p = pathlib.Path(sys.argv[1]) / 'terms'; "
+              "signal.signal(signal.SIGTERM, lambda *a: (n.append(1), p.write_text(str(len(n))), "
+              "len(n) > 1 and sys.exit(3))); time.sleep(60)")
+    command = f"{sys.executable} -c \"{script}\" {jd}"
+    jobs.start({"job_dir": str(jd), "command": command, "meta": {}, "watch_s": 0.5})
+    where = {"job_dir": str(jd)} if op == "stop" else {"jobs_dir": str(jd.parent)}
+    stopped = getattr(jobs, op)({**where, "timeout": 10, "now": True})
+    drained = stopped["drained"] if op == "stop" else stopped["jobs"]["j"]["drained"]
+    assert drained is True and (jd / "terms").read_text() == "2"
+
+
 def test_jobs_start_of_a_command_that_dies_at_once_returns_the_log(tmp_path: Path) -> None:
     jd = tmp_path / "j"
     answer = jobs.start({"job_dir": str(jd), "command": "sh -c \"echo 'no such input' >&2; exit 2\"",

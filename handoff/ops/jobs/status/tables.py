@@ -117,6 +117,7 @@ class _Row:
     retries: int | None = None
     bytes_written: int | None = None
     mismatches: int | None = None
+    cancelled: int | None = None
 
 
 def _seconds(value: float) -> str:
@@ -129,7 +130,8 @@ def _latency_cell(v: JobView, row: _Row) -> str:
 
 
 def _errors_cell(v: JobView, row: _Row) -> str:
-    """The error mix: the three most frequent kinds, and the retries."""
+    """The error mix: the three most frequent kinds, the retries, and the requests a stop
+    closed before their answer (asked again by a relaunch)."""
     parts = [f"{kind} {n}" for kind, n in sorted((row.errors or {}).items(),
                                                   key=lambda kv: (-kv[1], kv[0]))[:3]]
     if len(row.errors or {}) > 3:
@@ -137,6 +139,8 @@ def _errors_cell(v: JobView, row: _Row) -> str:
     text = ", ".join(parts)
     if row.retries:
         text += f"{'; ' if text else ''}{row.retries} retries"
+    if row.cancelled:
+        text += f"{'; ' if text else ''}{row.cancelled} cancelled"
     return text or "-"
 
 
@@ -241,7 +245,7 @@ def _rows(views: list[JobView]) -> list[tuple[JobView, _Row]]:
             return sum(known) if known else None
 
         out.append((v, _Row(latency or None, errors, total("retries"), total("bytes_written"),
-                            total("retokenized_mismatch"))))
+                            total("retokenized_mismatch"), total("cancelled"))))
     return out
 
 

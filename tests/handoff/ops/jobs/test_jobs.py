@@ -177,10 +177,15 @@ def test_launch_and_stop_dry_runs_contact_no_host(ws: Workstation, capfd: pytest
 def test_stop_plan(ws: Workstation) -> None:
     p = stop.plan(ws.targets("a,s"), job_flag=None, timeout=0)  # every running job
     assert [(hp.steps[0].action, asdict(hp.steps[0].params)) for hp in p.hosts] == \
-        [("stop-jobs", {"job": None, "timeout": 0.0})] * 2
+        [("stop-jobs", {"job": None, "timeout": 0.0, "now": False})] * 2
     assert "do not wait" in p.hosts[0].steps[0].description
     one = stop.plan(ws.targets("a"), job_flag="B3", timeout=5)
-    assert asdict(one.hosts[0].steps[0].params) == {"job": "B3", "timeout": 5.0}
+    assert asdict(one.hosts[0].steps[0].params) == {"job": "B3", "timeout": 5.0, "now": False}
+    # --now: a second SIGTERM, on which the payload closes its requests in flight at once.
+    now = stop.plan(ws.targets("a"), job_flag="B3", timeout=5, now=True).hosts[0].steps[0]
+    assert asdict(now.params) == {"job": "B3", "timeout": 5.0, "now": True}
+    assert "SIGTERM again 0.5 s later (requests in flight closed at once)" in now.description
+    assert "kill -TERM twice" in now.detail
 
 
 # --- on fake hosts -------------------------------------------------------------------------
@@ -935,6 +940,28 @@ def test_status_json_has_the_error_mix_and_latency_per_job() -> None:
     assert gpu["retokenized_mismatch"] == 300 and gpu["latency_s"] is None
 
 
+def test_status_shows_the_requests_a_stop_cancelled_and_refuses_a_hostile_count() -> None:
+    """Issue 33: a stopped job's `cancelled` (requests closed before their answer, asked
+    again by a relaunch) shows where errors show, summed on the `all` row; a count that is
+    not a whole number >= 0 is left out and named."""
+    from handoff.ops.jobs.status.views import KeyView
+
+    views = []
+    for i, n in ((1, 20), (2, 7)):
+        js = JobState.from_json({"status": {
+            "state": "stopped", "stop_reason": "signal", "done": 5, "failed": 0, "total": 40,
+            "cost": 0.005, "cancelled": n, "cancelled_cost": 0.02},
+            "meta": {"shard": f"{i - 1}/2", "hosts": 2, "started": 1}})
+        assert js.status["cancelled"] == n and not js.problems
+        views.append(status.JobView(f"gen-{i}", "S", js.state, js, key=KeyView(True)))
+    text = " ".join(_drawn(views, 200).split())
+    assert "20 cancelled" in text and "7 cancelled" in text and "27 cancelled" in text, text
+    for hostile in (-3, "20", 1.5, True, 10 ** 400):
+        bad = JobState.from_json({"status": {"state": "stopped", "cancelled": hostile}})
+        assert "cancelled" not in bad.status, hostile
+        assert any("cancelled" in p for p in bad.problems), (hostile, bad.problems)
+
+
 def test_piped_output_is_never_wrapped_padded_or_700_columns_wide(
         ws: Workstation, capfd: pytest.CaptureFixture[str]) -> None:
     """Piped: a caption wrapped ("failed: sbx-1, sbx-2,⏎ sbx-3"), headers carried trailing
@@ -1016,6 +1043,33 @@ def test_launch_plan_shows_and_passes_the_sampling(ws: Workstation) -> None:
                                   "provider": "null"}
 
 
+def test_launch_passes_streaming_and_its_timeouts(ws: Workstation) -> None:
+    """Issue 33: --stream and the three timeouts reach the payload's argv and the plan."""
+    flags = {"stream": "off", "idle_timeout": "90", "first_token_timeout": 300,
+             "request_timeout": 7200}
+    p = launch.plan(ws.targets("a", flags=flags), local_input=None, remote_input="/d/x.jsonl",
+                    job_flag=None)
+    start = p.hosts[0].steps[-2]
+    for text in ("--stream off", "--idle-timeout 90.0", "--first-token-timeout 300",
+                 "--request-timeout 7200"):
+        assert text in start.detail, (text, start.detail)
+    assert ("stream off, idle_timeout 90.0, first_token_timeout 300, request_timeout 7200"
+            in start.description)
+    plain = launch.plan(ws.targets("a"), local_input=None, remote_input="/d/x.jsonl", job_flag=None)
+    assert "--stream" not in plain.hosts[0].steps[-2].detail
+    assert "--idle-timeout" not in plain.hosts[0].steps[-2].detail
+
+
+def test_launch_passes_the_drain_timeout(ws: Workstation) -> None:
+    """Issue 33: --drain-timeout (0: fab stop closes the requests in flight at once)."""
+    p = launch.plan(ws.targets("a", flags={"drain_timeout": "0"}), local_input=None,
+                    remote_input="/d/x.jsonl", job_flag=None)
+    start = p.hosts[0].steps[-2]
+    assert "--drain-timeout 0" in start.detail and "drain_timeout 0" in start.description
+    plain = launch.plan(ws.targets("a"), local_input=None, remote_input="/d/x.jsonl", job_flag=None)
+    assert "--drain-timeout" not in plain.hosts[0].steps[-2].detail
+
+
 @pytest.mark.parametrize(("flag", "value", "says"), [
     ("temperature", "3", "--temperature: expected a number from 0 to 2"),
     ("temperature", "nan", "--temperature: expected a number from 0 to 2"),
@@ -1029,6 +1083,11 @@ def test_launch_plan_shows_and_passes_the_sampling(ws: Workstation) -> None:
     ("reasoning", '{"exclude": "yes"}', "--reasoning: exclude must be true or false"),
     ("provider", "[1]", "--provider: expected a JSON object"),
     ("turns", "some", "--turns: expected one of last, all"),
+    ("stream", "yes", "--stream: expected one of auto, on, off"),
+    ("idle_timeout", "0", "--idle-timeout: expected a number > 0"),
+    ("first_token_timeout", "-5", "--first-token-timeout: expected a number > 0"),
+    ("request_timeout", "an hour", "--request-timeout: expected a number > 0"),
+    ("drain_timeout", "-1", "--drain-timeout: expected a number >= 0"),
 ])
 def test_bad_sampling_flags_exit_2_naming_the_flag(ws: Workstation, capfd: pytest.CaptureFixture[str],
                                                    flag: str, value: str, says: str) -> None:
