@@ -17,6 +17,12 @@ that would make them more than K, at once, with the shape's status and headers. 
     402-ra    402 in_flight_budget_exhausted with `Retry-After: 1`
     changing  429 with `Retry-After: 1`, and K halves from --change-at s after the first
               request until --change-for s later, then recovers
+    random-ra no cap: each request refused with probability --refuse-share (429 with
+              `Retry-After: 1`), independently of everything else, as an upstream rate
+              limiter shared with other users does; the rest answered after --latency
+              (0: as fast as the process's CPU allows, a CPU-bound mock)
+    random    the same without Retry-After
+    clean     the same server refusing nothing (the random shapes' baseline)
 
 Run it in its own process (its CPU is then nobody's): `python -m benchmarks.capped --shape
 429 --capacity 500 --latency 0.5` prints `base_url=http://127.0.0.1:PORT/api/v1`; `GET
@@ -29,29 +35,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import time
 from typing import Any
 
 from aiohttp import web
 
-SHAPES = ("429-ra", "429", "402-ra", "changing")
+SHAPES = ("429-ra", "429", "402-ra", "changing", "random-ra", "random", "clean")
+RANDOM = ("random-ra", "random", "clean")
 
 
 class Capped:
     def __init__(self, shape: str, capacity: int, latency: float, change_at: float,
-                 change_for: float) -> None:
+                 change_for: float, refuse_share: float = 0.0, seed: int = 1) -> None:
         if shape not in SHAPES:
             raise SystemExit(f"--shape {shape!r}: one of {', '.join(SHAPES)}")
         self.shape = shape
         self.capacity = capacity
         self.latency = latency
         self.change = (change_at, change_at + change_for) if shape == "changing" else None
+        self.refuse_share = refuse_share if shape in ("random-ra", "random") else 0.0
+        self.rng = random.Random(seed)
         self.answering = 0
         self.t0: float | None = None
         self.requests = self.served = self.refused = self.peak = 0
         self.timeline: dict[int, list[int]] = {}
 
     def cap(self, now: float) -> int:
+        if self.shape in RANDOM:
+            return 1 << 30
         if (self.change is not None and self.t0 is not None
                 and self.change[0] <= now - self.t0 < self.change[1]):
             return self.capacity // 2
@@ -69,7 +81,7 @@ class Capped:
             return web.json_response(body, status=402, headers={"Retry-After": "1"})
         body = {"error": {"code": 429, "message": "Rate limit exceeded: too many concurrent "
                           "requests"}}
-        headers = {} if self.shape == "429" else {"Retry-After": "1"}
+        headers = {} if self.shape in ("429", "random") else {"Retry-After": "1"}
         return web.json_response(body, status=429, headers=headers)
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -82,13 +94,15 @@ class Capped:
             row = self._row(now)
             row[0] += 1
             body = await request.json()
-            if self.answering > self.cap(now):
+            if self.answering > self.cap(now) or (
+                    self.refuse_share and self.rng.random() < self.refuse_share):
                 self.refused += 1
                 self._row(time.monotonic())[2] += 1
                 return self._refusal()
             self.peak = max(self.peak, self.answering)
             row[3] = max(row[3], self.answering)
-            await asyncio.sleep(self.latency)
+            if self.latency > 0:
+                await asyncio.sleep(self.latency)
             self.served += 1
             self._row(time.monotonic())[1] += 1
             n = len(json.dumps(body.get("messages", "")))
@@ -110,7 +124,8 @@ class Capped:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    capped = Capped(args.shape, args.capacity, args.latency, args.change_at, args.change_for)
+    capped = Capped(args.shape, args.capacity, args.latency, args.change_at, args.change_for,
+                    args.refuse_share, args.seed)
     app = web.Application(client_max_size=1 << 24)
     app.router.add_post("/api/v1/chat/completions", capped.chat)
     app.router.add_get("/_capped/stats", capped.stats)
@@ -132,6 +147,9 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.5)
     ap.add_argument("--change-at", type=float, default=6.0)
     ap.add_argument("--change-for", type=float, default=8.0)
+    ap.add_argument("--refuse-share", type=float, default=0.05,
+                    help="random shapes: the share of requests refused")
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
     try:

@@ -52,6 +52,9 @@ from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
 from payload.report import Reporter
 
+# Spare workers (`_spawn_spares`): looked for this often, at most this many per slot.
+SPARE_CHECK_S = 0.02
+SPARES_PER_SLOT = 8
 # Once its requests are closed, a worker records nothing more and ends within a loop turn or
 # two; one still busy after this is cancelled (it was not waiting on a request).
 CLOSE_GRACE_S = 5.0
@@ -345,7 +348,9 @@ class Generator:
         display.start()
         ticker = asyncio.create_task(self._tick(display))
         workers = [asyncio.create_task(self.work(queue, attempts)) for _ in range(n_workers)]
-        stop.workers = workers
+        spares: set[asyncio.Task[None]] = set()
+        stop.workers = list(workers)  # (and the spares, as they start)
+        spawner = asyncio.create_task(self._spawn_spares(queue, attempts, spares))
         producer = asyncio.create_task(self.produce(queue))
         stop_wait = asyncio.create_task(stop.event.wait())
         workers_done = asyncio.create_task(asyncio.wait(workers))
@@ -356,17 +361,50 @@ class Generator:
                 producer.result()  # surface a read error
                 feeder = asyncio.create_task(self._feed_sentinels(queue, len(workers)))
                 await asyncio.wait({workers_done, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                while not stop.stopping and any(not t.done() for t in spares):
+                    await asyncio.wait({stop_wait, *spares}, return_when=asyncio.FIRST_COMPLETED)
             if stop.stopping:
-                await self._drain(queue, producer, feeder, workers)
+                await self._drain(queue, producer, feeder, workers, spares)
         finally:
-            for task in (ticker, producer, stop_wait, workers_done, feeder, *workers):
+            for task in (ticker, spawner, producer, stop_wait, workers_done, feeder, *workers,
+                         *spares):
                 if task is not None:
                     task.cancel()
-            await asyncio.gather(ticker, producer, stop_wait, workers_done, *workers,
-                                 *([feeder] if feeder else []), return_exceptions=True)
-        for task in workers:
+            await asyncio.gather(ticker, spawner, producer, stop_wait, workers_done, *workers,
+                                 *spares, *([feeder] if feeder else []), return_exceptions=True)
+        for task in [*workers, *spares]:
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+
+    async def _spawn_spares(self, queue: asyncio.Queue[Prompt | None], attempts: Attempts,
+                            spares: set[asyncio.Task[None]]) -> None:
+        """Prompts wait in the queue, slots are free and no worker waits for one: every
+        worker is waiting out a throttle without its slot (at 20% refused with Retry-After
+        1 on a fast server, more prompts than the workers). Start a spare worker per such
+        slot; a spare takes prompts only while the queue has them, then ends."""
+        limit = SPARES_PER_SLOT * self.s.concurrency
+        while True:
+            await asyncio.sleep(SPARE_CHECK_S)
+            for task in [t for t in spares if t.done()]:
+                spares.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            n = min(self.limiter.unclaimed, queue.qsize(), limit - len(spares))
+            for _ in range(n):
+                task = asyncio.create_task(self.work_spare(queue, attempts))
+                spares.add(task)
+                self.stop.workers.append(task)
+
+    async def work_spare(self, queue: asyncio.Queue[Prompt | None], attempts: Attempts) -> None:
+        while not self.stop.stopping:
+            try:
+                prompt = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            if prompt is None:  # a regular worker's: put it back (the room it left)
+                queue.put_nowait(None)
+                return
+            await attempts.handle(prompt)
 
     @staticmethod
     async def _feed_sentinels(queue: asyncio.Queue[Prompt | None], n: int) -> None:
@@ -374,8 +412,8 @@ class Generator:
             await queue.put(None)
 
     async def _drain(self, queue: asyncio.Queue[Prompt | None], producer: asyncio.Task[None],
-                     feeder: asyncio.Task[None] | None, workers: list[asyncio.Task[None]]
-                     ) -> None:
+                     feeder: asyncio.Task[None] | None, workers: list[asyncio.Task[None]],
+                     spares: set[asyncio.Task[None]]) -> None:
         """Stop dispatching; give in-flight requests `--drain-timeout` to finish and be
         written, then close the rest (docs/generator.md "Cancellation"). A stop that closed
         them already (budget, credit) finds the workers ending at once."""
@@ -387,7 +425,7 @@ class Generator:
             queue.get_nowait()
         for _ in workers:
             queue.put_nowait(None)
-        _, pending = await asyncio.wait(workers, timeout=self.s.drain_timeout)
+        _, pending = await asyncio.wait([*workers, *spares], timeout=self.s.drain_timeout)
         if not pending:
             return
         closed = self.stop.requests.close()

@@ -68,6 +68,15 @@ class Slots:
         """Requests (and waiting throttled prompts) the window lets in now."""
         return self._allowed()
 
+    @property
+    def unclaimed(self) -> int:
+        """Free slots that no prompt is waiting for: where the window is open but every
+        worker is busy elsewhere (waiting out a throttle without a slot), the run starts
+        more workers (run.py)."""
+        if self._waiters or self.breaker.is_open:
+            return 0
+        return max(0, self._allowed() - self.in_flight - self._woken)
+
     def _free(self) -> bool:
         """A slot is free for a newcomer (none taken by a woken waiter that has not run)."""
         return self.in_flight + self._woken < self._allowed()
@@ -143,6 +152,10 @@ class Slots:
     def returned(self) -> None:
         """A request sent is back (answered, failed or cancelled): no longer at the server."""
         self.at_server -= 1
+        self._wake_places()
+
+    def _wake_places(self) -> None:
+        """Wake the requests waiting for a place that the place limit now lets go."""
         if self._place_waiters:
             limit = self._place_limit()
             while self._place_waiters and self.at_server + self._place_woken + 1 < limit:

@@ -80,6 +80,13 @@ class Server:
     throttle_share: float = 0.0
     throttle_retry_after: float | None = None
     outage: tuple[float, float] | None = None  # (start, end) in seconds
+    # A CPU-bound server (a mock answering as fast as its CPU allows): one request at a
+    # time, each `service` s of its CPU, refusals included (they are parsed too), in
+    # arrival order; `latency` and `jitter` are then not used.
+    service: float | None = None
+    # A loaded client machine: answers are read only when the client's loop runs, at
+    # ticks this far apart at most (uniform), not when the server wrote them.
+    read_gap: float = 0.0
     seed: int = 1
     serving: int = 0
     requests: int = 0
@@ -89,6 +96,24 @@ class Server:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self._cpu_free_at = 0.0  # (service) when the server's CPU is next free
+        self._next_read = 0.0  # (read_gap) the client's next tick
+
+    async def _queue(self, loop: asyncio.AbstractEventLoop) -> float:
+        """(service) Wait for the CPU and use it for one request; returns the time taken."""
+        assert self.service is not None
+        now = loop.time()
+        start = max(now, self._cpu_free_at)
+        self._cpu_free_at = start + self.service * self.rng.uniform(0.8, 1.2)
+        await asyncio.sleep(self._cpu_free_at - now)
+        return self._cpu_free_at - now
+
+    async def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(read_gap) The answer is read at the client's next tick."""
+        now = loop.time()
+        while self._next_read <= now:
+            self._next_read += self.rng.uniform(0.0, self.read_gap)
+        await asyncio.sleep(self._next_read - now)
 
     def cap(self, now: float) -> int:
         assert self.capacity is not None
@@ -117,6 +142,8 @@ class Server:
             return Outcome(Kind.RETRY, self.capacity_status, kind,
                            retry_after=self.capacity_retry_after, throttled=True,
                            latency_s=DOOR_S)
+        if self.service is not None:
+            return await self._cpu_bound(loop, now)
         if self.throttle_share and self.rng.random() < self.throttle_share:
             self.refusals += 1
             row[2] += 1
@@ -129,6 +156,28 @@ class Server:
             await asyncio.sleep(took)
         finally:
             self.serving -= 1
+        self.successes += 1
+        self._row(loop.time())[1] += 1
+        return Outcome(Kind.OK, 200, "ok", latency_s=took)
+
+
+    async def _cpu_bound(self, loop: asyncio.AbstractEventLoop, sent: float) -> Outcome:
+        self.serving += 1
+        try:
+            await self._queue(loop)
+        finally:
+            self.serving -= 1
+        refused = bool(self.throttle_share) and self.rng.random() < self.throttle_share
+        # (the client measures the latency as it parses the answer; a busy loop then gets
+        # to the limiter later: the answer's time less its latency is not its send time)
+        took = loop.time() - sent
+        if self.read_gap:
+            await self._read(loop)
+        if refused:
+            self.refusals += 1
+            self._row(loop.time())[2] += 1
+            return Outcome(Kind.RETRY, 429, "rate_limited", retry_after=self.throttle_retry_after,
+                           throttled=True, latency_s=took)
         self.successes += 1
         self._row(loop.time())[1] += 1
         return Outcome(Kind.OK, 200, "ok", latency_s=took)
@@ -239,15 +288,31 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
     async def tracer() -> None:
         while True:
             await asyncio.sleep(trace)
-            t = lim.evidence.settled
             print(f"t={loop.time():6.1f} window {lim.window:7.1f} ssthresh {lim.ssthresh:7.1f} "
                   f"capped {lim.capped:d} level {lim.full_level:6.0f} "
-                  f"slots {lim.in_flight:5d} holds {len(lim._holds):4d} at server {lim.at_server:5d} serving {server.serving:5d} share {lim.evidence.share:.2f} "
-                  f"repeats {t[7]}/{t[6]} first {t[5]}/{t[4]} done {done} "
-                  f"refusals {server.refusals}")
+                  f"slots {lim.in_flight:5d} holds {len(lim._holds):4d} at server "
+                  f"{lim.at_server:5d} serving {server.serving:5d} "
+                  f"share {lim.evidence.share:.2f} done {done} refusals {server.refusals}")
+
+    spares: list[asyncio.Future[None]] = []
+
+    async def spare() -> None:  # run.py's work_spare
+        while not queue.empty() and queue._queue[0] is not None:  # type: ignore[attr-defined]
+            queue.get_nowait()
+            await prompt()
+
+    async def spawner() -> None:  # run.py's _spawn_spares
+        while True:
+            await asyncio.sleep(0.02)
+            for _ in range(min(lim.unclaimed, queue.qsize() - workers)):
+                spares.append(asyncio.ensure_future(spare()))
 
     tracing = asyncio.ensure_future(tracer()) if trace else None
+    spawning = asyncio.ensure_future(spawner())
     await asyncio.gather(*(worker() for _ in range(workers)))
+    while spares:
+        await spares.pop()
+    spawning.cancel()
     if tracing is not None:
         tracing.cancel()
     lim.close()
