@@ -241,8 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--status-file", type=Path,
                    help="JSON status, replaced every few seconds "
                         "(default: OUT with .jsonl replaced by .status.json)")
-    g.add_argument("--request-timeout", type=_positive(float), default=600.0,
-                   help="seconds one request may take (long reasoning answers: default 600)")
+    g.add_argument("--request-timeout", type=_positive(float), default=3600.0,
+                   help="seconds one request may take in all, streamed or not (default 3600)")
+    g.add_argument("--stream", choices=("auto", "on", "off"), default="auto",
+                   help="stream the answers (server-sent events): auto (default) streams and "
+                        "stops streaming to a server that refuses it; on streams; off sends "
+                        "plain requests, each answer one JSON body")
+    g.add_argument("--idle-timeout", type=_positive(float), default=120.0,
+                   help="seconds a stream may be silent once its answer began (default 120)")
+    g.add_argument("--first-token-timeout", type=_positive(float), default=600.0,
+                   help="seconds a stream may take to begin its answer; the server's "
+                        "keep-alive comments do not extend it (default 600)")
     g.add_argument("--max-attempts", type=_positive(int), default=6,
                    help="attempts per prompt before it is recorded as failed")
     g.add_argument("--backoff-base", type=_positive(float), default=1.0,
@@ -319,6 +328,8 @@ def _generate(args: argparse.Namespace) -> int:
         reasoning=args.reasoning, max_cost=args.max_cost, prices=args.prices,
         shard=_owned(args.shard, args.exclude_ids),
         retry_failed=args.retry_failed, request_timeout=args.request_timeout,
+        stream=args.stream, idle_timeout=args.idle_timeout,
+        first_token_timeout=args.first_token_timeout,
         max_attempts=args.max_attempts, backoff_base=args.backoff_base,
         drain_timeout=args.drain_timeout, outage_timeout=args.outage_timeout,
         max_failed=args.max_failed if not isinstance(args.max_failed, str)

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from payload.errors import BudgetReached
-from payload.generate import client
+from payload.generate import client, streaming
 from payload.generate.budget import Budget
 from payload.generate.client import Kind, Outcome
 from payload.generate.journal import id_hash
@@ -30,7 +30,7 @@ from payload.generate.limiter import Limiter
 from payload.generate.outage import Breaker
 from payload.generate.progress import Counters
 from payload.generate.recorder import Recorder
-from payload.generate.settings import Settings, token_ids_for
+from payload.generate.settings import Settings, refuses_streaming, token_ids_for
 from payload.generate.slots import HOLD, HOLD_MAX_S
 from payload.generate.stop import Stop
 from payload.generate.systematic import Held
@@ -49,6 +49,7 @@ class Endpoint:
     headers: dict[str, str]
     timeout: aiohttp.ClientTimeout
     proxy: str | None
+    watchdog: streaming.Watchdog | None = None  # the streams' timeouts (--stream on/auto)
 
 
 @dataclass
@@ -79,14 +80,31 @@ class Attempts:
         # Whether requests ask for the sampled token ids; `auto` stops asking a server
         # that refuses the field (said once).
         self.ask_ids = token_ids_for(s.base_url, s.token_ids)
+        # Whether requests are streamed; `auto` stops streaming to a server that refuses
+        # the streaming fields (said once).
+        self.streams = s.stream != "off" and endpoint.watchdog is not None
 
     def body(self, messages: list[dict[str, Any]]) -> bytes:
         s = self.s
         return json.dumps(client.build_body(
             messages, model=s.model, provider=s.provider, max_tokens=s.max_tokens,
             temperature=s.temperature, top_p=s.top_p, reasoning=s.reasoning, seed=s.seed,
-            token_ids=self.ask_ids),
+            token_ids=self.ask_ids, stream=self.streams),
             ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def _stop_streaming(self, o: Outcome) -> bool:
+        """`--stream auto` and the server refused the streaming fields: ask without them
+        from now on (True: the prompt is asked again at no attempt's cost)."""
+        if self.s.stream != "auto" or o.kind is not Kind.PERMANENT \
+                or not refuses_streaming(o.status, o.message):
+            return False
+        if self.streams:
+            self.streams = False
+            self.say.warn(f"the server refused a streamed request ({o.status}: "
+                          f"{o.message[:200]}); asking without streaming from now on "
+                          f"(--request-timeout {self.s.request_timeout:g}s is each "
+                          "request's wall)")
+        return True
 
     def _stop_asking_ids(self, o: Outcome) -> bool:
         """`--token-ids auto` and the server refused `return_token_ids`: ask without it from
@@ -138,6 +156,10 @@ class Attempts:
         c.in_flight += 1
         n_send = self.limiter.sending()
         try:
+            if self.streams and ep.watchdog is not None:
+                return (await streaming.attempt(ep.session, ep.url, body, ep.headers,
+                                                ep.watchdog, ep.proxy, self.s.think_in_content),
+                        n_send)
             return (await client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
                                          ep.proxy, self.s.think_in_content), n_send)
         except BaseException:  # cancelled: never answered
@@ -152,7 +174,7 @@ class Attempts:
         """One request through its attempts: (the answer, its cost, requests sent, its
         dispatch number), or None when the prompt ended otherwise (failed, held, stopped)."""
         s, c, lim, stop = self.s, self.c, self.limiter, self.stop
-        asked, body = self.ask_ids, self.body(messages)
+        asked, streamed, body = self.ask_ids, self.streams, self.body(messages)
         sent = charged = throttles = timeouts = 0
         held = False  # this prompt kept its slot through a throttle wait: its retry tells
         while True:
@@ -195,6 +217,9 @@ class Attempts:
             if outcome.kind is Kind.PERMANENT:
                 if asked and self._stop_asking_ids(outcome):  # asked again without the field
                     asked, body = self.ask_ids, self.body(messages)
+                    continue
+                if streamed and self._stop_streaming(outcome):  # asked again, not streamed
+                    streamed, body = self.streams, self.body(messages)
                     continue
                 if self.rec.permanent(Held(p, outcome, sent, seq)):
                     stop.request("systematic_error", self.rec.systematic.describe())

@@ -92,10 +92,11 @@ def split_think(content: str) -> tuple[str, str] | None:
 def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str, Any] | None,
                max_tokens: int | None, temperature: float | None, top_p: float | None,
                reasoning: dict[str, Any] | None, seed: int | None = None,
-               token_ids: bool = False) -> dict[str, Any]:
+               token_ids: bool = False, stream: bool = False) -> dict[str, Any]:
     """The request body: only fields OpenRouter's ChatRequest schema defines, plus
     `return_token_ids` (vLLM's) when `token_ids`, which is never asked of OpenRouter
-    (settings.token_ids_for)."""
+    (settings.token_ids_for). `stream` asks for an event stream whose last chunk carries
+    the usage (OpenAI and vLLM send it only when `stream_options.include_usage` says so)."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if provider is not None:
         body["provider"] = provider
@@ -111,6 +112,9 @@ def build_body(messages: list[dict[str, Any]], *, model: str, provider: dict[str
         body["seed"] = seed
     if token_ids:
         body["return_token_ids"] = True
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     return body
 
 
@@ -220,7 +224,7 @@ def classify_error(code: int, message: str, metadata: dict[str, Any],
     return Outcome(Kind.PERMANENT, code, etype, message)
 
 
-def _looks_like_sse(raw: bytes, content_type: str | None) -> bool:
+def looks_like_sse(raw: bytes, content_type: str | None) -> bool:
     if content_type and content_type.startswith("text/event-stream"):
         return True
     head = raw[:64].lstrip()
@@ -261,7 +265,7 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
     try:
         data = json.loads(raw)
     except ValueError:
-        if status == 200 and _looks_like_sse(raw, content_type):
+        if status == 200 and looks_like_sse(raw, content_type):
             return Outcome(Kind.PERMANENT, status, "streaming_only",
                            "the server answered a non-streaming request with an event stream "
                            "(text/event-stream): it serves streaming requests only")
@@ -270,6 +274,13 @@ def classify_body(status: int, raw: bytes, retry_after: float | None,
         return classify_error(status, f"HTTP {status} with a non-JSON body", {}, retry_after)
     if not isinstance(data, dict):
         return Outcome(Kind.RETRY, status, "malformed_json", "answer was not a JSON object")
+    return classify_data(status, data, retry_after, generation_id, think)
+
+
+def classify_data(status: int, data: dict[str, Any], retry_after: float | None,
+                  generation_id: str | None = None, think: str = "split") -> Outcome:
+    """Classify a decoded answer object: a non-streaming body, or a stream assembled into
+    the body it stands for (payload.generate.streaming), so both are recorded alike."""
     err = data.get("error")
     if status != 200 or err:  # `"error": null` beside a valid choice is no error
         if err:

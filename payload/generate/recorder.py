@@ -32,6 +32,10 @@ from payload.report import Reporter
 
 # A turn's text stays in the conversation (`messages`, `response`), not in its provenance.
 _TEXT = frozenset({"id", "turn", "response", "reasoning", "response_token_ids"})
+# Answers we gave up on that may have been billed without our seeing the cost: a timeout, a
+# reset, a stream closed or cut mid-answer (a refused connection never was: it says so).
+UNSEEN_BILLS = frozenset({"timeout", "connection", "idle_timeout", "first_token_timeout",
+                          "stream_cut"})
 _IDS = "response_token_ids"  # the sampled token ids, when the server returned them
 
 
@@ -72,7 +76,7 @@ class Recorder:
         if o.kind is Kind.OK and self.c.budget_enforced is None and self.s.max_cost is not None:
             self._judge_budget(o)
         # A reset or timeout may have been billed unseen; a refused connection never was.
-        self.budget.settle(cost, unknown=o.type in ("timeout", "connection"))
+        self.budget.settle(cost, unknown=o.type in UNSEEN_BILLS)
         return cost
 
     def _judge_budget(self, o: Outcome) -> None:

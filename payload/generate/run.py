@@ -46,6 +46,7 @@ from payload.generate.settings import (
     token_ids_for,
 )
 from payload.generate.stop import Stop
+from payload.generate.streaming import Timeouts, Watchdog
 from payload.generate.turns import Turn, load_turns
 from payload.records import BadRecord, Prompt, iter_input, parse_prompt
 from payload.report import Reporter
@@ -266,7 +267,9 @@ class Generator:
                         self._first_expectation()).run():
                     url = s.base_url.rstrip("/") + "/chat/completions"
                     endpoint = Endpoint(session, url, self.headers, aiohttp.ClientTimeout(
-                        total=s.request_timeout, sock_connect=60), client.env_proxy(url))
+                        total=s.request_timeout, sock_connect=60), client.env_proxy(url),
+                        None if s.stream == "off" else Watchdog(Timeouts(
+                            s.idle_timeout, s.first_token_timeout, s.request_timeout)))
                     await self._run_pipeline(display, endpoint)
                 if not self.stop.stopping and self.recorder.systematic.at_end():
                     self.stop.request("systematic_error", self.recorder.systematic.describe())

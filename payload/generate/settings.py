@@ -9,6 +9,7 @@ missing or empty input, an unwritable output: exit 2 before the first request).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -90,6 +91,18 @@ def token_ids_for(base_url: str, mode: str) -> bool:
     return True
 
 
+STREAM_MODES = ("auto", "on", "off")
+
+
+def refuses_streaming(status: int | None, message: str) -> bool:
+    """A server that does not take the streaming fields and says so (a 400/422 naming
+    `stream_options` or `stream`)."""
+    return status in (400, 422) and _STREAM_WORD.search(message) is not None
+
+
+_STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)  # not "upstream"
+
+
 @dataclass
 class Settings:
     input: Path
@@ -109,7 +122,10 @@ class Settings:
     prices: Prices | None = None  # --prices: overrides the endpoint list's
     shard: Shard = ALL
     retry_failed: bool = False
-    request_timeout: float = 600.0
+    request_timeout: float = 3600.0  # the overall cap of one request (s)
+    stream: str = "auto"  # auto | on | off: stream the answers (off: one JSON body each)
+    idle_timeout: float = 120.0  # the longest silence of a stream once its answer began
+    first_token_timeout: float = 600.0  # the longest wait for a stream's first data event
     max_attempts: int = 6
     backoff_base: float = 1.0
     drain_timeout: float = 60.0

@@ -41,6 +41,19 @@ Modes that stand in for real servers and real trouble (all off by default):
   answer: `fake_token_ids`) and `prompt_token_ids`, as vLLM answers; what it sent is kept
   per prompt (`token_ids_by_prompt`); `refuse_fields=("return_token_ids",)` answers a
   request carrying such a field 400 "Unrecognized request argument supplied: …" (OpenAI);
+- streaming: a request with `"stream": true` gets the same answer as SSE (streams.py), in
+  OpenRouter's shape (`: OPENROUTER PROCESSING` comments while queued, `delta.reasoning` then
+  `delta.content` chunks of 1-4 tokens, `finish_reason`/`native_finish_reason` on the last,
+  a `choices: []` usage chunk, `data: [DONE]`, `X-Generation-Id`; vLLM's per-chunk `token_ids`
+  and first-chunk `prompt_token_ids` when asked). `stream=StreamPlan(...)` paces and breaks
+  it: chunk sizes, a log-normal token rate per request, a queue time, `time_scale` (fake
+  seconds per real one: an answer past the old 600 s wall in a second), shares (or a
+  schedule) of mid-stream `error` events, cut connections and stalls. The fake counts
+  `streams_started/completed/cancelled_by_client/errored/cut/stalled`, `tokens_billed`
+  (completion tokens written), a `stream_log` per stream, and `tokens_billed_after(t)`
+  (also `GET /_fake/stats?billed_after=T`, T a `time.monotonic()` moment): closing the
+  connection stops the bill. `reasoning_sigma > 0` draws each prompt's reasoning length
+  log-normal around `reasoning_tokens` (thinking-size answers: e.g. 3500, 0.8);
 - `check_history=True`: every assistant turn in a request's history must be what the fake
   answered for the history before it (its visible content), as `--turns all` sends it;
   mismatches are counted (`history_mismatches`, checked turns in `history_checked`).
@@ -56,10 +69,12 @@ Every chat request is counted per prompt (`requests_by_prompt`, by the request's
 
 Run alone: `python -m handoff.testing.fakeapi --host 127.0.0.1 --port 0 --key-file F`; it prints
 `base_url=...` on stdout once listening. The accepted key comes from `--key-file` or
-`$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters.
+`$FAKEAPI_KEY` / `$OPENROUTER_API_KEY`, never argv. `GET /_fake/stats` returns the counters;
+the streaming knobs are flags too (`--time-scale`, `--queue-s`, `--error-share`, ...).
 
 The package: `faults` (fault kinds, `FaultPlan`, `FakeStats`, `answer_digest`), `answers`
-(what each answer and fault looks like on the wire), `server` (`FakeOpenRouter`: which
+(what each answer and fault looks like on the wire), `streams` (an answer as SSE:
+`StreamPlan`, `Streamer`), `server` (`FakeOpenRouter`: which
 answer a request gets), `batches` (the Batch API), `__main__` (run alone). Its names are re-exported here.
 """
 
@@ -76,6 +91,8 @@ from handoff.testing.fakeapi.faults import (
     fake_token_ids,
 )
 from handoff.testing.fakeapi.server import FakeOpenRouter
+from handoff.testing.fakeapi.streams import StreamPlan
 
 __all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS",
-           "BatchPlan", "BatchService", "FakeOpenRouter", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]
+           "BatchPlan", "BatchService", "FakeOpenRouter", "FakeStats", "FaultPlan", "StreamPlan", "answer_digest",
+           "fake_token_ids"]

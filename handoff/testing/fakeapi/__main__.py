@@ -16,6 +16,23 @@ from pathlib import Path
 from handoff.testing import fakeapi
 from handoff.testing.fakeapi.faults import FaultPlan
 from handoff.testing.fakeapi.server import FakeOpenRouter
+from handoff.testing.fakeapi.streams import StreamPlan
+
+# StreamPlan field -> (type, help): one flag each, overriding --stream-plan's value
+_STREAM_FLAGS: dict[str, tuple[type, str]] = {
+    "tokens_per_s": (float, "mean decode rate of a request, tokens per fake second (40)"),
+    "rate_sigma": (float, "log-normal sigma of the per-request rate (0: all the same)"),
+    "queue_s": (float, "mean fake seconds queued before the first token (0)"),
+    "queue_sigma": (float, "log-normal sigma of the queue time (0)"),
+    "comment_every_s": (float, "a ': OPENROUTER PROCESSING' line this often while queued (5)"),
+    "time_scale": (float, "fake seconds per real second (1; 600: a 10-minute answer in 1 s)"),
+    "write_every_s": (float, "REAL seconds: the least gap between writes to a stream (0.02)"),
+    "error_share": (float, "share of streams ended by a mid-stream error event"),
+    "cut_share": (float, "share of streams whose connection is closed before [DONE]"),
+    "stall_share": (float, "share of streams that stall mid-way for --stall-s"),
+    "stall_s": (float, "fake seconds a stall lasts (30); < 0: until the client leaves"),
+    "seed": (int, "seed of the stream draws (rates, chunk sizes, trouble)"),
+}
 
 
 def _read_key(path: str | None) -> str:
@@ -57,7 +74,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="answer vLLM's token_ids to a request with return_token_ids")
     parser.add_argument("--thinking", choices=("field", "tags"),
                         help="a thinking model: reasoning before the answer")
+    parser.add_argument("--reasoning-tokens", type=int, default=48,
+                        help="a thinking answer's reasoning tokens (the mean with a sigma)")
+    parser.add_argument("--reasoning-sigma", type=float, default=0.0,
+                        help="> 0: each prompt's reasoning length log-normal with this sigma")
+    parser.add_argument("--stable-ids", action="store_true",
+                        help="an answer's id is its prompt's digest")
+    streaming = parser.add_argument_group(
+        "streaming (\"stream\": true)", "StreamPlan's fields, in the fake's seconds (real = fake "
+        "/ --time-scale) except --write-every-s; --stall-s < 0 stalls until the client leaves")
+    streaming.add_argument("--stream-plan", default="{}", help="StreamPlan JSON, e.g. "
+                           '{"schedule": {"1": "cut"}, "first_attempt": "error"}')
+    streaming.add_argument("--chunk-tokens", help="least,most tokens a chunk (default 1,4)")
+    for name, (kind, text) in _STREAM_FLAGS.items():
+        flag = "--stream-seed" if name == "seed" else "--" + name.replace("_", "-")
+        streaming.add_argument(flag, dest=name, type=kind, default=None, help=text)
+    streaming.add_argument("--usage-when-asked", action="store_true",
+                           help="the usage chunk only with stream_options.include_usage (vLLM)")
     args = parser.parse_args(argv)
+    plan_fields = json.loads(args.stream_plan)
+    plan_fields.update({k: getattr(args, k) for k in _STREAM_FLAGS if getattr(args, k) is not None})
+    if args.chunk_tokens:
+        plan_fields["chunk_tokens"] = [int(x) for x in args.chunk_tokens.split(",")]
+    if plan_fields.get("stall_s") is not None and plan_fields["stall_s"] < 0:
+        plan_fields["stall_s"] = None
+    if args.usage_when_asked:
+        plan_fields["usage_always"] = False
+    stream_plan = StreamPlan.from_json(json.dumps(plan_fields))
     plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
         args.faults)
     fake = FakeOpenRouter(api_key=_read_key(args.key_file), host=args.host, port=args.port,
@@ -69,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                           outage_at_s=args.outage_at, outage_for_s=args.outage_for,
                           outage_kind=args.outage_kind, fast_faults=args.fast_faults,
                           report_cost=not args.no_cost, timeline=args.timeline,
-                          token_ids=args.token_ids, thinking=args.thinking)
+                          token_ids=args.token_ids, thinking=args.thinking,
+                          reasoning_tokens=args.reasoning_tokens,
+                          reasoning_sigma=args.reasoning_sigma, stable_ids=args.stable_ids,
+                          stream=stream_plan)
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -81,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         await stop.wait()
         await fake.stop()
         print(json.dumps({k: v for k, v in fake.stats.as_dict().items()
-                          if k not in ("successes_by_prompt", "bodies")}), flush=True)
+                          if k not in ("successes_by_prompt", "bodies", "stream_log")}),
+              flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())

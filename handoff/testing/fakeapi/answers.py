@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import random
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from handoff.testing.fakeapi.faults import (
     answer_digest,
     fake_token_ids,
 )
+from handoff.testing.fakeapi.streams import Streamer, lognormal
 from payload.records import derive_id
 
 
@@ -37,6 +39,8 @@ class AnswerShapes:
     body_id: bool
     thinking: str | None
     reasoning_tokens: int
+    reasoning_sigma: float
+    streamer: Streamer
     completion_tokens: int
     check_history: bool
     content_parts: bool
@@ -71,11 +75,32 @@ class AnswerShapes:
             result.pop("id", None)
         return web.json_response(result, headers=headers)
 
+    async def _answer(self, request: web.Request, body: dict[str, Any],
+                      result: dict[str, Any]) -> web.StreamResponse:
+        """A chat.completion as JSON, or streamed when the request asked `"stream": true`:
+        the stream renders this very dict (streams.py), so both carry the same answer."""
+        if body.get("stream") is not True:
+            return self._json(result)
+        header = (f"gen-h-{self.stats.requests}" if self.generation_header or not self.body_id
+                  else str(result.get("id")))
+        if not self.body_id:
+            result.pop("id", None)
+        return await self.streamer.serve(request, body, result, header_id=header,
+                                         prompt_id=derive_id(body["messages"]))
+
+    def _reasoning_length(self, messages: list[dict[str, Any]]) -> int:
+        """`reasoning_tokens`, or with `reasoning_sigma` a log-normal draw of that mean seeded
+        by the prompt: the same prompt thinks as long every time, streamed or not."""
+        if self.reasoning_sigma <= 0:
+            return self.reasoning_tokens
+        rng = random.Random(int(answer_digest(messages), 16))
+        return max(1, round(lognormal(rng, self.reasoning_tokens, self.reasoning_sigma)))
+
     def _thinking_result(self, body: dict[str, Any], messages: list[dict[str, Any]],
                          answer: str) -> dict[str, Any]:
         """`reasoning_tokens` of reasoning (one word a token), then the answer; cut where the
         request's max_tokens ends, as a thinking model served by OpenRouter is."""
-        words = [f"r{i}" for i in range(self.reasoning_tokens)]
+        words = [f"r{i}" for i in range(self._reasoning_length(messages))]
         asked = body.get("max_tokens")
         whole = len(words) + self.completion_tokens
         used = asked if isinstance(asked, int) and asked < whole else whole
@@ -202,15 +227,15 @@ class AnswerShapes:
             return web.Response(status=200, text='{"id": "gen-x", "choices": [{"mess',
                                 content_type="application/json")
         body = await request.json()
-        if fault == "choice_error":
-            return web.json_response(self._result(
-                body, None, "error", {"code": 502, "message": "upstream provider error"}))
-        if fault == "finish_error":
-            return web.json_response(self._result(body, "", "error"))
-        if fault == "empty":
-            return web.json_response(self._result(body, "", "stop"))
-        if fault == "length_empty":
-            return web.json_response(self._result(body, "", "length"))
+        if fault in ("choice_error", "finish_error", "empty", "length_empty"):
+            result = (self._result(body, None, "error",
+                                   {"code": 502, "message": "upstream provider error"})
+                      if fault == "choice_error" else
+                      self._result(body, "", {"finish_error": "error", "empty": "stop",
+                                              "length_empty": "length"}[fault]))
+            if body.get("stream") is True:
+                return await self._answer(request, body, result)
+            return web.json_response(result)
         if fault == "hang":
             await asyncio.sleep(self.faults.hang_s)
             return self._error(504)

@@ -5,9 +5,12 @@ that ties each answer to its own prompt (`answer_digest`).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import random
+import time
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -103,6 +106,25 @@ class FaultPlan:
                    hang_s=raw.get("hang_s", 3600.0))
 
 
+@dataclass(slots=True)
+class StreamRecord:
+    """One stream the fake sent (streams.py): `outcome` is completed, cancelled (the client
+    closed first), error (a mid-stream error event), cut, or aborted (the server stopped);
+    times are `time.monotonic()`."""
+
+    number: int
+    prompt: str
+    started: float
+    tokens_total: int  # the answer's completion tokens
+    tokens_billed: int = 0  # ... of which written before the stream ended
+    stalled: bool = False
+    outcome: str = ""
+    ended: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 @dataclass
 class FakeStats:
     requests: int = 0
@@ -127,9 +149,33 @@ class FakeStats:
     # Per 100 ms since the first chat request: [arrivals, successes, refusals, peak in server]
     timeline: dict[int, list[int]] = field(default_factory=dict)
     outage_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end) s
+    # Streams ("stream": true; streams.py): how each ended, and the completion tokens written
+    # ("billed"), also as a log of (time.monotonic(), tokens) per write for tokens_billed_after.
+    streams_started: int = 0
+    streams_completed: int = 0
+    streams_cancelled_by_client: int = 0
+    streams_errored: int = 0
+    streams_cut: int = 0
+    streams_stalled: int = 0
+    tokens_billed: int = 0
+    stream_log: list[StreamRecord] = field(default_factory=list)
+    bill_times: array[float] = field(default_factory=lambda: array("d"))
+    bill_tokens: array[int] = field(default_factory=lambda: array("q"))
+
+    def bill(self, tokens: int) -> None:
+        self.tokens_billed += tokens
+        self.bill_times.append(time.monotonic())
+        self.bill_tokens.append(tokens)
+
+    def tokens_billed_after(self, t: float) -> int:
+        """Completion tokens written after the `time.monotonic()` moment t (that clock is
+        system-wide on Linux, so a client in another process may pass its own)."""
+        return sum(self.bill_tokens[bisect.bisect_right(self.bill_times, t):])
 
     def as_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("bill_times", "bill_tokens")}
+        out["stream_log"] = [r.as_dict() for r in self.stream_log]
         out["faults"] = dict(self.faults)
         out["successes_by_prompt"] = dict(self.successes_by_prompt)
         out["requests_by_prompt"] = dict(self.requests_by_prompt)
@@ -146,4 +192,5 @@ DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
 ]
 
 
-__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats", "FaultPlan", "answer_digest", "fake_token_ids"]
+__all__ = ["ALL_FAULTS", "DEFAULT_ENDPOINTS", "OTHER_FAULTS", "PREFIX", "RETRYABLE_FAULTS", "FakeStats",
+           "FaultPlan", "StreamRecord", "answer_digest", "fake_token_ids"]

@@ -20,6 +20,7 @@ from handoff.testing.fakeapi.faults import (
     FaultPlan,
     answer_digest,
 )
+from handoff.testing.fakeapi.streams import Streamer, StreamPlan
 from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
 
@@ -44,6 +45,7 @@ class FakeOpenRouter(AnswerShapes):
                  content_parts: bool = False, report_cost: bool = True, pricing: bool = True,
                  fast_faults: bool = False, timeline: bool = False,
                  thinking: str | None = None, reasoning_tokens: int = 48,
+                 reasoning_sigma: float = 0.0, stream: StreamPlan | None = None,
                  generation_header: bool = False, body_id: bool = True,
                  providers: list[str] | None = None, check_history: bool = False,
                  token_ids: bool = False, token_vocab: int = 100,
@@ -85,6 +87,7 @@ class FakeOpenRouter(AnswerShapes):
             raise ValueError("thinking is None, 'field' or 'tags'")
         self.thinking = thinking
         self.reasoning_tokens = reasoning_tokens
+        self.reasoning_sigma = reasoning_sigma  # > 0: each prompt's length log-normal
         self.generation_header = generation_header
         self.body_id = body_id
         self.providers = providers or ["DeepInfra"]
@@ -102,6 +105,7 @@ class FakeOpenRouter(AnswerShapes):
         self._outage_until = 0.0
         self._site: web.TCPSite | None = None
         self.stats = FakeStats()
+        self.streamer = Streamer(stream or StreamPlan(), self.stats)  # "stream": true
         self.keys = KeyStore(lambda: self.api_key)  # child keys, the management API (handoff.testing.fakekeys)
         self.base_url = ""
         self._runner: web.AppRunner | None = None
@@ -312,13 +316,15 @@ class FakeOpenRouter(AnswerShapes):
         if self.record_timeline:
             self._tick(time.monotonic(), 1)
         content = f"answer {answer_digest(messages)}"
-        if self.stream_only:
+        if self.stream_only and body.get("stream") is not True:
             return self._sse(body, content)
         if self.thinking is not None:
-            return self._json(self._thinking_result(body, messages, content))
+            return await self._answer(request, body, self._thinking_result(body, messages,
+                                                                           content))
         if self.check_history:
             self._answered[prompt_id] = content
-        return self._json(self._result(body, content, "stop", provider=self._provider(messages)))
+        return await self._answer(request, body, self._result(
+            body, content, "stop", provider=self._provider(messages)))
 
     async def _key(self, request: web.Request) -> web.Response:
         self.stats.key_calls += 1
@@ -364,7 +370,15 @@ class FakeOpenRouter(AnswerShapes):
                                            "endpoints": endpoints}})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        return web.json_response({**self.stats.as_dict(), "batches": self.batches.stats.as_dict()})
+        """The counters; `?billed_after=T` (a `time.monotonic()` moment) adds
+        `tokens_billed_after`: completion tokens streamed after T."""
+        out = {**self.stats.as_dict(), "batches": self.batches.stats.as_dict()}
+        if (after := request.query.get("billed_after")) is not None:
+            try:
+                out["tokens_billed_after"] = self.stats.tokens_billed_after(float(after))
+            except ValueError:
+                return self._error(400, "billed_after is a number (time.monotonic())")
+        return web.json_response(out)
 
 
 __all__ = ["FakeOpenRouter"]
