@@ -90,7 +90,7 @@ def test_the_benchmark_runs_every_client_and_writes_its_section(tmp_path: Path) 
         line = next(x for x in out.splitlines() if x.startswith(f"rep 0 {client} "))
         assert f"answers {n}/{n}" in line, out
     text = md.read_text()
-    assert "keep me" in text and "## Streamed answers" in text
+    assert "keep me" in text and "## Streamed answers at 2000 in flight (issue 33)" in text
     for row in ("| payload generate", "| bare aiohttp SSE loop", "| openai SDK"):
         assert row in text
     assert "Targets (payload): CPU per answer ≤ 1.5× the bare loop" in text
