@@ -157,6 +157,12 @@ def smoke_test(c: Context, host: str | None = None, role: str | None = None, mod
                 "'{\"require_parameters\": true}'; null sends none (overrides the provider var)",
     "turns": "last (regenerate the final assistant turn) or all (every assistant turn, in order)",
     "max_timeouts": "times a prompt whose request timed out is asked again (default 1)",
+    "stream": "auto (the default: stream the answers), on, or off (one JSON body per answer); "
+              "overrides the stream var",
+    "idle_timeout": "seconds a streamed answer may be silent once it began (default 120)",
+    "first_token_timeout": "seconds a stream may take to begin its answer; the provider's "
+                           "queue comments do not extend it (default 600)",
+    "request_timeout": "seconds one request may take in all (default 3600)",
     "mode": "sync (one request per prompt, the default), batch (the provider's Batch API: about "
             "half the price, answers within 24 h; fab stop cancels its batches) or auto (batch "
             "when the server has a Batch API, else sync); overrides the mode var",
@@ -173,6 +179,8 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
            max_tokens: str | None = None, temperature: str | None = None, top_p: str | None = None,
            seed: str | None = None, reasoning: str | None = None, provider: str | None = None,
            turns: str | None = None, max_timeouts: str | None = None, mode: str | None = None,
+           stream: str | None = None, idle_timeout: str | None = None,
+           first_token_timeout: str | None = None, request_timeout: str | None = None,
            no_shard: bool = False, take_over: str | None = None, dest: str | None = None,
            dry_run: bool = False) -> None:
     """Start one job per dataset on each host, sharded i/n."""
@@ -183,7 +191,9 @@ def launch(c: Context, host: str | None = None, role: str | None = None, input: 
     flags = {"model": model, "base_url": base_url, "concurrency": concurrency,
              "max_cost": max_cost, "max_tokens": max_tokens, "job": job,
              "temperature": temperature, "top_p": top_p, "seed": seed, "reasoning": reasoning,
-             "provider": provider, "turns": turns, "max_timeouts": max_timeouts, "mode": mode}
+             "provider": provider, "turns": turns, "max_timeouts": max_timeouts, "mode": mode,
+             "stream": stream, "idle_timeout": idle_timeout,
+             "first_token_timeout": first_token_timeout, "request_timeout": request_timeout}
     _done(commands.launch(host, role, local_input=input, remote_input=remote_input, flags=flags,
                           shard=not no_shard, dry_run=dry_run, take_over=take_over, dest=dest))
 

@@ -77,7 +77,7 @@ PAYLOAD_LAYERS: list[tuple[str, set[str]]] = [
 # (extract's formats/, backends/) only circles are checked.
 PAYLOAD_WITHIN: dict[str, list[set[str]]] = {
     "generate": [{"__init__"}, *({m} for m in [
-        "client", "batchapi", "outage", "evidence", "slots", "limiter", "budget", "systematic",
+        "sse", "client", "streaming", "batchapi", "outage", "evidence", "slots", "limiter", "budget", "systematic",
         "journal", "inputs", "turns", "batchstate", "preflight", "progress", "settings", "stop",
         "recorder", "attempts", "batch", "smoke", "run"])],
     "extract": [

@@ -108,6 +108,11 @@ VARS: dict[str, Rule] = {
     "top_p": Rule(minimum=0, maximum=1),
     "seed": Rule(whole=True, minimum=0, maximum=2**63 - 1),
     "max_timeouts": Rule(whole=True, minimum=0),  # a prompt's timed-out requests asked again
+    # The generator's timeouts (seconds): a stream's silence once its answer began, the
+    # wait for its first token, and one request in all.
+    "idle_timeout": Rule(above=0),
+    "first_token_timeout": Rule(above=0),
+    "request_timeout": Rule(above=0),
     # The generator's batch mode: requests per batch, seconds between its first polls.
     "batch_requests": Rule(whole=True, minimum=1),
     "batch_poll": Rule(above=0),
@@ -138,6 +143,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "turns": ("last", "all"),  # generator and extractor: which assistant turns
     "token_ids": ("auto", "on", "off"),  # generator: ask the server for the sampled ids
     "mode": ("sync", "batch", "auto"),  # generator: the Batch API (batch), or not (sync)
+    "stream": ("auto", "on", "off"),  # generator: streamed answers (off: one JSON body each)
     "on_mismatch": ("keep", "skip"),  # extractor: re-tokenized answers the server counted otherwise
 }
 
@@ -209,7 +215,8 @@ def choice(name: str, value: Any, *, flag: str | None = None, where: str = "") -
 # The generator's sampling and retry vars (`fab launch` flags of the same names): each
 # checked by its rule, in the order the launch plan shows them.
 SAMPLING = ("temperature", "top_p", "seed", "reasoning", "provider", "turns", "max_timeouts",
-            "token_ids", "mode")
+            "token_ids", "mode", "stream", "idle_timeout", "first_token_timeout",
+            "request_timeout")
 
 
 def sampling_var(name: str, value: Any, *, flag: str | None = None, where: str = "") -> Any:

@@ -48,6 +48,7 @@ class FakeRun:
     answered_at: bool = True  # False: records as a payload before round 4 wrote them
     metrics: bool = True  # False: no metrics.jsonl (the generator of an older payload)
     max_cost: float | None = 100.0
+    cancelled: int = 0  # per host: requests a stop cancelled in flight (its last metrics line)
     seed: int = 7
 
     def write(self, dest: Path) -> Written:
@@ -198,7 +199,7 @@ def _metrics(run: FakeRun, answers: list[_Answer], rnd: random.Random) -> list[d
                       "elapsed_s": round(elapsed, 3), "run": int(START),
                       "state": "finished" if finished else "running",
                       **{k: (round(v, 8) if isinstance(v, float) else v) for k, v in cum.items()},
-                      "cancelled": 0, "retries": retries, "in_flight": in_flight,
+                      "cancelled": run.cancelled if finished else 0, "retries": retries, "in_flight": in_flight,
                       "window": window, "capacity": None, "errors_by_kind": dict(errors),
                       "answers": len(interval), "latency_s": _quantiles(interval)})
         prev = t

@@ -2,7 +2,8 @@
 
 Modules, lowest first (each imports only from those above it and from the common modules
 in `payload/`):
-client (one attempt: the request body, the error taxonomy and answer shapes) · batchapi
+sse (the event-stream reader) · client (one attempt: the request body, the error taxonomy
+and answer shapes) · streaming (one streamed attempt, its timeouts' watchdog) · batchapi
 (the OpenAI Batch API's calls, typed) · outage (the outage breaker) · evidence (what
 throttled answers say) · slots (the slot gate: waiters, the outage probe) · limiter (slow
 start, throttling, capacity) · budget (--max-cost from expected costs) · systematic (early

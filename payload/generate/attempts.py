@@ -148,7 +148,7 @@ class Attempts:
             else:
                 self.rec.success(p, messages, outcome, cost, sent, seq)
 
-    async def _send(self, body: bytes) -> tuple[Outcome, int]:
+    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int]:
         """One request, counted in flight: (its answer, how many were at the server when it
         was sent, for the limiter). The budget admission is given back if it is cancelled
         before an answer (a stop that does not wait)."""
@@ -156,7 +156,7 @@ class Attempts:
         c.in_flight += 1
         n_send = self.limiter.sending()
         try:
-            if self.streams and ep.watchdog is not None:
+            if streamed and ep.watchdog is not None:  # as the body asks
                 return (await streaming.attempt(ep.session, ep.url, body, ep.headers,
                                                 ep.watchdog, ep.proxy, self.s.think_in_content),
                         n_send)
@@ -191,7 +191,7 @@ class Attempts:
             sent += 1
             self._dispatched += 1
             seq = self._dispatched
-            outcome, n_send = await self._send(body)
+            outcome, n_send = await self._send(body, streamed)
             cost = self.rec.settle(outcome)
             decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send)
             slot.probe = held = False
@@ -215,11 +215,9 @@ class Attempts:
                              "same command once credit is added.")
                 return None
             if outcome.kind is Kind.PERMANENT:
-                if asked and self._stop_asking_ids(outcome):  # asked again without the field
-                    asked, body = self.ask_ids, self.body(messages)
-                    continue
-                if streamed and self._stop_streaming(outcome):  # asked again, not streamed
-                    streamed, body = self.streams, self.body(messages)
+                if (asked and self._stop_asking_ids(outcome)) or (
+                        streamed and self._stop_streaming(outcome)):  # asked again without
+                    asked, streamed, body = self.ask_ids, self.streams, self.body(messages)
                     continue
                 if self.rec.permanent(Held(p, outcome, sent, seq)):
                     stop.request("systematic_error", self.rec.systematic.describe())

@@ -602,9 +602,7 @@ class BatchRun:
             self.again[h] = (sent, charged)
             return 0
         o.latency_s = latency
-        # When the answer was complete, for a recorder that keeps it (`answered_at`): the
-        # batch's end as the provider stamps it (set by name: older Outcomes lack the field).
-        setattr(o, "answered_at", answered_at)  # noqa: B010
+        o.answered_at = answered_at  # the batch's end, as the provider stamps it
         cost = rec.settle(o)
         seq = e.n + 1  # all of a batch's requests were "sent" at once
         if o.kind is Kind.OK:

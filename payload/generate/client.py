@@ -58,6 +58,7 @@ class Outcome:
     type: str = ""  # short machine name: rate_limited, server_error, timeout, ...
     message: str = ""
     retry_after: float | None = None  # seconds, already capped at MAX_RETRY_AFTER_S
+    answered_at: float | None = None  # epoch s the answer was complete, where not "now"
     throttled: bool = False  # 429 / 402 with Retry-After: the server asks for less load
     server_failure: bool = False  # no connection, timeout, 5xx: the server may be down
     result: dict[str, Any] = field(default_factory=dict)  # fields for the output record
@@ -257,6 +258,15 @@ def _reasoning_of(message: dict[str, Any]) -> str | None:
     return reasoning if isinstance(reasoning, str) else None
 
 
+def without_nulls(usage: dict[str, Any]) -> dict[str, Any]:
+    """`usage` without its null members, at any depth. A null says nothing, and servers
+    differ only there between their answers: vLLM sends `"prompt_tokens_details": null` in a
+    plain answer and leaves it out of a stream's usage chunk (`exclude_none`); without
+    them the two record the same usage."""
+    return {k: without_nulls(v) if isinstance(v, dict) else v
+            for k, v in usage.items() if v is not None}
+
+
 def classify_body(status: int, raw: bytes, retry_after: float | None,
                   content_type: str | None = None, generation_id: str | None = None,
                   think: str = "split") -> Outcome:
@@ -308,7 +318,7 @@ def classify_data(status: int, data: dict[str, Any], retry_after: float | None,
                                    else {})
     content = _text_of(message_obj.get("content"))
     reasoning = _reasoning_of(message_obj)
-    usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
+    usage = without_nulls(data["usage"]) if isinstance(data.get("usage"), dict) else {}
     cost = usage.get("cost")
     cost_f = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \
         else None

@@ -157,6 +157,11 @@ class Limiter(Slots):
         # run's last round trips (`_probe_pays`).
         self._left = left or (lambda: None)
 
+    @property
+    def found_capacity(self) -> int | None:
+        """The capacity found (requests the server holds), None while none is."""
+        return round(self.full_level) if self.capped else None
+
     # -- feedback ------------------------------------------------------------------------------
     def sending(self) -> int:
         """A request is about to be sent (counted in its send-time bin and among the requests

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from payload import atomic, units
+from payload.generate.metrics import GeneratorMetrics, Latencies
 from payload.redact import REDACTOR
 from payload.report import Reporter
 
@@ -65,6 +66,12 @@ class Counters:
     outages: int = 0
     window: int | None = None  # requests the limiter allows in flight now
     batches: dict[str, Any] | None = None  # --mode batch: the batches by state, their counts
+    # For metrics.jsonl only: this run's reasoning tokens, requests cancelled in flight, the
+    # capacity the limiter found, and the latencies of the answers since the last line.
+    reasoning_tokens: int = 0
+    cancelled: int = 0
+    capacity: int | None = None
+    latencies: Latencies = field(default_factory=Latencies)
     state: str = "running"
     started: float = field(default_factory=time.time)
     _t0: float = field(default_factory=time.monotonic)
@@ -103,9 +110,11 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 class StatusWriter:
     """Writes the status file; holds the disk-space reserve that guarantees the last one."""
 
-    def __init__(self, path: Path | None, reporter: Reporter) -> None:
+    def __init__(self, path: Path | None, reporter: Reporter,
+                 metrics: GeneratorMetrics | None = None) -> None:
         self.path = path
         self.say = reporter
+        self.metrics = metrics  # a metrics.jsonl line goes with the status when one is due
         self.reserve = None if path is None else path.with_name(f".{path.name}.reserve")
         self._warned: set[int] = set()
         self.disk_full = False
@@ -144,6 +153,8 @@ class StatusWriter:
                 self._warned.add(exc.errno or 0)
                 self.say.warn(f"cannot write status file {self.path}: {exc.strerror}")
             return exc
+        if self.metrics is not None:
+            self.metrics.tick(counters, final=final)
         return None
 
 

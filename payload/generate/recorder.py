@@ -39,16 +39,24 @@ UNSEEN_BILLS = frozenset({"timeout", "connection", "idle_timeout", "first_token_
 _IDS = "response_token_ids"  # the sampled token ids, when the server returned them
 
 
-def _provenance(r: dict[str, Any], latency_s: float, attempts: int) -> dict[str, Any]:
-    """The fields after the text: where the answer came from and what it took."""
+def answered_at(o: Outcome) -> float:
+    """When the answer was complete: now, or the time the attempt was stamped with (a
+    batch's end)."""
+    return round(o.answered_at if o.answered_at is not None else time.time(), 3)
+
+
+def _provenance(r: dict[str, Any], o: Outcome, attempts: int) -> dict[str, Any]:
+    """The fields after the text: where the answer came from, what it took, and when. The
+    latency goes just before `attempts` (the host's latency reader finds it there)."""
     out: dict[str, Any] = {}
     if "native_finish_reason" in r:
         out["native_finish_reason"] = r["native_finish_reason"]
     out["model"] = r["model"]
     if "generation_id" in r:
         out["generation_id"] = r["generation_id"]
-    out["latency_s"] = round(latency_s, 3)
+    out["latency_s"] = round(o.latency_s, 3)
     out["attempts"] = attempts
+    out["answered_at"] = answered_at(o)
     return out
 
 
@@ -114,12 +122,13 @@ class Recorder:
                       "turns": [{k: v for k, v in t.items() if k not in _TEXT} for t in every]}
         record["response"] = r["response"]
         record["reasoning"] = r["reasoning"]
-        record.update(_provenance(r, o.latency_s, attempts))
+        record.update(_provenance(r, o, attempts))
         if _IDS in r:  # the final turn's; earlier turns' are in their messages
             record[_IDS] = r[_IDS]
         if turns is not None:
             record["latency_s"] = round(sum(t["latency_s"] for t in (*turns, last)), 3)
             record["attempts"] = sum(t["attempts"] for t in (*turns, last))
+            record["answered_at"] = record.pop("answered_at")  # kept after attempts
         if p.meta:
             record["meta"] = p.meta
         record["messages"] = messages
@@ -152,7 +161,7 @@ class Recorder:
         t: Turn = {"id": p.id, "usage": r["usage"], "finish_reason": r["finish_reason"],
                    "provider": r["provider"], "turn": k, "index": where,
                    "response": r["response"], "reasoning": r["reasoning"]}
-        t.update(_provenance(r, o.latency_s, attempts))
+        t.update(_provenance(r, o, attempts))
         if _IDS in r:
             t[_IDS] = r[_IDS]
         return t
@@ -166,6 +175,10 @@ class Recorder:
         if cost:
             c.cost += cost
         pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        details = usage.get("completion_tokens_details")
+        rt = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        c.reasoning_tokens += rt if isinstance(rt, int) and not isinstance(rt, bool) else 0
+        c.latencies.add(o.latency_s)
         c.prompt_tokens += pt if isinstance(pt, int) else 0
         c.completion_tokens += ct if isinstance(ct, int) else 0
         c.tokens_this_run += ct if isinstance(ct, int) else 0
@@ -200,7 +213,7 @@ class Recorder:
             message = f"gave up after {why or f'{attempts} attempts'}; last: {message}"
         line = encode_record({"id": p.id, "error": {"status": o.status, "type": o.type,
                                                     "message": redact(message)},
-                              "attempts": attempts})
+                              "attempts": attempts, "answered_at": answered_at(o)})
         try:
             self.writer.write_error(line)
         except WriteFailed as exc:

@@ -35,6 +35,7 @@ from payload.generate.budget import DEFAULT_FIRST_EXPECTATION, DEFAULT_PRICES, B
 from payload.generate.inputs import BadLines, Survey, survey
 from payload.generate.journal import IdSet, Index, Writer, drop_failures, id_hash, load_index
 from payload.generate.limiter import Limiter
+from payload.generate.metrics import metrics_for
 from payload.generate.outage import Breaker
 from payload.generate.preflight import check_endpoints
 from payload.generate.progress import Counters, Display, StatusWriter
@@ -64,11 +65,15 @@ class Generator:
         self.prices: Prices | None = s.prices
         self.index = Index()
         self.claimed = IdSet()
-        self.status = StatusWriter(s.status_file, self.say)
+        self.status = StatusWriter(s.status_file, self.say, metrics_for(
+            s.status_file, s.status_every, s.output, s.errors))
         self.bad = BadLines(s.input, self.say)
         self.headers = {"Authorization": f"Bearer {s.api_key}",
                         "Content-Type": "application/json", "X-Title": "handoff"}
         self.recorder: Recorder | None = None
+        # The streams' timeouts (--stream auto/on); its streams' progress is liveness too.
+        self.streams = None if s.stream == "off" else Watchdog(Timeouts(
+            s.idle_timeout, s.first_token_timeout, s.request_timeout))
         self.resumed: dict[int, list[Turn]] = {}  # --turns all: journaled turns by id hash
         self._mean_line_bytes = 0
 
@@ -125,6 +130,7 @@ class Generator:
         """Outage and stall limits, and the live gauges of the status file."""
         c, b, now = self.c, self.breaker, time.monotonic()
         c.window = self.limiter.allowed
+        c.capacity = self.limiter.found_capacity
         c.outages = b.outages
         if b.is_open:
             c.outage_s = b.open_for(now)
@@ -133,7 +139,8 @@ class Generator:
         rec = self.recorder
         if rec is None:
             return
-        stalled = now - rec.last_success
+        # A stream still answering is no stall: an answer may take longer than the limit.
+        stalled = now - max(rec.last_success, self.streams.progress_at if self.streams else 0.0)
         if (b.is_open and b.open_for(now) > self.s.outage_timeout) or (
                 rec.failures_since_success and stalled > self.s.outage_timeout):
             what = "failing" if b.is_open else "answering only errors"
@@ -268,8 +275,7 @@ class Generator:
                     url = s.base_url.rstrip("/") + "/chat/completions"
                     endpoint = Endpoint(session, url, self.headers, aiohttp.ClientTimeout(
                         total=s.request_timeout, sock_connect=60), client.env_proxy(url),
-                        None if s.stream == "off" else Watchdog(Timeouts(
-                            s.idle_timeout, s.first_token_timeout, s.request_timeout)))
+                        self.streams)
                     await self._run_pipeline(display, endpoint)
                 if not self.stop.stopping and self.recorder.systematic.at_end():
                     self.stop.request("systematic_error", self.recorder.systematic.describe())

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +92,9 @@ class Watchdog:
             1.0, max(0.005, min(timeouts.idle, timeouts.first_token, timeouts.total) / 8))
         self._open: set[_Watch] = set()
         self._task: asyncio.Task[None] | None = None
+        # When a stream last received a byte of its answer (seen at a tick): the run's
+        # stall watch counts that as liveness, as it counts an answer.
+        self.progress_at = 0.0
 
     def watch(self, content: aiohttp.StreamReader, started: float) -> _Watch:
         w = _Watch(content, started, self.t)
@@ -106,6 +111,8 @@ class Watchdog:
             while self._open:
                 await asyncio.sleep(self.tick)
                 now = time.monotonic()
+                self.progress_at = max(self.progress_at, max(
+                    (w.last for w in self._open if w.began), default=0.0))
                 for w in [w for w in self._open if now > w.end_by or (
                         now - w.last > w.idle if w.began else now > w.first_by)]:
                     self._open.discard(w)
@@ -128,11 +135,33 @@ class Watchdog:
                              f"{t.first_token:g}s (--first-token-timeout)")
 
 
+class _Text:
+    """A field's deltas, joined 64 at a time: 2,000 answers of 1,000 deltas held as a few
+    dozen compact strings each, not two million small ones (a str is 49 bytes and up)."""
+
+    __slots__ = ("blocks", "tail")
+
+    def __init__(self) -> None:
+        self.blocks: list[str] = []
+        self.tail: list[str] = []
+
+    def add(self, text: str) -> None:
+        tail = self.tail
+        tail.append(text)
+        if len(tail) >= 64:
+            self.blocks.append("".join(tail))
+            tail.clear()
+
+    def text(self) -> str:
+        return "".join(self.blocks) + "".join(self.tail)
+
+
 class Assembly:
     """The chunks of one stream, put back together as the body a non-streaming request
     would have got (client.classify_data reads it)."""
 
     __slots__ = (
+        "bad_ids",
         "choice_error",
         "content",
         "error",
@@ -151,10 +180,11 @@ class Assembly:
         self.id: Any = None
         self.model: Any = None
         self.provider: Any = None
-        self.content: list[str] | None = None  # None: no chunk had the field
-        self.reasoning: list[str] | None = None
-        self.reasoning_content: list[str] | None = None
-        self.token_ids: list[Any] | None = None
+        self.content: _Text | None = None  # None: no chunk had the field
+        self.reasoning: _Text | None = None
+        self.reasoning_content: _Text | None = None
+        self.token_ids: array[int] | list[int] | None = None  # 8 bytes an id, not 36
+        self.bad_ids = False  # a chunk's ids were not all ints: none are kept (as plain)
         self.finish: Any = None
         self.native: Any = None
         self.usage: Any = None
@@ -183,19 +213,20 @@ class Assembly:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             if isinstance(text := delta.get("content"), str):
-                _append(self.content if self.content is not None else self._new("content"),
-                        text)
+                if self.content is None:
+                    self.content = _Text()
+                self.content.add(text)
             if isinstance(text := delta.get("reasoning"), str):
-                _append(self.reasoning if self.reasoning is not None
-                        else self._new("reasoning"), text)
+                if self.reasoning is None:
+                    self.reasoning = _Text()
+                self.reasoning.add(text)
             if isinstance(text := delta.get("reasoning_content"), str):
-                _append(self.reasoning_content if self.reasoning_content is not None
-                        else self._new("reasoning_content"), text)
+                if self.reasoning_content is None:
+                    self.reasoning_content = _Text()
+                self.reasoning_content.add(text)
         ids = choice.get("token_ids")
         if isinstance(ids, list):
-            if self.token_ids is None:
-                self.token_ids = []
-            self.token_ids.extend(ids)
+            self._ids(ids)
         if (finish := choice.get("finish_reason")) is not None:
             self.finish = finish
         if (native := choice.get("native_finish_reason")) is not None:
@@ -204,10 +235,23 @@ class Assembly:
             self.choice_error = choice["error"]
         return True
 
-    def _new(self, name: str) -> list[str]:
-        parts: list[str] = []
-        setattr(self, name, parts)
-        return parts
+    def _ids(self, ids: list[Any]) -> None:
+        """One chunk's ids, kept whatever they are until the end, where the plain path's
+        check (client.sampled_ids) judges the whole list."""
+        if self.bad_ids:
+            return
+        if not all(type(i) is int for i in ids):  # what sampled_ids refuses (bools too)
+            self.bad_ids = True
+            return
+        if self.token_ids is None:
+            self.token_ids = array("q")
+        if isinstance(self.token_ids, array):
+            try:
+                self.token_ids.extend(array("q", ids))
+                return
+            except OverflowError:  # beyond 64 bits: a list from now on
+                self.token_ids = self.token_ids.tolist()
+        self.token_ids.extend(ids)
 
     @property
     def finished(self) -> bool:
@@ -218,16 +262,19 @@ class Assembly:
             return {"id": self.id, "error": self.error}
         message: dict[str, Any] = {"role": "assistant",
                                    "content": None if self.content is None
-                                   else "".join(self.content)}
+                                   else self.content.text()}
         if self.reasoning is not None:
-            message["reasoning"] = "".join(self.reasoning)
+            message["reasoning"] = self.reasoning.text()
         if self.reasoning_content is not None:
-            message["reasoning_content"] = "".join(self.reasoning_content)
+            message["reasoning_content"] = self.reasoning_content.text()
         choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish, "message": message}
         if self.native is not None:
             choice["native_finish_reason"] = self.native
-        if self.token_ids is not None:
-            choice["token_ids"] = self.token_ids
+        if self.bad_ids:
+            choice["token_ids"] = None
+        elif self.token_ids is not None:
+            choice["token_ids"] = (self.token_ids.tolist() if isinstance(self.token_ids, array)
+                                   else self.token_ids)
         if self.choice_error:
             choice["error"] = self.choice_error
         body: dict[str, Any] = {"id": self.id, "model": self.model, "provider": self.provider,
@@ -235,19 +282,6 @@ class Assembly:
         if self.usage is not None:
             body["usage"] = self.usage
         return body
-
-
-# A delta is a few characters in a str object of ~60 bytes: a thinking answer's ~1,400
-# parts kept apart are ~5x its text (2000 streams halfway: ~110 MB for ~20 MB of text).
-# Joined every this many parts, they cost their text (and a copy of it, ~5 times).
-JOIN_PARTS = 256
-
-
-def _append(parts: list[str], text: str) -> None:
-    if text:  # "" beside every reasoning delta: the field was sent, nothing to keep
-        parts.append(text)
-        if len(parts) >= JOIN_PARTS:
-            parts[:] = ["".join(parts)]
 
 
 def is_event_stream(content_type: str | None) -> bool:
@@ -357,6 +391,17 @@ def _whole_body(status: int, raw: bytes, h: Any, think: str) -> Outcome:
         h.get("Content-Type"), gen_id, think)
 
 
+async def _headers(request: Any, within: float) -> aiohttp.ClientResponse:
+    """The response's headers, within `within` s. `asyncio.timeout` (3.11+), not
+    `wait_for`: before 3.12, `wait_for` returns the result when the response and a
+    cancellation arrive together, swallowing the cancellation (a stop's cancelled stream
+    would then be read to its end)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(within):
+            return await request
+    return await asyncio.wait_for(request, within)
+
+
 def session_timeout() -> aiohttp.ClientTimeout:
     """aiohttp's own timeouts for streamed requests: the connect only (the watchdog keeps
     the rest; a `sock_read` would re-arm a timer on every chunk)."""
@@ -375,10 +420,13 @@ async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
     whole = False  # read to its end: the connection may be reused
     try:
         try:
-            resp = await asyncio.wait_for(
-                session.post(url, data=body, headers=headers, timeout=session_timeout(),
-                             proxy=proxy), min(t.first_token, t.total))
-        except asyncio.TimeoutError:  # no headers by the first of the two deadlines
+            resp = await _headers(session.post(url, data=body, headers=headers,
+                                               timeout=session_timeout(), proxy=proxy),
+                                  min(t.first_token, t.total))
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, aiohttp.ServerTimeoutError):
+                raise  # aiohttp's connect timeout: below
+            # no headers by the first of the two deadlines
             expired = watchdog.expired(began=False, first_token_due=t.first_token < t.total)
             outcome = _failure(expired.kind, str(expired))
         else:

@@ -48,7 +48,8 @@ def test_launch_sampling_reaches_the_payload_and_job_json(make_sandbox, fab, tmp
         assert meta["sampling"] == {"temperature": 1.0, "top_p": 0.95, "seed": None,
                                     "reasoning": {"effort": "high"}, "provider": None,
                                     "turns": None, "max_timeouts": None, "token_ids": None,
-                                    "mode": None}
+                                    "mode": None, "stream": None, "idle_timeout": None,
+                                    "first_token_timeout": None, "request_timeout": None}
 
     r = fab.on(sbx, "status")
     assert r.rc == 0, explain(r)

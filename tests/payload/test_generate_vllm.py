@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -135,10 +136,30 @@ def test_generate_kill_9_resume_then_extract(vllm_server: tuple[str, Path],
     assert json.loads((feats / "meta.json").read_text())["hidden_size"] == 256
 
 
+def wire_answer(request: dict, data: bytes) -> dict:
+    """A chat answer as it crossed the wire: the JSON body, or a stream's chunks read here
+    (not by the generator's reader): the sampled ids of every chunk in order, the usage of
+    the last chunk that carried one."""
+    if request.get("stream") is not True:
+        return json.loads(data)
+    ids: list[int] = []
+    usage = None
+    for block in data.replace(b"\r\n", b"\n").split(b"\n\n"):
+        for line in block.split(b"\n"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                ids += choice.get("token_ids") or []
+    return {"choices": [{"token_ids": ids}], "usage": usage}
+
+
 class RecordingProxy:
     """A loopback HTTP relay between the generator and the vLLM server that keeps every
     chat answer's body exactly as the server sent it: what the server sampled
-    (`choices[0].token_ids`) is read from the wire, not from what the generator stored."""
+    (`choices[0].token_ids`, or a stream's per-chunk `token_ids`) is read from the wire,
+    not from what the generator stored. A stream is relayed whole once it ended."""
 
     def __init__(self, upstream: str) -> None:
         import http.server
@@ -159,12 +180,14 @@ class RecordingProxy:
                 try:
                     with urllib.request.urlopen(req, timeout=120) as r:
                         status, data = r.status, r.read()
+                        ctype = r.headers.get("Content-Type", "application/json")
                 except urllib.error.HTTPError as exc:
-                    status, data = exc.code, exc.read()
+                    status, data, ctype = exc.code, exc.read(), "application/json"
                 if status == 200:
-                    proxy.answers.append((json.loads(body), json.loads(data)))
+                    asked = json.loads(body)
+                    proxy.answers.append((asked, wire_answer(asked, data)))
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -228,3 +251,33 @@ def test_supervised_ids_are_the_ids_the_real_server_sampled(vllm_server: tuple[s
         got = [i for i, m in zip(f["input_ids"].tolist(), f["loss_mask"].tolist(), strict=True)
                if m]
         assert got == by_id[str(e["id"])], e["id"]
+
+
+# When, how fast, and vLLM's fresh id per request: measures of the run, not of the answer.
+RUN_FIELDS = re.compile(rb',"(latency_s|answered_at|generation_id)":("[^"]*"|[0-9.e+-]+)')
+
+
+def test_streamed_and_plain_records_are_the_same_on_vllm(vllm_server: tuple[str, Path],
+                                                         tmp_path: Path) -> None:
+    """Issue 33: the same prompts asked plain (--stream off) and streamed (the default),
+    greedy and one at a time so that vLLM samples the same answers: the records are the
+    same bytes, the sampled token ids (per chunk when streamed) and the usage included."""
+    base, _ = vllm_server
+    key = write_private(tmp_path / "key", "sk-local-not-a-secret")
+    inp = tmp_path / "in.jsonl"
+    ids = write_prompts(inp, 8)
+    lines: dict[str, dict[str, bytes]] = {}
+    for mode in ("off", "on"):
+        out = tmp_path / f"stream-{mode}.jsonl"
+        args = gen_args(base, key, inp, out)
+        args[args.index("--temperature") + 1] = "0"
+        args[args.index("--concurrency") + 1] = "1"
+        proc = run_payload(*args, "--stream", mode, "--token-ids", "on", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        done, failed = assert_exactly_once(ids, out)
+        assert not failed
+        assert all(len(r["response_token_ids"]) == r["usage"]["completion_tokens"] > 0
+                   for r in done)
+        lines[mode] = {str(r["id"]): RUN_FIELDS.sub(b"", raw) for r, raw in
+                       zip(done, out.read_bytes().splitlines(), strict=True)}
+    assert lines["off"] == lines["on"]

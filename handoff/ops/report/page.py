@@ -169,6 +169,8 @@ def cards(s: dict[str, Any]) -> str:
                  ("dropped by policy", "dropped", count(s.get("dropped")), "")]
     else:
         rows += [("cut by max_tokens", "cut", count(s.get("cut")), ""),
+                 ("cancelled in flight", "cancelled", count(s.get("cancelled")),
+                  "by a stop or a budget; asked again on resume"),
                  ("spent", "cost_usd", money(s.get("cost_usd")),
                   f"budget {money(s.get('budget_usd'))}" if s.get("budget_usd") else ""),
                  ("$ per M tokens", "usd_per_mtok", money(s.get("usd_per_mtok")), ""),

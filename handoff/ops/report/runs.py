@@ -323,6 +323,12 @@ def summary(data: JobData, now: float | None = None) -> dict[str, Any]:
     out["settings"] = {k: untrusted.visible(str(v), 200) for k, v in (sampling or {}).items()
                        if v is not None}
     out["total"] = out.get("total") or _sum(data.copies, "total")
+    if data.kind != "extractor":
+        # requests cancelled in flight by a stop or a budget (each asked again): the hosts'
+        # metrics, else their status files
+        cancelled = _last(data, "cancelled")
+        out["cancelled"] = int(cancelled if cancelled is not None
+                               else _sum(data.copies, "cancelled") or 0)
     return out
 
 

@@ -39,6 +39,7 @@ class Point:
     done: int | None = None
     failed: int | None = None
     cut: int | None = None
+    cancelled: int | None = None  # requests cancelled in flight (asked again)
     retries: int | None = None
     in_flight: float | None = None  # now
     window: float | None = None  # now
@@ -61,7 +62,7 @@ class Point:
     tokens_interval: int | None = None
 
 
-_COUNTS = ("done", "failed", "cut", "retries", "prompt_tokens", "completion_tokens",
+_COUNTS = ("done", "failed", "cut", "cancelled", "retries", "prompt_tokens", "completion_tokens",
            "reasoning_tokens", "answers", "bytes_written", "samples", "dropped", "tokens",
            "supervised_tokens", "mismatches", "samples_interval", "tokens_interval")
 _NUMBERS = ("interval_s", "elapsed_s", "in_flight", "window", "capacity", "cost")

@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (kind, text) in _STREAM_FLAGS.items():
         flag = "--stream-seed" if name == "seed" else "--" + name.replace("_", "-")
         streaming.add_argument(flag, dest=name, type=kind, default=None, help=text)
+    streaming.add_argument("--stall-comments", action="store_true",
+                           help="comment lines go on through a stall (OpenRouter's keep-alive)")
     streaming.add_argument("--usage-when-asked", action="store_true",
                            help="the usage chunk only with stream_options.include_usage (vLLM)")
     args = parser.parse_args(argv)
@@ -98,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         plan_fields["chunk_tokens"] = [int(x) for x in args.chunk_tokens.split(",")]
     if plan_fields.get("stall_s") is not None and plan_fields["stall_s"] < 0:
         plan_fields["stall_s"] = None
+    if args.stall_comments:
+        plan_fields["stall_comments"] = True
     if args.usage_when_asked:
         plan_fields["usage_always"] = False
-    stream_plan = StreamPlan.from_json(json.dumps(plan_fields))
+    # No streaming flag: the server's own default plan, as FakeOpenRouter() gets it.
+    stream_plan = StreamPlan.from_json(json.dumps(plan_fields)) if plan_fields else None
     plan = FaultPlan.mix(args.fault_mix, seed=1) if args.fault_mix else FaultPlan.from_json(
         args.faults)
     fake = FakeOpenRouter(api_key=_read_key(args.key_file), host=args.host, port=args.port,

@@ -81,6 +81,7 @@ class AnswerShapes:
         the stream renders this very dict (streams.py), so both carry the same answer."""
         if body.get("stream") is not True:
             return self._json(result)
+        # X-Generation-Id: what the JSON path sends (gen-h-<n>) where it sends one, else the id
         header = (f"gen-h-{self.stats.requests}" if self.generation_header or not self.body_id
                   else str(result.get("id")))
         if not self.body_id:
@@ -100,13 +101,13 @@ class AnswerShapes:
                          answer: str) -> dict[str, Any]:
         """`reasoning_tokens` of reasoning (one word a token), then the answer; cut where the
         request's max_tokens ends, as a thinking model served by OpenRouter is."""
-        words = [f"r{i}" for i in range(self._reasoning_length(messages))]
+        length = self._reasoning_length(messages)
         asked = body.get("max_tokens")
-        whole = len(words) + self.completion_tokens
+        whole = length + self.completion_tokens
         used = asked if isinstance(asked, int) and asked < whole else whole
         cut = used < whole
-        reasoning = " ".join(words[:used])
-        in_reasoning = used <= len(words)  # the budget ran out before the answer began
+        reasoning = " ".join(map("r{}".format, range(min(used, length))))
+        in_reasoning = used <= length  # the budget ran out before the answer began
         content = "" if in_reasoning else answer
         finish = "length" if cut else "stop"
         if self.thinking == "tags":
@@ -118,7 +119,7 @@ class AnswerShapes:
             result = self._result(body, content, finish, provider=self._provider(messages),
                                   reasoning=reasoning, completion=used)
         result["usage"]["completion_tokens_details"] = {
-            "reasoning_tokens": min(used, len(words))}
+            "reasoning_tokens": min(used, length)}
         if self.check_history:
             self._answered[derive_id(messages)] = content
         return result
@@ -227,12 +228,12 @@ class AnswerShapes:
             return web.Response(status=200, text='{"id": "gen-x", "choices": [{"mess',
                                 content_type="application/json")
         body = await request.json()
-        if fault in ("choice_error", "finish_error", "empty", "length_empty"):
-            result = (self._result(body, None, "error",
-                                   {"code": 502, "message": "upstream provider error"})
-                      if fault == "choice_error" else
-                      self._result(body, "", {"finish_error": "error", "empty": "stop",
-                                              "length_empty": "length"}[fault]))
+        finishes = {"choice_error": "error", "finish_error": "error", "empty": "stop",
+                    "length_empty": "length"}  # answers that are not one, streamed when asked
+        if fault in finishes:
+            error = ({"code": 502, "message": "upstream provider error"}
+                     if fault == "choice_error" else None)
+            result = self._result(body, None if error else "", finishes[fault], error)
             if body.get("stream") is True:
                 return await self._answer(request, body, result)
             return web.json_response(result)

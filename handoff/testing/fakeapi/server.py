@@ -24,6 +24,8 @@ from handoff.testing.fakeapi.streams import Streamer, StreamPlan
 from handoff.testing.fakekeys import KeyStore
 from payload.records import derive_id
 
+UNPACED = 1e6  # a time_scale at which a default stream goes out as fast as it is written
+
 _ARCHITECTURE = {"modality": "text->text", "input_modalities": ["text"],
                  "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
 
@@ -105,7 +107,9 @@ class FakeOpenRouter(AnswerShapes):
         self._outage_until = 0.0
         self._site: web.TCPSite | None = None
         self.stats = FakeStats()
-        self.streamer = Streamer(stream or StreamPlan(), self.stats)  # "stream": true
+        # "stream": true. Unpaced unless a test asks (a plan): the payload streams by
+        # default, and a fake answering 32 tokens at 40/s would slow every test 0.8 s an answer.
+        self.streamer = Streamer(stream or StreamPlan(time_scale=UNPACED), self.stats)
         self.keys = KeyStore(lambda: self.api_key)  # child keys, the management API (handoff.testing.fakekeys)
         self.base_url = ""
         self._runner: web.AppRunner | None = None

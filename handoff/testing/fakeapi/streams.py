@@ -21,6 +21,7 @@ seconds are fake seconds / `time_scale`, so a 15-minute answer can take a second
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -38,21 +39,23 @@ STREAM_TROUBLES = ("error", "cut", "stall", "none")
 
 _encode = json.encoder.encode_basestring_ascii  # C, fast: a delta's text as a JSON string
 _COMMENT = b": OPENROUTER PROCESSING\n\n"
-_WORD = re.compile(r"\s*\S+")
+_WORDS: dict[int, re.Pattern[str]] = {}  # k -> k words, each with the space before it
 
 
 @dataclass
 class StreamPlan:
     """How streams are paced and broken. Fake seconds (real = fake / `time_scale`) except
     `write_every_s`, which is real: the least gap between two writes to one stream (chunks that
-    fall due in between go out in one write, which keeps thousands of streams cheap).
+    fall due in between go out in one write, which keeps thousands of streams cheap: ~2.5 µs
+    of the fake's CPU an event at 2000 streams and 0.25 s, benchmarks/fake_stream.py).
 
     `tokens_per_s` is the mean of a per-request decode rate drawn log-normal (`rate_sigma`);
     `queue_s` the mean time before the first token (log-normal, `queue_sigma`), during which a
     comment goes out at once and then every `comment_every_s`. Trouble per stream, drawn by
     share or forced: `error` (a mid-stream `error` event, `finish_reason: "error"`, no
     `[DONE]`), `cut` (the connection closed before `[DONE]`), `stall` (no byte for `stall_s`,
-    then the rest; `stall_s=None`: until the client gives up); each strikes after a uniform
+    then the rest; `stall_s=None`: until the client gives up; `stall_comments`: comment lines
+    go on meanwhile, a stall a client must not take for progress); each strikes after a uniform
     share of the answer's tokens (at least one chunk in). `schedule` forces it on the n-th
     stream (1-based), `first_attempt` on every prompt's first stream."""
 
@@ -68,6 +71,7 @@ class StreamPlan:
     cut_share: float = 0.0
     stall_share: float = 0.0
     stall_s: float | None = 30.0
+    stall_comments: bool = False  # comments go on through a stall, as OpenRouter's keep-alive
     schedule: dict[int, str] = field(default_factory=dict)
     first_attempt: str | None = None
     usage_always: bool = True  # OpenRouter always sends it; vLLM only with include_usage
@@ -104,21 +108,32 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
 
 
-def pieces(text: str, n: int) -> Iterator[tuple[str, int]]:
-    """`text` as n tokens: (piece, 1) n times, concatenating to `text`. Its words (each with
-    the space before it) when it has exactly n, else an even split by characters (some pieces
-    empty when it is shorter than n); a text given no token at all is one (piece, 0)."""
+def chunked(text: str, n: int, sizes: Iterator[int]) -> Iterator[tuple[str, int, bool]]:
+    """`text` as n tokens, in chunks of next(sizes) tokens: (piece, tokens, last) triples whose
+    pieces concatenate to `text`. A token is a word (with the space before it) when the text
+    has exactly n words, else an even share of its characters (empty when it is shorter than
+    n); a text given no token at all is one (text, 0, True). One regex match or slice per
+    chunk, not per token: thousands of streams are cut up at once."""
     if n <= 0:
         if text:
-            yield text, 0
+            yield text, 0, True
         return
+    left = n
     if not text[-1:].isspace() and len(text.split()) == n:
-        for m in _WORD.finditer(text):
-            yield m.group(), 1
+        pos = 0
+        while left:
+            k = min(next(sizes), left)
+            words = _WORDS.get(k) or _WORDS.setdefault(k, re.compile(rf"(?:\s*\S+){{{k}}}"))
+            end = words.match(text, pos).end()  # type: ignore[union-attr]  # n words are there
+            left -= k
+            yield text[pos:end], k, not left
+            pos = end
         return
-    size = len(text)
-    for k in range(n):
-        yield text[k * size // n:(k + 1) * size // n], 1
+    size, t = len(text), 0
+    while t < n:
+        k = min(next(sizes), n - t)
+        yield text[t * size // n:(t + k) * size // n], k, t + k == n
+        t += k
 
 
 def _text(value: Any) -> str:
@@ -130,10 +145,10 @@ def _text(value: Any) -> str:
     return ""
 
 
-def token_plan(result: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
-    """(field, piece, tokens) for every token of a chat.completion, in the order a model
-    produced them: the reasoning's tokens (`completion_tokens_details.reasoning_tokens`, or
-    one for a reasoning given no count), then the content's (the rest of completion_tokens)."""
+def token_plan(result: dict[str, Any]) -> tuple[str, int, str, int]:
+    """(reasoning, its tokens, content, its tokens) of a chat.completion, in the order a model
+    produced them: the reasoning's count is `completion_tokens_details.reasoning_tokens` (one
+    for a reasoning given no count), the content has the rest of `completion_tokens`."""
     choice = result["choices"][0]
     message = choice.get("message") or {}
     reasoning, content = _text(message.get("reasoning")), _text(message.get("content"))
@@ -142,10 +157,51 @@ def token_plan(result: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     details = usage.get("completion_tokens_details") or {}
     r_n = int(details.get("reasoning_tokens") or (1 if reasoning else 0)) if reasoning else 0
     r_n = min(r_n, completion)
-    for piece, n in pieces(reasoning, r_n):
-        yield "reasoning", piece, n
-    for piece, n in pieces(content, completion - r_n):
-        yield "content", piece, n
+    return reasoning, r_n, content, completion - r_n
+
+
+class _Frames:
+    """One answer's SSE events, from templates made once per stream: a chunk costs one JSON
+    string encoding of its text and a few concatenations, never a json.dumps of a dict."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        choice = result["choices"][0]
+        head = "data: {"
+        if "id" in result:
+            head += '"id":' + json.dumps(str(result["id"])) + ","
+        head += ('"object":"chat.completion.chunk","created":' + str(int(result["created"])) +
+                 ',"model":' + json.dumps(result.get("model")) + ',"provider":' +
+                 json.dumps(result.get("provider")))
+        self.head = head
+        opening = head + ',"choices":[{"index":0,"delta":{'
+        self.open = {"reasoning": opening + '"reasoning":', "content": opening + '"content":'}
+        first = head
+        if "prompt_token_ids" in result:  # vLLM: in the first chunk only
+            first += ',"prompt_token_ids":' + json.dumps(result["prompt_token_ids"],
+                                                         separators=(",", ":"))
+        self.first = (first + ',"choices":[{"index":0,"delta":{"role":"assistant",'
+                      '"content":""},"finish_reason":null}]}\n\n')
+        self.middle = '},"finish_reason":null,"native_finish_reason":null'
+        self.last = ('},"finish_reason":' + json.dumps(choice.get("finish_reason")) +
+                     ',"native_finish_reason":' + json.dumps(choice.get("native_finish_reason")))
+        error = choice.get("error")  # a choice's error: OpenRouter puts it at the top level
+        self.close_last = "}]" + ("" if error is None else ',"error":' + json.dumps(error))
+        self.ids: list[int] | None = choice.get("token_ids")
+
+    def chunk(self, field_: str, text: str, start: int, count: int, last: bool) -> str:
+        out = self.open[field_] + _encode(text) + (self.last if last else self.middle)
+        if self.ids is not None:
+            out += ',"token_ids":[' + ",".join(map(str, self.ids[start:start + count])) + "]"
+        return out + (self.close_last if last else "}]") + "}\n\n"
+
+    def usage(self, usage: dict[str, Any]) -> str:
+        return (self.head + ',"choices":[],"usage":' + json.dumps(usage, separators=(",", ":"))
+                + "}\n\n")
+
+    def error_event(self) -> str:
+        return (self.head + ',"error":{"code":502,"message":"Provider returned error: the '
+                'upstream stream failed (fake)"},"choices":[{"index":0,"delta":{"content":""},'
+                '"finish_reason":"error","native_finish_reason":"error"}]}\n\n')
 
 
 class Streamer:
@@ -156,6 +212,7 @@ class Streamer:
         self.stats = stats
         self.rng = random.Random(plan.seed)
         self._seen_prompts: set[str] = set()
+        self._size_tables: dict[tuple[int, int], list[int]] = {}
 
     def _trouble(self, number: int, prompt_id: str) -> str | None:
         plan = self.plan
@@ -174,29 +231,24 @@ class Streamer:
                 x -= share
         return None if kind == "none" else kind
 
-    def _chunks(self, result: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
-        """Tokens grouped into chunks of chunk_tokens (drawn per chunk), never mixing fields."""
-        lo, hi = self.plan.chunk_tokens
-        rand = self.rng.randint
-        parts: list[str] = []
-        field_, count, want = "", 0, rand(lo, hi)
-        for f, piece, n in token_plan(result):
-            if parts and (f != field_ or count >= want):
-                yield field_, "".join(parts), count
-                parts, count, want = [], 0, rand(lo, hi)
-            field_ = f
-            parts.append(piece)
-            count += n
-        if parts:
-            yield field_, "".join(parts), count
+    def _sizes(self) -> Iterator[int]:
+        """Chunk sizes: a table drawn once per `chunk_tokens`, cycled from a random start (a
+        draw per chunk would cost more than the rest of the chunk)."""
+        table = self._size_tables.get(self.plan.chunk_tokens)
+        if table is None:
+            lo, hi = self.plan.chunk_tokens
+            table = [self.rng.randint(lo, hi) for _ in range(1024)]
+            self._size_tables[self.plan.chunk_tokens] = table
+        return itertools.islice(itertools.cycle(table), self.rng.randrange(1024), None)
 
     async def serve(self, request: web.Request, body: dict[str, Any], result: dict[str, Any],
                     *, header_id: str, prompt_id: str) -> web.StreamResponse:
-        """Send `result` (a chat.completion) as a stream; returns once it ended either way."""
+        """Send `result` (a chat.completion) as a stream; returns once it ended either way.
+        Chunk k is due when its last token is, `queue + tokens / rate` fake seconds in; what
+        is due goes out in one write, writes at least `write_every_s` apart."""
         plan, stats, rng = self.plan, self.stats, self.rng
         stats.streams_started += 1
         number = stats.streams_started
-        choice = result["choices"][0]
         completion = int((result.get("usage") or {}).get("completion_tokens") or 0)
         record = StreamRecord(number=number, prompt=prompt_id, started=time.monotonic(),
                               tokens_total=completion)
@@ -205,35 +257,8 @@ class Streamer:
         strike_at = rng.randint(1, max(1, completion - 1)) if trouble else 0
         rate = lognormal(rng, plan.tokens_per_s, plan.rate_sigma)
         queue = lognormal(rng, plan.queue_s, plan.queue_sigma) if plan.queue_s > 0 else 0.0
-        scale = plan.time_scale
-
-        head = "{"
-        if "id" in result:
-            head += '"id":' + _encode(str(result["id"])) + ","
-        head += ('"object":"chat.completion.chunk","created":' + str(int(result["created"])) +
-                 ',"model":' + json.dumps(result.get("model")) + ',"provider":' +
-                 json.dumps(result.get("provider")))
-        open_choice = ',"choices":[{"index":0,"delta":{'
-        ids: list[int] | None = choice.get("token_ids")
-        first = head
-        if "prompt_token_ids" in result:
-            first += ',"prompt_token_ids":' + json.dumps(result["prompt_token_ids"],
-                                                         separators=(",", ":"))
-        first += open_choice + '"role":"assistant","content":""},"finish_reason":null}]}'
-        tail_null = '},"finish_reason":null,"native_finish_reason":null'
-        ending = ('},"finish_reason":' + json.dumps(choice.get("finish_reason")) +
-                  ',"native_finish_reason":' + json.dumps(choice.get("native_finish_reason")))
-
-        def render(field_: str, text: str, start: int, count: int, last: bool) -> str:
-            out = "data: " + head + open_choice + '"' + field_ + '":' + _encode(text)
-            out += ending if last else tail_null
-            if ids is not None:
-                out += ',"token_ids":[' + ",".join(map(str, ids[start:start + count])) + "]"
-            out += "}]"
-            if last and choice.get("error") is not None:  # OpenRouter puts it at the top
-                out += ',"error":' + json.dumps(choice["error"])
-            return out + "}\n\n"
-
+        scale, every = plan.time_scale, plan.write_every_s
+        frames = _Frames(result)
         resp = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Generation-Id": header_id})
@@ -241,62 +266,61 @@ class Streamer:
         t0 = loop.time()
         try:
             await resp.prepare(request)
-            # queued: comments until the first token is due
-            if queue > 0:
-                t = 0.0
-                while t < queue:
-                    t = min(t + plan.comment_every_s, queue)
-                    if not (await self._write(request, resp, record, _COMMENT, 0)
-                            and await self._sleep_until(request, record, t0 + t / scale)):
-                        return resp
-            buf: list[str] = [f"data: {first}\n\n"]
-            buf_tokens = 0
-            sent = 0  # tokens written or in buf
-            last_write = -math.inf
-            chunks = self._chunks(result)
-            pending = next(chunks, None)
-            if pending is None:  # nothing at all: one empty final chunk
-                pending = ("content", "", 0)
-            while pending is not None:
-                field_, text, count = pending
-                following = next(chunks, None)
-                if trouble and sent >= strike_at and sent > 0:
-                    if buf and not await self._write(request, resp, record, "".join(buf),
-                                                     buf_tokens):
-                        return resp
-                    buf, buf_tokens = [], 0
-                    if trouble == "stall":
+            if queue > 0 and not await self._comments(request, resp, record, t0, queue):
+                return resp  # the client left while queued
+            base, per = t0 + queue / scale, 1.0 / (rate * scale)  # loop time of token 1; a token
+            buf: list[str] = [frames.first]
+            buf_tokens = sent = 0  # sent: tokens written or in buf
+            now, last_write = loop.time(), -math.inf
+            reasoning, r_n, content, c_n = token_plan(result)
+            fields = [(f, text, n) for f, text, n in (("reasoning", reasoning, r_n),
+                                                       ("content", content, c_n)) if text or n]
+            sizes, ids, middle = self._sizes(), frames.ids, frames.middle + "}]}\n\n"
+            for i, (field_, whole, n) in enumerate(fields):
+                opening, final_field = frames.open[field_], i == len(fields) - 1
+                for text, count, end in chunked(whole, n, sizes):
+                    if trouble and sent >= strike_at:
+                        if buf and not await self._write(request, resp, record, "".join(buf),
+                                                         buf_tokens):
+                            return resp
+                        buf, buf_tokens = [], 0
+                        if trouble != "stall":
+                            return await self._break(request, resp, record, trouble, frames)
                         trouble = None
                         stats.streams_stalled += 1
                         record.stalled = True
-                        until = (None if plan.stall_s is None
-                                 else loop.time() + plan.stall_s / scale)
-                        if not await self._sleep_until(request, record, until):
+                        if plan.stall_comments:
+                            alive = await self._comments(request, resp, record, loop.time(),
+                                                         plan.stall_s)
+                        else:
+                            alive = await self._sleep_until(request, record, None if (
+                                plan.stall_s is None) else loop.time() + plan.stall_s / scale)
+                        if not alive:
                             return resp
-                        t0 += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
+                        base += (plan.stall_s or 0) / scale  # the rest keeps its pace after it
+                    due = base + max(sent + count - 1, 0) * per
+                    if due > now and (now := loop.time()) < due:
+                        if buf:
+                            if not await self._write(request, resp, record, "".join(buf),
+                                                     buf_tokens):
+                                return resp
+                            buf, buf_tokens, last_write = [], 0, now
+                        if not await self._sleep_until(request, record,
+                                                       max(due, last_write + every)):
+                            return resp
+                        now = loop.time()
+                    if ids is None and not (end and final_field):  # the common case, inline
+                        buf.append(opening + _encode(text) + middle)
                     else:
-                        return await self._break(request, resp, record, trouble, head)
-                due = t0 + (queue + max(sent + count - 1, 0) / rate) / scale
-                now = loop.time()
-                if due > now and buf:
-                    if not await self._write(request, resp, record, "".join(buf), buf_tokens):
-                        return resp
-                    buf, buf_tokens = [], 0
-                    last_write = now
-                wait = max(due, last_write + plan.write_every_s)
-                if not buf and wait > now and not await self._sleep_until(request, record,
-                                                                           wait):
-                    return resp
-                buf.append(render(field_, text, sent, count, following is None))
-                buf_tokens += count
-                sent += count
-                pending = following
-            usage = result.get("usage")
+                        buf.append(frames.chunk(field_, text, sent, count, end and final_field))
+                    buf_tokens += count
+                    sent += count
+            if not fields:  # no token and no text at all: one empty final chunk
+                buf.append(frames.chunk("content", "", 0, 0, True))
             include = plan.usage_always or bool(
                 (body.get("stream_options") or {}).get("include_usage"))
-            if include and usage is not None:
-                buf.append("data: " + head + ',"choices":[],"usage":' +
-                           json.dumps(usage, separators=(",", ":")) + "}\n\n")
+            if include and result.get("usage") is not None:
+                buf.append(frames.usage(result["usage"]))
             buf.append("data: [DONE]\n\n")
             if not await self._write(request, resp, record, "".join(buf), buf_tokens):
                 return resp
@@ -312,16 +336,13 @@ class Streamer:
             record.ended = time.monotonic()
 
     async def _break(self, request: web.Request, resp: web.StreamResponse,
-                     record: StreamRecord, trouble: str, head: str) -> web.StreamResponse:
+                     record: StreamRecord, trouble: str, frames: _Frames
+                     ) -> web.StreamResponse:
         """A mid-stream `error` event then the end of the body (no [DONE]); or a cut."""
         if trouble == "error":
             self.stats.streams_errored += 1
             record.outcome = "error"
-            event = ("data: " + head + ',"error":{"code":502,"message":"Provider returned '
-                     'error: the upstream stream failed (fake)"},"choices":[{"index":0,'
-                     '"delta":{"content":""},"finish_reason":"error",'
-                     '"native_finish_reason":"error"}]}\n\n')
-            if await self._write(request, resp, record, event, 0):
+            if await self._write(request, resp, record, frames.error_event(), 0):
                 await resp.write_eof()
             return resp
         self.stats.streams_cut += 1
@@ -348,6 +369,18 @@ class Streamer:
             record.tokens_billed += tokens
         return True
 
+    async def _comments(self, request: web.Request, resp: web.StreamResponse,
+                        record: StreamRecord, start: float, span: float | None) -> bool:
+        """`: OPENROUTER PROCESSING` at once and every comment_every_s (fake) for `span` fake
+        seconds from loop time `start` (None: until the client leaves); False once it has."""
+        every, scale, t = self.plan.comment_every_s, self.plan.time_scale, 0.0
+        while span is None or t < span:
+            t = t + every if span is None else min(t + every, span)
+            if not (await self._write(request, resp, record, _COMMENT, 0)
+                    and await self._sleep_until(request, record, start + t / scale)):
+                return False
+        return True
+
     def _gone(self, record: StreamRecord) -> None:
         """The client closed the connection before the stream's end: cancelled by it."""
         self.stats.streams_cancelled_by_client += 1
@@ -369,4 +402,4 @@ class Streamer:
             await asyncio.sleep(min(left, 0.25))
 
 
-__all__ = ["STREAM_TROUBLES", "StreamPlan", "Streamer", "lognormal", "pieces", "token_plan"]
+__all__ = ["STREAM_TROUBLES", "StreamPlan", "Streamer", "chunked", "lognormal", "token_plan"]

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from handoff.testing.fakeapi import FakeOpenRouter, StreamPlan
-from handoff.testing.fakeapi.streams import pieces, token_plan
+from handoff.testing.fakeapi.streams import chunked, token_plan
 
 KEY = "sk-or-v1-fake-stream-test-key"
 
@@ -80,7 +80,9 @@ async def read_stream(resp: aiohttp.ClientResponse, *, stop_after: int | None = 
 
 def rebuild(read: Read) -> dict[str, Any]:
     """The chat.completion a client would assemble from the stream's events."""
-    reasoning, content, ids = [], [], []
+    reasoning: list[str] = []
+    content: list[str] = []
+    ids: list[int] = []
     result: dict[str, Any] = {}
     finish: dict[str, Any] = {}
     for _, ev in read.events:
@@ -112,7 +114,7 @@ def flatten(answer: dict[str, Any]) -> dict[str, Any]:
     content = choice["message"]["content"]
     if isinstance(content, list):
         content = "".join(p["text"] for p in content)
-    out = {k: answer[k] for k in ("id", "model", "provider", "usage") if k in answer}
+    out: dict[str, Any] = {k: answer[k] for k in ("id", "model", "provider", "usage") if k in answer}
     out["message"] = {"content": content or "", "reasoning": choice["message"]["reasoning"]}
     out["finish_reason"] = choice["finish_reason"]
     out["native_finish_reason"] = choice["native_finish_reason"]
@@ -166,8 +168,9 @@ def test_the_stream_is_the_non_streaming_answer(settings: dict[str, Any]) -> Non
     fake = FakeOpenRouter(api_key=KEY, stable_ids=True, stream=FAST, **settings)
 
     async def work(session: aiohttp.ClientSession, url: str) -> None:
-        for i, extra in enumerate([{}, {"return_token_ids": True}, {"max_tokens": 7},
-                                   {"max_tokens": 290}]):
+        extras: list[dict[str, Any]] = [{}, {"return_token_ids": True}, {"max_tokens": 7},
+                                        {"max_tokens": 290}]
+        for i, extra in enumerate(extras):
             request = body(f"prompt {i}", **extra)
             async with session.post(url, json=request) as resp:
                 whole = await resp.json()
@@ -290,6 +293,24 @@ def test_a_stall_then_the_rest_and_a_stall_the_client_gives_up_on() -> None:
     assert log[1].outcome == "cancelled" and fake.stats.streams_cancelled_by_client == 1
 
 
+def test_a_stall_with_comments_sends_only_comments_meanwhile() -> None:
+    """stall_comments: the keep-alive goes on through the stall (0.1 s apart for 0.6 s), no
+    token; a client that takes comments for progress would wait forever on stall_s=None."""
+    plan = StreamPlan(tokens_per_s=2000, stall_share=1.0, stall_s=0.6, stall_comments=True,
+                      comment_every_s=0.1, seed=1)
+    fake = FakeOpenRouter(api_key=KEY, thinking="field", reasoning_tokens=200, stream=plan)
+
+    async def work(session: aiohttp.ClientSession, url: str) -> Read:
+        return await stream(session, url, body())
+    read = serve(fake, work)
+    times = [t for t, _ in read.events]
+    gap = max(range(len(times) - 1), key=lambda i: times[i + 1] - times[i])
+    inside = [t for t, _ in read.comments if times[gap] <= t <= times[gap + 1]]
+    assert read.done and times[gap + 1] - times[gap] >= 0.55
+    assert len(inside) == len(read.comments) == 6
+    assert rebuild(read)["message"]["reasoning"] == " ".join(f"r{i}" for i in range(200))
+
+
 def test_the_bill_stops_when_the_client_closes() -> None:
     """A 4000-token answer at 2000 tokens/s: the client closes after 40 events; the fake bills
     nothing after that moment (give or take the write in flight), also read over HTTP."""
@@ -378,17 +399,56 @@ def flatten_digest(prompt: str) -> str:
     return answer_digest(body(prompt)["messages"])
 
 
-def test_pieces_and_the_token_plan() -> None:
+def test_chunked_and_the_token_plan() -> None:
+    """Chunks concatenate to the text and carry n tokens in all; words when there are n."""
     rng = random.Random(5)
-    for _ in range(200):
+    for _ in range(300):
         text = "".join(rng.choice("ab  \n") for _ in range(rng.randint(0, 30)))
         n = rng.randint(0, 40)
-        got = list(pieces(text, n))
-        assert "".join(p for p, _ in got) == text
-        assert sum(c for _, c in got) == n
-    assert list(pieces("r0 r1 r2", 3)) == [("r0", 1), (" r1", 1), (" r2", 1)]
+        sizes = iter([rng.randint(1, 4) for _ in range(50)])
+        got = list(chunked(text, n, sizes))
+        assert "".join(p for p, _, _ in got) == text
+        assert sum(c for _, c, _ in got) == n and all(c <= 4 for _, c, _ in got)
+        assert [last for _, _, last in got] == [False] * (len(got) - 1) + [True] * bool(got)
+    assert list(chunked("r0 r1 r2 r3", 4, iter([1, 2, 3]))) == [
+        ("r0", 1, False), (" r1 r2", 2, False), (" r3", 1, True)]
+    assert list(chunked("hi", 0, iter([1]))) == [("hi", 0, True)]
     answer = {"choices": [{"message": {"reasoning": "r0 r1", "content": "hi"}}],
-              "usage": {"completion_tokens": 4,
+              "usage": {"completion_tokens": 5,
                         "completion_tokens_details": {"reasoning_tokens": 2}}}
-    assert list(token_plan(answer)) == [("reasoning", "r0", 1), ("reasoning", " r1", 1),
-                                        ("content", "h", 1), ("content", "i", 1)]
+    assert token_plan(answer) == ("r0 r1", 2, "hi", 3)
+
+
+def test_tokens_billed_after_a_moment() -> None:
+    """The bill log answers "how many tokens after t" to within a millisecond's writes."""
+    from handoff.testing.fakeapi import FakeStats
+    stats = FakeStats()
+    before = time.monotonic()
+    stats.bill(3)
+    stats.bill(4)
+    time.sleep(0.01)
+    middle = time.monotonic()
+    time.sleep(0.01)
+    stats.bill(5)
+    assert stats.tokens_billed == 12 and len(stats.bill_times) <= 3
+    assert stats.tokens_billed_after(before) == 12
+    assert stats.tokens_billed_after(middle) == 5
+    assert stats.tokens_billed_after(time.monotonic()) == 0
+    assert "bill_times" not in stats.as_dict() and stats.as_dict()["tokens_billed"] == 12
+
+
+def test_fault_answers_stream_as_they_answer() -> None:
+    """A choice error, an empty answer and one cut empty by length, asked streamed: the same
+    answers as SSE (the choice's error at the chunk's top level, as OpenRouter sends it)."""
+    from handoff.testing.fakeapi import FaultPlan
+    fake = FakeOpenRouter(api_key=KEY, stream=FAST, faults=FaultPlan(schedule={
+        1: "choice_error", 2: "empty", 3: "length_empty"}))
+
+    async def work(session: aiohttp.ClientSession, url: str) -> list[Read]:
+        return [await stream(session, url, body(str(i))) for i in range(3)]
+    error, empty, cut = serve(fake, work)
+    last = error.events[-2][1]
+    assert last["error"]["code"] == 502 and last["choices"][0]["finish_reason"] == "error"
+    assert rebuild(empty)["message"] == {"content": "", "reasoning": None}
+    assert rebuild(empty)["finish_reason"] == "stop" and rebuild(cut)["finish_reason"] == "length"
+    assert all(r.done for r in (error, empty, cut))

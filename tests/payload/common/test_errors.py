@@ -24,7 +24,8 @@ from payload.errors import (
 
 # Raised and caught inside one module, never shown to a user as an exception.
 INTERNAL = {"payload.generate.journal.WriteFailed",  # an OSError the recorder turns into a stop
-            "payload.generate.batch._Interrupted"}  # a batch run's retry cut by its stop
+            "payload.generate.batch._Interrupted",  # a batch run's retry cut by its stop
+            "payload.generate.streaming.StreamTimeout"}  # a stream's read, ended by its watchdog
 
 
 @pytest.mark.parametrize(("cls", "code"), [

@@ -228,7 +228,8 @@ def test_permanent_errors_recorded_and_retry_failed(fake_factory, key_file, tmp_
     assert sorted((f["error"]["status"], f["error"]["type"]) for f in failed) == [
         (400, "bad_request"), (403, "forbidden"), (404, "not_found")]
     assert all(f["attempts"] == 1 and f["error"]["message"] for f in failed)
-    assert list(failed[0]) == ["id", "error", "attempts"]
+    assert list(failed[0]) == ["id", "error", "attempts", "answered_at"]
+    assert all(abs(f["answered_at"] - time.time()) < 600 for f in failed)
     # Rerun without --retry-failed: nothing to do (a count of 3 failures is allowed: exit 0).
     # With it: the three are asked again.
     requests = fake.stats.requests

@@ -197,16 +197,28 @@ def test_a_run_of_identical_errors_mid_run_stops(fake_factory, key_file, tmp_pat
 
 
 def test_streaming_only_server_stops_early(fake_factory, key_file, tmp_path):
-    """Issue 13 case 6: an SSE body to a plain request is the permanent `streaming_only`,
-    systematic here: a few dozen requests, not every prompt six times."""
+    """Issue 13 case 6: an SSE body to a plain request (--stream off) is the permanent
+    `streaming_only`, systematic here: a few dozen requests, not every prompt six times."""
     fake = fake_factory(stream_only=True)
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_prompts(inp, 1000)
-    proc = run_payload(*gen_args(fake, key_file, inp, out, "--concurrency", "2000"))
+    proc = run_payload(*gen_args(fake, key_file, inp, out, "--concurrency", "2000",
+                                 "--stream", "off"))
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "streaming_only" in proc.stderr and "event stream" in proc.stderr
     assert fake.stats.requests <= 48
     assert not read_jsonl(errors_path(out))
+
+
+def test_streaming_only_server_is_answered_when_streaming(fake_factory, key_file, tmp_path):
+    """The same server with streaming on (the default): every prompt answered once."""
+    fake = fake_factory(stream_only=True)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 50)
+    proc = run_payload(*gen_args(fake, key_file, inp, out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, failed = assert_exactly_once(ids, out)
+    assert not failed and fake.stats.streams_completed == 50 == fake.stats.requests
 
 
 def test_different_permanent_errors_are_recorded_not_systematic(fake_factory, key_file,

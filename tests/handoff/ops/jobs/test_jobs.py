@@ -1016,6 +1016,23 @@ def test_launch_plan_shows_and_passes_the_sampling(ws: Workstation) -> None:
                                   "provider": "null"}
 
 
+def test_launch_passes_streaming_and_its_timeouts(ws: Workstation) -> None:
+    """Issue 33: --stream and the three timeouts reach the payload's argv and the plan."""
+    flags = {"stream": "off", "idle_timeout": "90", "first_token_timeout": 300,
+             "request_timeout": 7200}
+    p = launch.plan(ws.targets("a", flags=flags), local_input=None, remote_input="/d/x.jsonl",
+                    job_flag=None)
+    start = p.hosts[0].steps[-2]
+    for text in ("--stream off", "--idle-timeout 90.0", "--first-token-timeout 300",
+                 "--request-timeout 7200"):
+        assert text in start.detail, (text, start.detail)
+    assert ("stream off, idle_timeout 90.0, first_token_timeout 300, request_timeout 7200"
+            in start.description)
+    plain = launch.plan(ws.targets("a"), local_input=None, remote_input="/d/x.jsonl", job_flag=None)
+    assert "--stream" not in plain.hosts[0].steps[-2].detail
+    assert "--idle-timeout" not in plain.hosts[0].steps[-2].detail
+
+
 @pytest.mark.parametrize(("flag", "value", "says"), [
     ("temperature", "3", "--temperature: expected a number from 0 to 2"),
     ("temperature", "nan", "--temperature: expected a number from 0 to 2"),
@@ -1029,6 +1046,10 @@ def test_launch_plan_shows_and_passes_the_sampling(ws: Workstation) -> None:
     ("reasoning", '{"exclude": "yes"}', "--reasoning: exclude must be true or false"),
     ("provider", "[1]", "--provider: expected a JSON object"),
     ("turns", "some", "--turns: expected one of last, all"),
+    ("stream", "yes", "--stream: expected one of auto, on, off"),
+    ("idle_timeout", "0", "--idle-timeout: expected a number > 0"),
+    ("first_token_timeout", "-5", "--first-token-timeout: expected a number > 0"),
+    ("request_timeout", "an hour", "--request-timeout: expected a number > 0"),
 ])
 def test_bad_sampling_flags_exit_2_naming_the_flag(ws: Workstation, capfd: pytest.CaptureFixture[str],
                                                    flag: str, value: str, says: str) -> None:

@@ -69,7 +69,8 @@ def check_figures(got: dict, want: dict) -> None:
 
 
 def test_summary_equals_the_records(tmp_path: Path) -> None:
-    FakeRun(samples=600, failure_share=0.05, max_tokens=6000, time_scale=0.1).write(tmp_path)
+    FakeRun(samples=600, failure_share=0.05, max_tokens=6000, time_scale=0.1,
+            cancelled=4).write(tmp_path)
     built = build.build(tmp_path)
     assert built.run == tmp_path / "report.html" and built.jobs == {
         "prompts": tmp_path / "prompts" / "report.html"}
@@ -78,6 +79,8 @@ def test_summary_equals_the_records(tmp_path: Path) -> None:
     want = expected(tmp_path, "prompts")
     check_figures(got, want)
     assert got["cut"] > 0 and got["failed"] > 0
+    assert got["cancelled"] == 12  # 4 on each host's last metrics line
+    assert 'data-k="cancelled">12' in html
     assert set(got["hosts"]) == {"gen-1", "gen-2", "gen-3"} and got["timeline"] == "answered_at"
     # the run's page sums its jobs (one here)
     check_figures(summary_of(built.run.read_text()), want)
