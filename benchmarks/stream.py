@@ -479,10 +479,21 @@ NOTES = """### Reading these figures
   rest, and the client reads many events a read. That lowers CPU per event a little and
   raises RSS; the server's "held" count drops for every client alike, as streams it has
   finished writing are still being read.
-- Held (payload's own status file): slow start grows the window by 15 per answer
-  *completed* (payload/generate/limiter.py), and a streamed thinking answer completes
-  only after its whole decode, so the window reaches 2000 after about two answer
-  lengths (a minute at real speed); with a few thousand answers that is much of the run.
+- Ramp: slow start grows the window by 15 per answer *completed*
+  (payload/generate/limiter.py), and a streamed thinking answer completes only after its
+  whole decode, so the window reaches 2000 after about 1.3 answer lengths (~50 s at
+  `--time-scale 2`; over a minute at real speed). Counting a stream's first token as
+  slow start's signal (the server has taken the request) would reach it in seconds.
+- Held after the ramp: payload's in flight hovers between ~1870 and 2000 (of 2000), so
+  the 95% line is crossed by slots waiting to be refilled while its event loop is behind:
+  at `--time-scale 2` the streams bring ~80k events/s (~0.8 core at ~10 µs), more than a
+  machine at load 7 leaves it, and its status file, due every 0.5 s, stood unchanged for
+  4-8 s at a time. Judge this target at `--time-scale 1` on a quiet machine.
+- Peak RSS is what a client holds while it is behind: unread events in aiohttp's buffers
+  and (fixed on this branch, payload/generate/streaming.py `_feed`) each waiting stream's
+  last read, its bytes and decoded events kept across the await: 651 MB before, 306 and
+  446 MB after, in a payload-only A/B at 2000 answers. The bare loop's line iteration
+  holds more (~530 MB).
 """
 
 
