@@ -154,19 +154,26 @@ class Attempts:
             else:
                 self.rec.success(p, messages, outcome, cost, sent, seq)
 
-    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int] | None:
+    async def _send(self, body: bytes, streamed: bool) -> tuple[Outcome, int, bool] | None:
         """One request, counted in flight: (its answer, how many were at the server when it
-        was sent, for the limiter); None when it was not sent (the run stopped while the
-        prompt waited for its place) or was closed before its answer."""
+        was sent, whether its stream began: for the limiter); None when it was not sent (the
+        run stopped while the prompt waited for its place) or was closed before its
+        answer."""
         c, ep, stop = self.c, self.ep, self.stop
         if stop.stopping:  # nothing new goes out once the run stops
             self.budget.cancel()
             return None
         c.in_flight += 1
         n_send = self.limiter.sending()
+        began = False
+
+        def on_began() -> None:  # the limiter grows at a stream's first token (`began`)
+            nonlocal began
+            began = True
+            self.limiter.began()
         try:
             request = (streaming.attempt(ep.session, ep.url, body, ep.headers, ep.watchdog,
-                                         ep.proxy, self.s.think_in_content)
+                                         ep.proxy, self.s.think_in_content, on_began)
                        if streamed and ep.watchdog is not None else  # as the body asks
                        client.attempt(ep.session, ep.url, body, ep.headers, ep.timeout,
                                       ep.proxy, self.s.think_in_content))
@@ -183,7 +190,7 @@ class Attempts:
         if outcome is None:
             self._closed()
             return None
-        return outcome, n_send
+        return outcome, n_send, began
 
     def _closed(self) -> None:
         """A request closed before its answer: counted, and its reserve stays spent (it may
@@ -216,7 +223,7 @@ class Attempts:
             got = await self._send(body, streamed)
             if got is None:
                 return None  # not sent, or closed by a stop: asked again by the next run
-            outcome, n_send = got
+            outcome, n_send, began = got
             cost = self.rec.settle(outcome)
             if self.budget.reached and (len(stop.requests) or not stop.stopping):
                 # What is still in flight is beyond the budget, also during a drain: closed
@@ -225,7 +232,8 @@ class Attempts:
                            f"(spent ${self.budget.spent:.4f}); the {len(stop.requests)} "
                            "requests in flight are closed; the run is resumable (raise "
                            "--max-cost and rerun the same command)")
-            decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send)
+            decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send,
+                                    grown=began)
             slot.probe = held = False
             self._note_outage(outcome)
             if outcome.kind is Kind.OK:

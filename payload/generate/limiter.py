@@ -2,7 +2,8 @@
 (docs/generator.md, "Throttling" and "Capacity", tells the same for users).
 
 Slow start: the window starts small (`initial_window`, tens) and grows by fifteen per
-success (x16 every round trip: 32, 512, 2000) up to `--concurrency`, so a run whose every
+success (x16 every round trip: 32, 512, 2000) up to `--concurrency`; a stream's success is
+its first data event (`began`), its round trip the first-token time. So a run whose every
 answer is an error has sent a few dozen requests before it stops, and one whose first
 answers are fine is at a cap of hundreds after one round trip. A window nobody fills does
 not grow.
@@ -192,12 +193,36 @@ class Limiter(Slots):
         self._stamped.append((now, stamp))
         return stamp
 
+    def began(self) -> None:
+        """A streamed answer began (its first data event): the server took the request, so
+        the window grows now as on a whole answer (pass `grown` to `answered` then). Streams
+        of minutes each would otherwise hold slow start for two answer lengths."""
+        self._grow()
+        self._wake()  # no slot is released here: the waiters the growth let in go now
+
+    def _grow(self) -> None:
+        """One success's growth. Grow only a window that is used: prompts wait for a slot,
+        or all are taken."""
+        if (not self.capped or self.probing) and (
+                self._waiters or self.in_flight + self._woken >= self._allowed() - 1):
+            if self.probing:  # capped, but nothing refused for a while: the cap rose?
+                # x1.5 per round trip until a refusal, at most PROBE_STEP per 25 ms:
+                # answers that come back together must not send a wave past the cap
+                # before the first refusal is read
+                self.window = min(self.window + PROBE_GAIN, self._probe_limit)
+            elif self.window < self.ssthresh:
+                damp = max(0.0, 1.0 - 2.0 * self.evidence.share_ra)
+                self.window += SLOW_START_GAIN * damp
+            else:
+                self.window += 1.0 / self.window
+            self.window = min(self.window, float(self.max_in_flight))
+
     def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False,
-                 n_send: int | None = None) -> str | None:
+                 n_send: int | None = None, grown: bool = False) -> str | None:
         """Learn from one answer (the slot is still held). For a throttled answer, returns
         HOLD (wait holding the slot), RELEASE (the slot was given back: a long wait) or
         YIELD (given back: the slot is beyond the window). `n_send`: what `sending` returned
-        for this request. (`repeat`, the prompt's previous request throttled too, is no
+        for this request; `grown`: `began` grew the window for it already. (`repeat`, the prompt's previous request throttled too, is no
         longer read: refused retries said "full server" by chance, see the module's
         docstring; callers still pass it.)"""
         event = self.breaker.record(outcome.server_failure, probe=probe)
@@ -229,20 +254,8 @@ class Limiter(Slots):
             self._ok_since_throttle += 1
             if not self._waiters and self.in_flight + self._woken < self._allowed() - 1:
                 self._unused_at = now  # a refusal-free while here says nothing of the cap
-            # Grow only a window that is used: prompts wait for a slot, or all are taken.
-            if (not self.capped or self.probing) and (
-                    self._waiters or self.in_flight + self._woken >= self._allowed() - 1):
-                if self.probing:  # capped, but nothing refused for a while: the cap rose?
-                    # x1.5 per round trip until a refusal, at most PROBE_STEP per 25 ms:
-                    # answers that come back together must not send a wave past the cap
-                    # before the first refusal is read
-                    self.window = min(self.window + PROBE_GAIN, self._probe_limit)
-                elif self.window < self.ssthresh:
-                    damp = max(0.0, 1.0 - 2.0 * self.evidence.share_ra)
-                    self.window += SLOW_START_GAIN * damp
-                else:
-                    self.window += 1.0 / self.window
-                self.window = min(self.window, float(self.max_in_flight))
+            if not grown:
+                self._grow()
             return None
         if not outcome.throttled:
             return None

@@ -32,6 +32,7 @@ import json
 import sys
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,10 +71,12 @@ class _Watch:
     """One open stream's deadlines. `last` is written on every read once the answer began;
     the watchdog reads it."""
 
-    __slots__ = ("began", "content", "end_by", "first_by", "idle", "last")
+    __slots__ = ("began", "content", "end_by", "first_by", "idle", "last", "on_began")
 
-    def __init__(self, content: aiohttp.StreamReader, started: float, t: Timeouts) -> None:
+    def __init__(self, content: aiohttp.StreamReader, started: float, t: Timeouts,
+                 on_began: Callable[[], object] | None = None) -> None:
         self.content = content
+        self.on_began = on_began  # told once, at the first data event
         self.first_by = started + t.first_token
         self.end_by = started + t.total
         self.last = started
@@ -96,8 +99,9 @@ class Watchdog:
         # stall watch counts that as liveness, as it counts an answer.
         self.progress_at = 0.0
 
-    def watch(self, content: aiohttp.StreamReader, started: float) -> _Watch:
-        w = _Watch(content, started, self.t)
+    def watch(self, content: aiohttp.StreamReader, started: float,
+              on_began: Callable[[], object] | None = None) -> _Watch:
+        w = _Watch(content, started, self.t, on_began)
         self._open.add(w)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -331,6 +335,8 @@ def _feed(reader: EventStream, asm: Assembly, w: _Watch, chunk: bytes) -> Outcom
         return False
     if not w.began:
         w.began, w.last = True, time.monotonic()
+        if w.on_began is not None:
+            w.on_began()
     return _take(events, asm)
 
 
@@ -410,9 +416,11 @@ def session_timeout() -> aiohttp.ClientTimeout:
 
 async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
                   headers: dict[str, str], watchdog: Watchdog, proxy: str | None = None,
-                  think: str = "split") -> Outcome:
+                  think: str = "split", on_began: Callable[[], object] | None = None
+                  ) -> Outcome:
     """One streamed POST; never raises for network trouble or a timeout (each becomes a
-    RETRY outcome); a cancellation propagates and closes the connection."""
+    RETRY outcome); a cancellation propagates and closes the connection. `on_began` is
+    called at the answer's first data event (the server took the request)."""
     started = time.monotonic()
     t = watchdog.t
     resp: aiohttp.ClientResponse | None = None
@@ -430,7 +438,7 @@ async def attempt(session: aiohttp.ClientSession, url: str, body: bytes,
             expired = watchdog.expired(began=False, first_token_due=t.first_token < t.total)
             outcome = _failure(expired.kind, str(expired))
         else:
-            w = watchdog.watch(resp.content, started)
+            w = watchdog.watch(resp.content, started, on_began)
             if resp.status == 200 and is_event_stream(resp.headers.get("Content-Type")):
                 outcome = await _read_events(resp, w, think)
                 whole = resp.content.at_eof()

@@ -229,3 +229,28 @@ def test_a_capacity_whose_refusals_do_not_cluster_at_its_level_is_dropped():
         else:
             lim.answered(Outcome(Kind.OK, latency_s=0.0), n_send=stamp)
     assert not lim.capped and lim.capacity_dropped >= 1 and lim.allowed >= 45  # as before
+
+
+def test_a_streams_first_token_grows_slow_start_once():
+    """`began` (a stream's first data event) grows the window as a whole answer would and
+    lets waiting prompts in; the same request's answer then grows it no more."""
+    SLOW_START_GAIN_SLOTS = int(SLOW_START_GAIN)
+
+    async def scenario() -> None:
+        lim = Limiter(1000)
+        for _ in range(32):
+            await lim.acquire()
+        waiting = asyncio.ensure_future(lim.acquire())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        n = lim.sending()
+        lim.began()
+        assert lim.allowed == 32 + SLOW_START_GAIN
+        await asyncio.wait_for(waiting, 1)  # let in without any slot released
+        for _ in range(SLOW_START_GAIN_SLOTS - 1):  # the window in use again
+            await lim.acquire()
+        lim.answered(OK, n_send=n, grown=True)
+        assert lim.allowed == 32 + SLOW_START_GAIN
+        lim.answered(OK, n_send=n)
+        assert lim.allowed == 32 + 2 * SLOW_START_GAIN
+    asyncio.run(scenario())

@@ -251,3 +251,32 @@ def test_a_stream_still_answering_is_no_stall(fake_factory, key_file, tmp_path):
     done, failed = assert_exactly_once(ids, out)
     assert not failed and min(r["latency_s"] for r in done) > 1.5
     assert status_of(out)["errors_by_kind"] == {"bad_gateway": 2}
+
+
+def test_slow_start_grows_on_first_tokens_not_on_whole_answers(fake_factory, key_file,
+                                                               tmp_path):
+    """Answers of ~4 s each, 200 prompts at --concurrency 200: the window grows on each
+    stream's first data event (limiter.began), so all 200 are streaming long before the
+    first answer ends; grown on whole answers only, 32 would stream until then."""
+    import subprocess
+    import time
+
+    from tests.payload.helpers import payload_cmd, payload_env
+    fake = fake_factory(thinking="field", reasoning_tokens=400,
+                        stream=StreamPlan(tokens_per_s=10, time_scale=10, seed=3))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_prompts(inp, 200)
+    proc = subprocess.Popen(payload_cmd(*gen_args(fake, key_file, inp, out, "--concurrency",
+                                                  "200", *scaled(10))),
+                            env=payload_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    most_before_an_end = 0
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if fake.stats.streams_completed == 0:
+            most_before_an_end = max(most_before_an_end, fake.stats.streams_started)
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert most_before_an_end >= 190, most_before_an_end
+    assert_exactly_once(ids, out)
