@@ -242,7 +242,7 @@ def logs(c: Context, host: str | None = None, role: str | None = None, job: str 
 })
 def stop(c: Context, host: str | None = None, role: str | None = None, job: str | None = None,
          timeout: str | None = None, now: bool = False, dry_run: bool = False) -> None:
-    """SIGTERM the jobs: graceful drain (--now: none), stays resumable."""
+    """SIGTERM the jobs: drained, then closed; resumable."""
     from handoff.cli import commands
 
     host = _host(c, host)

@@ -27,7 +27,8 @@ def test_batch_mode_from_fab_launch_status_stop_relaunch(make_sandbox, fab, tmp_
         host["vars"]["batch_poll"] = 0.05
     sbx.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
     api = sbx.api
-    api.batches.plan = BatchPlan(run_s=0, line_s=0.3)  # lines answered one by one
+    # lines answered one by one, 25 s a batch: still running at the stop on a loaded machine
+    api.batches.plan = BatchPlan(run_s=0, line_s=1.0)
     data = tmp_path / "B1.jsonl"
     with data.open("w") as fh:
         for i in range(40):

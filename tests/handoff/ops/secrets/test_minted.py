@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,15 @@ def test_a_budget_is_its_jobs_own_child_key(ws: Workstation, minted: KeyedAPI, t
     meta = json.loads((ws.remote_dir("s") / "jobs" / "sleeper" / "job.json").read_text())
     assert meta["key"] == "job"
 
+    def finished(host: str) -> bool:
+        try:
+            st = json.loads((ws.remote_dir(host) / "jobs" / "sleeper" / "status.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return st.get("state") == "finished"
+    deadline = time.monotonic() + 60  # the sleepers end at once; a loaded machine is slow
+    while not (finished("s") and finished("t")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     again = launched(0.5)  # finished already: nothing started, no key minted
     assert all(r.ok for r in again) and len(minted.keys.live()) == 4, [r.error for r in again]
 
