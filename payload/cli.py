@@ -92,7 +92,7 @@ def _positive(kind: type) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
+        if not value > 0 or value == float("inf"):  # nan and inf too: a timeout of nan never fires
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
     return parse

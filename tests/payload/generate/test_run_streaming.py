@@ -280,3 +280,17 @@ def test_slow_start_grows_on_first_tokens_not_on_whole_answers(fake_factory, key
     assert proc.returncode == 0, err[-2000:]
     assert most_before_an_end >= 190, most_before_an_end
     assert_exactly_once(ids, out)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_a_timeout_that_could_never_fire_is_refused(key_file, tmp_path, value):
+    """nan and inf compare false to every deadline: refused at the command line (exit 2),
+    before the input is read or anything is sent."""
+    inp = tmp_path / "in.jsonl"
+    write_prompts(inp, 1)
+    for flag in ("--idle-timeout", "--first-token-timeout", "--request-timeout"):
+        proc = run_payload("generate", "--input", str(inp), "--output", str(tmp_path / "o.jsonl"),
+                           "--base-url", "http://127.0.0.1:9/api/v1", "--api-key-file",
+                           str(key_file), flag, value)
+        assert proc.returncode == 2 and f"argument {flag}: must be > 0" in proc.stderr, \
+            proc.stderr
