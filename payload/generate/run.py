@@ -72,6 +72,8 @@ class Generator:
         self.prices: Prices | None = s.prices
         self.index = Index()
         self.claimed = IdSet()
+        # Prompts in the queue (its sentinels left out): what a spare worker could take.
+        self.queued = 0
         metrics = metrics_for(s.status_file, s.status_every, s.output, s.errors)
         self.status = StatusWriter(s.status_file, self.say,
                                    metrics.tick if metrics is not None else None)
@@ -112,6 +114,7 @@ class Generator:
                 continue
             self.claimed.add(h)
             await queue.put(prompt)
+            self.queued += 1
             since_yield += 1
             if since_yield >= 256:  # put() does not yield while the queue has room
                 since_yield = 0
@@ -122,6 +125,7 @@ class Generator:
             prompt = await queue.get()
             if prompt is None:
                 return
+            self.queued -= 1
             await attempts.handle(prompt)
 
     async def _tick(self, display: Display) -> None:
@@ -349,7 +353,7 @@ class Generator:
         ticker = asyncio.create_task(self._tick(display))
         workers = [asyncio.create_task(self.work(queue, attempts)) for _ in range(n_workers)]
         spares: set[asyncio.Task[None]] = set()
-        stop.workers = list(workers)  # (and the spares, as they start)
+        stop.workers = set(workers)  # (and the spares while they run)
         spawner = asyncio.create_task(self._spawn_spares(queue, attempts, spares))
         producer = asyncio.create_task(self.produce(queue))
         stop_wait = asyncio.create_task(stop.event.wait())
@@ -389,11 +393,14 @@ class Generator:
                 spares.discard(task)
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-            n = min(self.limiter.unclaimed, queue.qsize(), limit - len(spares))
+            # Prompts, not the queue's size: once the input is read the queue holds the
+            # workers' sentinels, and a spare per free slot for each would only churn.
+            n = min(self.limiter.unclaimed, self.queued, limit - len(spares))
             for _ in range(n):
                 task = asyncio.create_task(self.work_spare(queue, attempts))
                 spares.add(task)
-                self.stop.workers.append(task)
+                self.stop.workers.add(task)
+                task.add_done_callback(self.stop.workers.discard)
 
     async def work_spare(self, queue: asyncio.Queue[Prompt | None], attempts: Attempts) -> None:
         while not self.stop.stopping:
@@ -404,6 +411,7 @@ class Generator:
             if prompt is None:  # a regular worker's: put it back (the room it left)
                 queue.put_nowait(None)
                 return
+            self.queued -= 1
             await attempts.handle(prompt)
 
     @staticmethod
@@ -423,6 +431,7 @@ class Generator:
         await asyncio.gather(producer, *([feeder] if feeder else []), return_exceptions=True)
         while not queue.empty():
             queue.get_nowait()
+        self.queued = 0
         for _ in workers:
             queue.put_nowait(None)
         _, pending = await asyncio.wait([*workers, *spares], timeout=self.s.drain_timeout)

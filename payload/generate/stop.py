@@ -34,7 +34,7 @@ class Stop:
         self.event = asyncio.Event()
         self.reason: str | None = None
         self.exit_code: int = ExitCode.OK
-        self.workers: list[asyncio.Task[None]] = []  # the run's prompt workers, for `abandon`
+        self.workers: set[asyncio.Task[None]] = set()  # the run's prompt workers, for `abandon`
         self.signals = 0  # SIGTERM/SIGINT received (a batch run's wait for its batches ends)
 
     @property
@@ -65,7 +65,7 @@ class Stop:
 
     def cancel_workers(self) -> None:
         current = asyncio.current_task()
-        for task in self.workers:
+        for task in list(self.workers):
             if task is not current:
                 task.cancel()
 
