@@ -205,7 +205,6 @@ class Attempts:
         s, c, lim, stop = self.s, self.c, self.limiter, self.stop
         asked, streamed, body = self.ask_ids, self.streams, self.body(messages)
         sent = charged = throttles = timeouts = 0
-        held = False  # this prompt kept its slot through a throttle wait: its retry tells
         while True:
             if stop.stopping:
                 return None
@@ -232,9 +231,9 @@ class Attempts:
                            f"(spent ${self.budget.spent:.4f}); the {len(stop.requests)} "
                            "requests in flight are closed; the run is resumable (raise "
                            "--max-cost and rerun the same command)")
-            decision = lim.answered(outcome, probe=slot.probe, repeat=held, n_send=n_send,
+            decision = lim.answered(outcome, probe=slot.probe, n_send=n_send,
                                     grown=began)
-            slot.probe = held = False
+            slot.probe = False
             self._note_outage(outcome)
             if outcome.kind is Kind.OK:
                 return outcome, cost, sent, seq
@@ -279,8 +278,8 @@ class Attempts:
                     try:
                         await stop.sleep(wait)
                     finally:
-                        slot.held = held = lim.resumed(decision)
-                    if not held:  # the window fell below where it was refused: queue for one
+                        slot.held = lim.resumed(decision)
+                    if not slot.held:  # the window fell below where it was refused: queue for one
                         if stop.stopping:
                             return None
                         slot.probe, slot.held = await lim.acquire(), True

@@ -217,14 +217,14 @@ class Limiter(Slots):
                 self.window += 1.0 / self.window
             self.window = min(self.window, float(self.max_in_flight))
 
-    def answered(self, outcome: Outcome, *, probe: bool = False, repeat: bool = False,
+    def answered(self, outcome: Outcome, *, probe: bool = False,
                  n_send: int | None = None, grown: bool = False) -> str | None:
         """Learn from one answer (the slot is still held). For a throttled answer, returns
         HOLD (wait holding the slot), RELEASE (the slot was given back: a long wait) or
         YIELD (given back: the slot is beyond the window). `n_send`: what `sending` returned
-        for this request; `grown`: `began` grew the window for it already. (`repeat`, the prompt's previous request throttled too, is no
-        longer read: refused retries said "full server" by chance, see the module's
-        docstring; callers still pass it.)"""
+        for this request; `grown`: `began` grew the window for it already. Whether the
+        prompt was refused before is not asked: refused retries said "full server" by
+        chance (the module's docstring)."""
         event = self.breaker.record(outcome.server_failure, probe=probe)
         if event == "opened":
             # Flapping (down again within seconds of coming back) keeps the window from before.

@@ -10,9 +10,8 @@ payload against the real fake API; this model lets the controller's rules be che
 exactly, free of a busy machine's noise.
 
 `prompt()` mirrors `Attempts._attempts` (payload/generate/attempts.py) for what matters to flow
-control: a slot per prompt, HOLD/RELEASE/YIELD after a throttle (a retry made on a kept slot
-is the `repeat` the limiter learns from), the wait the limiter asks for, and a slot given
-back during a backoff or an outage.
+control: a slot per prompt, HOLD/RELEASE/YIELD after a throttle, the wait the limiter asks
+for, and a slot given back during a backoff or an outage.
 """
 
 from __future__ import annotations
@@ -241,7 +240,6 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
         probe = await lim.acquire()
         held = True
         throttles = 0
-        kept = False  # kept the slot through the last throttle wait
         try:
             while True:
                 if lim.capped and not probe:
@@ -251,8 +249,8 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                     o = await server.request(loop)
                 finally:
                     lim.returned()
-                decision = lim.answered(o, probe=probe, repeat=kept, n_send=n_send)
-                probe = kept = False
+                decision = lim.answered(o, probe=probe, n_send=n_send)
+                probe = False
                 if o.kind is Kind.OK:
                     done += 1
                     return
@@ -267,7 +265,7 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                         probe, held = await lim.acquire(), True
                     else:
                         await asyncio.sleep(wait)
-                        held = kept = lim.resumed(decision)
+                        held = lim.resumed(decision)
                         if not held:  # taken back: queue for a slot
                             probe, held = await lim.acquire(), True
                     continue

@@ -72,7 +72,7 @@ def test_throttled_prompts_hold_their_slot_unless_the_wait_is_long():
         assert lim.answered(throttle(1.0)) == HOLD and lim.in_flight == 10  # slot kept
         assert lim.answered(throttle(60.0)) == RELEASE and lim.in_flight == 9  # too long
         assert lim.answered(throttle(None)) == HOLD
-        assert lim.answered(throttle(1.0), repeat=True) == HOLD  # no evidence yet: undecided
+        assert lim.answered(throttle(1.0)) == HOLD  # refused again: no evidence yet, undecided
     asyncio.run(scenario())
 
 
