@@ -86,6 +86,10 @@ class Server:
     # A loaded client machine: answers are read only when the client's loop runs, at
     # ticks this far apart at most (uniform), not when the server wrote them.
     read_gap: float = 0.0
+    # Answers read out of send order: a concurrent server's answers on many connections
+    # reach the client's loop in whatever order its poll returns them, each up to this
+    # much later than written (uniform).
+    shuffle: float = 0.0
     seed: int = 1
     serving: int = 0
     requests: int = 0
@@ -170,6 +174,9 @@ class Server:
         # (the client measures the latency as it parses the answer; a busy loop then gets
         # to the limiter later: the answer's time less its latency is not its send time)
         took = loop.time() - sent
+        if self.shuffle:
+            await asyncio.sleep(self.rng.uniform(0.0, self.shuffle))
+            took = loop.time() - sent
         if self.read_gap:
             await self._read(loop)
         if refused:

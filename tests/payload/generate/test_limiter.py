@@ -212,6 +212,29 @@ def test_as_many_refusals_at_random_counts_are_not_a_capacity():
     assert len(stamps) >= 12 and not lim.capped and lim.full_level == 0
 
 
+def test_random_refusals_read_out_of_send_order_are_not_a_capacity():
+    """One in 20 refused at random counts, their answers read in the reverse of the order
+    they were sent (a concurrent server: the client's poll returns whichever connection
+    it likes): no capacity. The stamps' test reads the requests sent between the oldest
+    and the newest refusal by send time; taken by read order, that span was empty, no
+    request in it went unrefused, and the first eight refusals read as a cap (a real run:
+    5% random 429s, a cap of 51 of 200)."""
+    now = [0.0]
+    lim = Limiter(2000, breaker=Breaker(clock=lambda: now[0]))
+    lim.window = 600.0
+    refused = []
+    for i in range(1, 601):
+        now[0] = i * 0.0001
+        stamp = lim.sending()
+        if i % 20 == 0:
+            refused.append(stamp)
+    now[0] += 0.002
+    for stamp in reversed(refused):
+        lim.returned()
+        lim.answered(throttle(1.0), n_send=stamp)
+    assert len(refused) == 30 and not lim.capped and lim.capacity_events == 0
+
+
 def test_a_capacity_whose_refusals_do_not_cluster_at_its_level_is_dropped():
     """Capped at 45 (a capacity read by chance), the refusals then come at every count,
     as random throttling's do: their fewest stamps sit under nearly every request, so the
@@ -229,6 +252,33 @@ def test_a_capacity_whose_refusals_do_not_cluster_at_its_level_is_dropped():
         else:
             lim.answered(Outcome(Kind.OK, latency_s=0.0), n_send=stamp)
     assert not lim.capped and lim.capacity_dropped >= 1 and lim.allowed >= 45  # as before
+
+
+def test_a_level_is_lowered_on_refusals_expected_below_it_not_on_a_handful():
+    """At a capacity nearly every request goes at the level (place() holds the rest), so
+    few go below it: 22 below with one refused, beside 20% refused above, is what random
+    throttling's 20% refuses by chance (4.4 expected), not a cluster, and the level is
+    left as it is; each such chance once lowered it again (the model: a window of 6).
+    Where the share above would have refused 16 or more below and under half of those
+    were, the refusals cluster above it and it is lowered."""
+    lim = Limiter(200)
+
+    def judged(below: int, refused_below: int) -> bool | None:
+        lim._stamped.clear()
+        lim._refusals.clear()
+        for i in range(1000):
+            lim._stamped.append((1.0, 43))
+            if i % 5 == 0:
+                lim._refusals.append((1.0, 43))
+        for i in range(below):
+            lim._stamped.append((1.0, 30))
+            if i < refused_below:
+                lim._refusals.append((1.0, 30))
+        return lim._refuses_at(40.0, 0.0)
+
+    assert judged(22, 1) is None
+    assert judged(200, 2) is True  # 40 expected below, 2 refused: a cap at 40
+    assert judged(400, 80) is False  # as often below as above: no cap, dropped
 
 
 def test_a_streams_first_token_grows_slow_start_once():
