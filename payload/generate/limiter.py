@@ -389,23 +389,35 @@ class Limiter(Slots):
         since = min(t for t, _ in recent) - 0.002  # (a latency read a little short)
         newest = max(t for t, _ in recent)
         level = float(xs[len(xs) // 16])
+        # (both scans newest first, ending as soon as the answer is known: random
+        # throttling fails them within a few dozen sends, where the whole lookback is
+        # thousands, and this runs every 8 refusals)
         if len(recent) >= STAMP_MIN:
             band = xs[len(xs) // 2]
-            refused = sum(1 for x in xs if x >= band)
-            sent = sum(1 for t, x in itertools.takewhile(lambda r: r[0] >= since,
-                                                         reversed(self._sends)) if x >= band)
-            if refused >= STAMP_SHARE * sent:
+            most = sum(1 for x in xs if x >= band) / STAMP_SHARE  # sent with >= band
+            sent = 0
+            for t, x in reversed(self._sends):
+                if t < since or sent > most:
+                    break
+                sent += x >= band
+            if sent <= most:
                 self._found_capacity(now, level)
                 return
         band = xs[0]
+        most = len(recent) / TOP_SHARE  # sent with >= band between the refusals
         top = below = 0
-        for t, x in self._sends:  # (sent after the newest refusal: maybe refused, unread)
-            if t <= newest:
-                if x < band:
-                    below += 1
-                elif t >= since:
-                    top += 1
-        if below >= TOP_BELOW and len(recent) >= TOP_SHARE * top:
+        for t, x in reversed(self._sends):
+            if t > newest:  # (sent after the newest refusal: maybe refused, unread)
+                continue
+            if x < band:
+                below += 1
+                if below >= TOP_BELOW and t < since:
+                    break  # (every send between the refusals counted)
+            elif t >= since:
+                top += 1
+                if top > most:
+                    return
+        if below >= TOP_BELOW:
             self._found_capacity(now, float(band))
 
     def _follow(self, now: float) -> None:

@@ -14,7 +14,6 @@ where nothing they do could be kept (the key is refused, answers can no longer b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from payload.errors import ExitCode
 from payload.generate.inflight import InFlight
@@ -36,6 +35,7 @@ class Stop:
         self.exit_code: int = ExitCode.OK
         self.workers: set[asyncio.Task[None]] = set()  # the run's prompt workers, for `abandon`
         self.signals = 0  # SIGTERM/SIGINT received (a batch run's wait for its batches ends)
+        self._sleepers: set[asyncio.Future[None]] = set()  # prompts in `sleep`, woken by a stop
 
     @property
     def stopping(self) -> bool:
@@ -50,6 +50,8 @@ class Stop:
             self.say.say(message)
             self.exit_code = code
         self.event.set()
+        for woken in self._sleepers:
+            _settle(woken)
         self.limiter.stop()
 
     def close(self, reason: str, message: str) -> None:
@@ -83,8 +85,22 @@ class Stop:
                      "in-flight requests, then closing them (resumable)")
 
     async def sleep(self, delay: float) -> None:
-        """Wait `delay` seconds, or less if the run stops meanwhile."""
-        if delay <= 0:
+        """Wait `delay` seconds, or less if the run stops meanwhile. One future and one
+        timer: `wait_for` on the event made a task, a timer and a cancellation per wait,
+        2.6% of a run's CPU at 20% refused with Retry-After (every refusal waits here)."""
+        if delay <= 0 or self.stopping:
             return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.event.wait(), delay)
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(delay, _settle, woken)
+        self._sleepers.add(woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            self._sleepers.discard(woken)
+
+
+def _settle(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
