@@ -29,7 +29,7 @@ Scenarios (`--scenarios`, default all):
 - `random`: independent random 429s (5% and 20%, with and without Retry-After 1) on a
   server answering as fast as its CPU allows (benchmarks/capped.py `random-ra`/`random`),
   each refusing run side by side with the same server refusing nothing (a shared machine's
-  load drifts 2-3x within seconds: runs in turn would measure that); 3k prompts at 200 in
+  load drifts 2-3x within seconds: runs in turn would measure that); 12k prompts at 200 in
   flight, `--random-reps` (20), `--load N` busy loops beside it; exits 1 if any refusing
   run answered under 0.9x its clean run's requests per second until 0.8 x (1 - share)
   of the prompts were served, about when the last is first asked (not in the default set);
@@ -781,8 +781,9 @@ def main() -> int:
                     help="capped scenario: reps of the SDK (slow; its figure is a peer's)")
     ap.add_argument("--skip-clients", default="",
                     help="capped scenario: clients to leave out (payload, oracle, sdk)")
-    ap.add_argument("--random-prompts", type=int, default=3000,
-                    help="random scenario: prompts per run")
+    ap.add_argument("--random-prompts", type=int, default=12_000,
+                    help="random scenario: prompts per run (at ~3500 requests/s, 12k make a "
+                    "body of ~3 s: at 3k the noise between two runs was the ratio's size)")
     ap.add_argument("--random-concurrency", type=int, default=200)
     ap.add_argument("--random-reps", type=int, default=20,
                     help="random scenario: reps (each the clean server and four refusing)")
