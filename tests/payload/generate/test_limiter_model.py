@@ -162,13 +162,19 @@ def test_random_refusals_are_not_a_cap(read_gap, share, retry_after):
     prompts' slots through their waits, most of the window at 20% (about half the rate);
     with the client's lag between reading an answer and the limiter hearing of it (the
     model's read ticks), its stamps' test read 5% random 429s as a cap (seed 3: 0.03x)."""
+    _holds_the_clean_rate(range(1, 9), share, retry_after, read_gap=read_gap)
+
+
+def _holds_the_clean_rate(seeds: range, share: float, retry_after: float | None,
+                          **client: float) -> None:
+    """On every seed, against the clean run of the same seed (the same ticks): 0.9x its
+    rate, every prompt done, no capacity kept, the window at --concurrency."""
     n = 3000
-    for seed in range(1, 9):  # (against the clean run of the same seed: the same ticks)
-        clean = _body_rate(simulate(n, 200, Server(service=CPU_BOUND, read_gap=read_gap,
-                                                   seed=seed), seed=seed), n)
-        r = simulate(n, 200, Server(service=CPU_BOUND, read_gap=read_gap, seed=seed,
-                                    throttle_share=share, throttle_retry_after=retry_after),
-                     seed=seed)
+    for seed in seeds:
+        clean = _body_rate(simulate(n, 200, Server(service=CPU_BOUND, seed=seed, **client),
+                                    seed=seed), n)
+        r = simulate(n, 200, Server(service=CPU_BOUND, seed=seed, throttle_share=share,
+                                    throttle_retry_after=retry_after, **client), seed=seed)
         assert r.done == n
         assert _body_rate(r, n) >= 0.9 * clean, (seed, _body_rate(r, n), clean)
         assert r.limiter.capacity_events == r.limiter.capacity_dropped, seed
@@ -198,14 +204,4 @@ def test_random_refusals_read_out_of_send_order_are_not_a_cap(share, retry_after
     5% 429s read as a cap of 51 of 200; here 20% with Retry-After 1, seeds 7, 8 and 12:
     a window of 6-14, 0.2-0.3x the clean rate). Every seed now holds 0.9x and keeps no
     capacity."""
-    n = 3000
-    for seed in range(1, 13):
-        clean = _body_rate(simulate(n, 200, Server(service=CPU_BOUND, shuffle=0.2, seed=seed),
-                                    seed=seed), n)
-        r = simulate(n, 200, Server(service=CPU_BOUND, shuffle=0.2, seed=seed,
-                                    throttle_share=share, throttle_retry_after=retry_after),
-                     seed=seed)
-        assert r.done == n
-        assert _body_rate(r, n) >= 0.9 * clean, (seed, _body_rate(r, n), clean)
-        assert r.limiter.capacity_events == r.limiter.capacity_dropped, seed
-        assert r.limiter.allowed == 200, seed
+    _holds_the_clean_rate(range(1, 13), share, retry_after, shuffle=0.2)
