@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,9 @@ class Attempts:
         # Whether requests are streamed; `auto` stops streaming to a server that refuses
         # the streaming fields (said once).
         self.streams = s.stream != "off" and endpoint.watchdog is not None
+        # Called when a prompt gives its slot back to wait (a throttle, a backoff) and keeps
+        # its worker: the run starts a spare worker for the slot now (run.py).
+        self.slot_left: Callable[[], None] = lambda: None
 
     def body(self, messages: list[dict[str, Any]]) -> bytes:
         s = self.s
@@ -270,6 +274,7 @@ class Attempts:
                     if lim.resumed(decision):  # kept so far (else the limiter took it back)
                         lim.release()
                     slot.held = False
+                    self.slot_left()
                     await stop.sleep(wait)
                     if stop.stopping:
                         return None
@@ -294,6 +299,7 @@ class Attempts:
                     return None
             lim.release()
             slot.held = False
+            self.slot_left()
             await stop.sleep(
                 backoff_delay(charged + 1, s.backoff_base, retry_after=outcome.retry_after))
             if stop.stopping:

@@ -268,6 +268,7 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                         if lim.resumed(decision):
                             lim.release()
                         held = False
+                        start_spares()  # attempts.py: slot_left
                         await asyncio.sleep(wait)
                         probe, held = await lim.acquire(), True
                     else:
@@ -279,6 +280,7 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
                 throttles = 0
                 lim.release()
                 held = False
+                start_spares()
                 await asyncio.sleep(rng.uniform(0, 0.02))  # run.py: backoff_delay, base 0.02
                 probe, held = await lim.acquire(), True
         finally:
@@ -306,11 +308,14 @@ async def _run(loop: asyncio.AbstractEventLoop, rng: random.Random, n: int, conc
             queue.get_nowait()
             await prompt()
 
+    def start_spares() -> None:  # run.py's _start_spares
+        for _ in range(min(lim.unclaimed, queue.qsize() - workers)):
+            spares.append(asyncio.ensure_future(spare()))
+
     async def spawner() -> None:  # run.py's _spawn_spares
         while True:
             await asyncio.sleep(0.02)
-            for _ in range(min(lim.unclaimed, queue.qsize() - workers)):
-                spares.append(asyncio.ensure_future(spare()))
+            start_spares()
 
     tracing = asyncio.ensure_future(tracer()) if trace else None
     spawning = asyncio.ensure_future(spawner())

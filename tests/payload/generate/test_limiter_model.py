@@ -130,19 +130,22 @@ def test_slow_start_sends_a_few_dozen_before_the_first_answers():
     assert sum(v[0] for k, v in first.items() if k < 4) == 32  # arrivals in the first 0.4 s
 
 
-def _body_rate(r, n: int) -> float:
-    """Requests the server answered per second until 90% of the prompts were served (as
-    benchmarks/generator.py --scenarios random reads its server's timeline, there to 80%:
-    its 2000-prompt runs are shorter): the run's tail, prompts refused last waiting out
-    their Retry-After, is left out."""
+def _body_rate(r, n: int, share: float) -> float:
+    """Requests the server answered per second until 0.8 x (1 - share) of the prompts were
+    served, as benchmarks/generator.py --scenarios random reads its server's timeline: at
+    a share s refused, serving 1 - s takes about n requests, when the last prompt is first
+    asked; past that is the run's tail, prompts refused last waiting out their
+    Retry-After. (Read to 90%, 20% refused sat in that tail: once a slot left to wait
+    was refilled at once, the body ended sooner and seed 1 read 0.88x where it runs at
+    1.0x up to the mark.)"""
     tl = r.server.timeline
     served = answered = 0
     for b in sorted(tl):
         served += tl[b][1]
         answered += tl[b][1] + tl[b][2]
-        if served >= 0.9 * n:
+        if served >= 0.8 * (1.0 - share) * n:
             return answered / ((b + 1) / 10)
-    raise AssertionError("fewer than 90% served")
+    raise AssertionError("too few served")
 
 
 # A server answering as fast as its CPU allows (1600 requests/s, refusals parsed too), a
@@ -172,11 +175,11 @@ def _holds_the_clean_rate(seeds: range, share: float, retry_after: float | None,
     n = 3000
     for seed in seeds:
         clean = _body_rate(simulate(n, 200, Server(service=CPU_BOUND, seed=seed, **client),
-                                    seed=seed), n)
+                                    seed=seed), n, share)
         r = simulate(n, 200, Server(service=CPU_BOUND, seed=seed, throttle_share=share,
                                     throttle_retry_after=retry_after, **client), seed=seed)
         assert r.done == n
-        assert _body_rate(r, n) >= 0.9 * clean, (seed, _body_rate(r, n), clean)
+        assert _body_rate(r, n, share) >= 0.9 * clean, (seed, _body_rate(r, n, share), clean)
         assert r.limiter.capacity_events == r.limiter.capacity_dropped, seed
         assert r.limiter.allowed == 200, seed
 
@@ -188,10 +191,10 @@ def test_random_refusals_round_3_took_for_a_cap():
     server = Server(service=CPU_BOUND, read_gap=0.05, throttle_share=0.2,
                     throttle_retry_after=1.0, seed=6)
     clean = _body_rate(simulate(n, 200, Server(service=CPU_BOUND, read_gap=0.05, seed=6),
-                                seed=6), n)
+                                seed=6), n, 0.2)
     r = simulate(n, 200, server, seed=6)
     assert r.done == n and r.limiter.allowed == 200
-    assert _body_rate(r, n) >= 0.9 * clean
+    assert _body_rate(r, n, 0.2) >= 0.9 * clean
 
 
 @pytest.mark.parametrize("share", [0.05, 0.2])
