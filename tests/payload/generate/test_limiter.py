@@ -235,6 +235,38 @@ def test_random_refusals_read_out_of_send_order_are_not_a_capacity():
     assert len(refused) == 30 and not lim.capped and lim.capacity_events == 0
 
 
+def test_random_refusals_by_the_hundred_are_not_sorted_again_every_eight(monkeypatch):
+    """20% refused at random, 200 in flight, 5000 requests a second: the stamps' test's
+    lookback holds ~500 refusals. Sorted and scanned every 8 refusals it was 1% of such a
+    run's CPU; it runs again after an eighth more (at least 8), and finds no capacity."""
+    now = [0.0]
+    lim = Limiter(200, breaker=Breaker(clock=lambda: now[0]))
+    lim.window = 200.0
+    tests: list[float] = []
+    test_stamps = lim._test_stamps
+
+    def counted(t: float) -> None:
+        tests.append(t)
+        test_stamps(t)
+
+    monkeypatch.setattr(lim, "_test_stamps", counted)
+    out: list[tuple[int, object]] = []
+    refusals = 0
+    for i in range(1, 20001):
+        now[0] = i * 0.0002
+        out.append((i, lim.sending()))
+        if len(out) > 200:  # the oldest in flight is answered
+            j, stamp = out.pop(0)
+            lim.returned()
+            if j % 5 == 0:
+                refusals += 1
+                lim.answered(throttle(1.0), n_send=stamp)  # type: ignore[arg-type]
+            else:
+                lim.answered(Outcome(Kind.OK, latency_s=0.04), n_send=stamp)  # type: ignore[arg-type]
+    assert refusals > 3900 and not lim.capped and lim.capacity_events == 0
+    assert 30 < len(tests) < refusals / 30  # (86; every 8: 495)
+
+
 def test_a_capacity_whose_refusals_do_not_cluster_at_its_level_is_dropped():
     """Capped at 45 (a capacity read by chance), the refusals then come at every count,
     as random throttling's do: their fewest stamps sit under nearly every request, so the
