@@ -408,8 +408,8 @@ class Generator:
                       spares: set[asyncio.Task[None]]) -> None:
         """A spare worker per free slot no worker waits for, while prompts are queued; a
         spare takes prompts only while the queue has them, then ends. (Found only by the
-        look every SPARE_CHECK_S, a slot left by a throttled prompt stood empty 10 ms on
-        average: at 20% refused with a round trip of 50 ms, 4% of the run's throughput.)"""
+        look every SPARE_CHECK_S, a slot left by a throttled prompt stood empty up to
+        20 ms, a round trip or more on a fast server.)"""
         if self.stop.stopping:
             return
         # Prompts, not the queue's size: once the input is read the queue holds the

@@ -100,8 +100,8 @@ def test_queued_prompts_get_spares_which_leave_stop_workers_when_done(tmp_path: 
 
 def test_a_slot_left_free_starts_its_spare_at_once_not_at_the_next_look(tmp_path: Path
                                                                          ) -> None:
-    """At 20% refused with Retry-After 1 and a round trip of 50 ms, a slot left by a
-    throttled prompt stood empty until the next look (10 ms on average): 4% of the run."""
+    """A slot left by a throttled prompt stood empty until the next look (up to 20 ms,
+    a round trip or more on a fast server)."""
     gen = _generator(tmp_path)
     attempts = _Attempts()
     prompts = [Prompt(id=i, key=str(i), messages=[{"role": "user", "content": "hi"}],
