@@ -62,7 +62,7 @@ CLOSE_GRACE_S = 5.0
 # The garbage collector's thresholds while a run goes. A request allocates hundreds of
 # objects, nearly all freed within its round trip; at CPython's first threshold (700) a
 # collection ran every request or two and moved every in-flight request's objects to the
-# older generations, whose collections walk the whole heap: 12% of the client's CPU on a
+# older generations, whose collections walk the whole heap: 15% of the client's CPU on a
 # fast server, 18% at 20% refused with Retry-After 1 (prompts waiting a second are more
 # objects alive). Cyclic garbage waits a little longer: at most some thousands of objects.
 GC_THRESHOLDS = (10_000, 20, 20)

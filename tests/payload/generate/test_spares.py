@@ -147,7 +147,7 @@ def test_a_throttled_prompt_hands_its_slot_to_a_spare_without_the_look(
 def test_a_run_collects_garbage_less_often_and_restores_the_thresholds(
         fake_factory, key_file, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request's objects die within its round trip: collecting every 700 allocations
-    cost 12% of a fast run's client CPU (BENCHMARKS.md). The caller's thresholds are back
+    cost 15% of a fast run's client CPU (BENCHMARKS.md). The caller's thresholds are back
     after the run."""
     fake = fake_factory()
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
