@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.generator import MODEL, CappedServer, write_prompts  # noqa: E402
+
 SHAPES = {"clean": ("clean", 0.0), "20% 429, Retry-After 1": ("random-ra", 0.2)}
 
 
@@ -68,19 +72,14 @@ def child(argv: list[str]) -> int:
 
 
 def one(tmp: Path, shape: str, share: float, gc_mode: str, n: int, seed: int) -> dict[str, float]:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.capped", "--port", "0", "--shape", shape,
-         "--latency", "0", "--refuse-share", str(share), "--seed", str(seed)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-        text=True)
+    server = CappedServer(["--shape", shape, "--latency", "0", "--refuse-share", str(share),
+                           "--seed", str(seed)])
     try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip().split("=", 1)[1]
         out, result = tmp / f"out-{time.monotonic_ns()}.jsonl", tmp / "result.json"
         cmd = [sys.executable, __file__, "--child", str(result), gc_mode,
                str(0.8 * (1.0 - share) * n), "generate", "--input", str(tmp / "in.jsonl"),
-               "--output", str(out), "--base-url", url, "--api-key-file", str(tmp / "key"),
-               "--concurrency", "200", "--model", "bench/model"]
+               "--output", str(out), "--base-url", server.url, "--api-key-file",
+               str(tmp / "key"), "--concurrency", "200", "--model", MODEL]
         proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -88,13 +87,11 @@ def one(tmp: Path, shape: str, share: float, gc_mode: str, n: int, seed: int) ->
         seen: dict[str, float] = json.loads(result.read_text())
         return seen
     finally:
-        server.terminate()
-        server.wait(15)
+        server.close()
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--child"]:
-        sys.path.insert(0, str(REPO))
         return child(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
@@ -103,10 +100,7 @@ def main() -> int:
     per: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp_s:
         tmp = Path(tmp_s)
-        with (tmp / "in.jsonl").open("w") as fh:
-            for i in range(args.prompts):
-                fh.write(json.dumps({"id": i, "messages": [
-                    {"role": "user", "content": f"Explain topic number {i}."}]}) + "\n")
+        write_prompts(tmp / "in.jsonl", args.prompts)
         key = tmp / "key"
         key.touch(mode=0o600)
         key.write_text("sk-bench-key\n")

@@ -153,7 +153,8 @@ class Limiter(Slots):
         self._refused: collections.deque[tuple[float, int]] = collections.deque(maxlen=4096)
         # Before a capacity is found: the same of the requests sent lately (stamps' test).
         self._sends: collections.deque[tuple[float, int]] = collections.deque()
-        self._stamps_new = 0  # the stamps are tested again once this reaches TOP_MIN
+        self._stamps_new = 0  # refusals since the stamps were last tested...
+        self._stamps_due = TOP_MIN  # ...and how many call for the next test
         self._stamps_at = -1.0
         # (sent at, requests at the server then) of every request sent lately, and of
         # every refusal, capped or not: do the refusals still cluster at the level
@@ -275,7 +276,7 @@ class Limiter(Slots):
                 self.window = max(float(self.min_window), min(self.window, float(n_send)))
                 self.full_level = float(n_send)  # where `place` lets requests go, until
                 # the refusals at the new cap say more
-        if (not self.capped and self._stamps_new >= TOP_MIN
+        if (not self.capped and self._stamps_new >= self._stamps_due
                 and now - self._stamps_at >= 0.005):
             self._test_stamps(now)
         if self.in_flight > self._allowed():
@@ -382,7 +383,7 @@ class Limiter(Slots):
         # Tested again after an eighth more refusals (at least TOP_MIN): a step past a cap
         # is read on its first few, and random throttling's hundreds a round trip are not
         # sorted and scanned again every 8 (1% of a run's CPU at 20% refused).
-        self._stamps_new = -max(0, len(recent) // 8 - TOP_MIN)
+        self._stamps_new, self._stamps_due = 0, max(TOP_MIN, len(recent) // 8)
         self._stamps_at = now
         if len(recent) < TOP_MIN:
             return
@@ -525,7 +526,7 @@ class Limiter(Slots):
         self.ssthresh = float(self.max_in_flight)
         self.window = max(self.window, self._window_before_cap)
         self._refused.clear()
-        self._stamps_new = 0
+        self._stamps_new, self._stamps_due = 0, TOP_MIN
         self._wake_places()
         self._wake()
 
