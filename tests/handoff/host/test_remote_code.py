@@ -108,9 +108,14 @@ def test_jobs_stop_now_signals_twice(tmp_path: Path, op: str) -> None:
     script = ("import signal, sys, time, pathlib; n = []; "
               "p = pathlib.Path(sys.argv[1]) / 'terms'; "
               "signal.signal(signal.SIGTERM, lambda *a: (n.append(1), p.write_text(str(len(n))), "
-              "len(n) > 1 and sys.exit(3))); time.sleep(60)")
+              "len(n) > 1 and sys.exit(3))); (p.parent / 'ready').touch(); time.sleep(60)")
     command = f"{sys.executable} -c \"{script}\" {jd}"
     jobs.start({"job_dir": str(jd), "command": command, "meta": {}, "watch_s": 0.5})
+    # (a python started on a loaded machine may take longer than watch_s to reach its
+    # handler; a SIGTERM before it ends the job on the first signal, as it should)
+    deadline = time.monotonic() + 20
+    while not (jd / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     where = {"job_dir": str(jd)} if op == "stop" else {"jobs_dir": str(jd.parent)}
     stopped = getattr(jobs, op)({**where, "timeout": 10, "now": True})
     drained = stopped["drained"] if op == "stop" else stopped["jobs"]["j"]["drained"]
